@@ -1,0 +1,101 @@
+"""Benchmark of the embedded store: put, dispatch, pull and query throughput.
+
+Not a test: it prints a table and asserts nothing about time. Run from the project
+root (``python bench/embedded.py [--count N] [--body 128,1024]``); every run uses a
+fresh temporary directory on the working directory's file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from storage import Message, MessageStore, StoreConfig  # noqa: E402
+
+BATCH = 256
+
+
+def _config(root: str, flush: str) -> StoreConfig:
+    return StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=256 << 20,
+                       max_hash_slot_num=1_000_000, max_index_num=4_000_000,
+                       flush_disk_type=flush)
+
+
+def _timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def run(count: int, body_size: int, flush: str, batch: int) -> dict:
+    root = tempfile.mkdtemp(prefix="rsbench-", dir=".")
+    try:
+        store = MessageStore(_config(root, flush))
+        store.load()
+        body = os.urandom(body_size)
+        msgs = [Message(topic="BenchTopic", body=body, tags=f"Tag{i % 8}", keys=[f"k{i}"],
+                        queue_id=i % 4) for i in range(count)]
+
+        def put():
+            if batch == 1:
+                for m in msgs:
+                    store.put(m)
+            else:
+                for i in range(0, count, batch):
+                    store.put_batch(msgs[i:i + batch])
+
+        t_put, _ = _timed(put)
+        t_dispatch, n = _timed(store.dispatch)
+
+        def pull():
+            got = 0
+            for q in range(4):
+                off = 0
+                while True:
+                    g = store.get_message("bench", "BenchTopic", q, off, 32)
+                    if not g.messages:
+                        break
+                    got += len(g.messages)
+                    off = g.next_begin_offset
+            return got
+
+        t_pull, got = _timed(pull)
+        keys = [f"k{i}" for i in range(0, count, max(1, count // 2000))]
+        t_query, _ = _timed(lambda: [store.query_message("BenchTopic", k, 1) for k in keys])
+        t_close, _ = _timed(store.close)
+        assert n == count and got == count
+        return {"body": body_size, "flush": flush, "batch": batch,
+                "put/s": count / t_put, "dispatch/s": n / t_dispatch,
+                "pull/s": got / t_pull, "query/s": len(keys) / t_query,
+                "MB/s put": count * body_size / t_put / 1e6, "close s": t_close}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--body", default="128,1024")
+    args = p.parse_args()
+    rows = []
+    for body in (int(b) for b in args.body.split(",")):
+        rows.append(run(args.count, body, "ASYNC_FLUSH", BATCH))
+        rows.append(run(args.count // 4, body, "ASYNC_FLUSH", 1))
+        rows.append(run(args.count // 4, body, "SYNC_FLUSH", BATCH))
+        rows.append(run(args.count // 40, body, "SYNC_FLUSH", 1))
+    cols = list(rows[0])
+    print(" | ".join(f"{c:>11}" for c in cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:>11,.0f}" if isinstance(r[c], float) and r[c] > 10 else
+                         f"{r[c]:>11.3f}" if isinstance(r[c], float) else f"{r[c]:>11}"
+                         for c in cols))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""rocketstore's processes, their clients and the ``rocketstore`` command line."""

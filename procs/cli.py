@@ -1,0 +1,239 @@
+"""``rocketstore``: the operator's command line.
+
+    rocketstore demo   [--store DIR] [--count N] [--json]   write, read back and check
+    rocketstore dump   PATH [--type KIND] [--limit N] [--json]
+    rocketstore check  [--store DIR] [--json]               load (recovering) and fsck
+    rocketstore config [--json]                             the settings in force
+
+Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
+``--store DIR`` (default: the config's store_path_root_dir).
+
+Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
+2 bad usage; 3 the store cannot be opened (locked, corrupt, misconfigured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from importlib import resources
+from typing import Iterable
+
+from storage import Message, MessageStore, StoreConfig, StoreError
+from storage import dump as dumping
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+
+
+def embedded_config_path() -> str:
+    return str(resources.files("procs").joinpath("supervisor.toml"))
+
+
+def load_config(args: argparse.Namespace, **overrides) -> StoreConfig:
+    path = args.config or embedded_config_path()
+    if args.store:
+        overrides["store_path_root_dir"] = args.store
+    return StoreConfig.from_toml(path, **overrides)
+
+
+def _emit(obj: dict, as_json: bool, text: str | None = None) -> None:
+    print(json.dumps(obj, default=str) if as_json else (text if text is not None else obj))
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{what}: {done}/{total}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------ demo
+DEMO_FILE_SIZES = dict(mapped_file_size_commit_log=64 * 1024 * 1024,
+                       max_hash_slot_num=50_000, max_index_num=200_000)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: write messages through the embedded store, read them back by queue,
+    by key and by msgId, check consistency and show where everything is."""
+    cfg = load_config(args, **(DEMO_FILE_SIZES if not args.config else {}))
+    started = time.perf_counter()
+    with MessageStore(cfg) as store:
+        sent = _demo_send(store, args.count)
+        store.dispatch()
+        read = _demo_read_back(store, sent)
+        by_key = store.query_message("DemoTopic", sent[-1][1], 4).messages
+        by_id = store.look_message_by_id(sent[0][0].msg_id)
+        problems = store.check()
+        status = store.status()
+    elapsed = time.perf_counter() - started
+    summary = {"store": os.path.abspath(cfg.store_path_root_dir), "sent": len(sent),
+               "read_back": read, "query_by_key": [m.to_dict() for m in by_key],
+               "by_msg_id": by_id.to_dict() if by_id else None, "check": problems,
+               "seconds": round(elapsed, 3), "status": status}
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        _print_demo(summary)
+    return EXIT_OK if not problems and read == len(sent) and by_id else EXIT_FAILED
+
+
+def _demo_send(store: MessageStore, count: int) -> list:
+    sent = []
+    batch = []
+    for i in range(count):
+        key = f"order-{i}"
+        batch.append(Message(topic="DemoTopic", body=f"hello rocketstore #{i}".encode(),
+                             tags=("TagA", "TagB")[i % 2], keys=[key], queue_id=i % 4,
+                             properties={"seq": str(i)}))
+        if len(batch) == 256 or i == count - 1:
+            for msg, r in zip(batch, store.put_batch(batch)):
+                if not r.ok:
+                    raise StoreError(f"put failed: {r.status.name} {r.reason}")
+                sent.append((r, msg.keys[0]))
+            batch = []
+        _progress(i + 1, count, "sent")
+    return sent
+
+
+def _demo_read_back(store: MessageStore, sent: list) -> int:
+    expected = {(r.queue_id, r.queue_offset): r.msg_id for r, _ in sent}
+    matched = 0
+    for queue_id in range(4):
+        offsets = sorted(o for q, o in expected if q == queue_id)
+        offset = offsets[0] if offsets else 0
+        while offsets and offset <= offsets[-1]:
+            got = store.get_message("demo-group", "DemoTopic", queue_id, offset, 32)
+            for m in got.messages:
+                matched += expected.get((queue_id, m.queue_offset)) == m.msg_id
+            if got.next_begin_offset <= offset:
+                break
+            offset = got.next_begin_offset
+    return matched
+
+
+def _print_demo(s: dict) -> None:
+    print(f"store       {s['store']}")
+    print(f"sent        {s['sent']} messages to DemoTopic (4 queues) in {s['seconds']} s")
+    print(f"read back   {s['read_back']} of them by queue and offset")
+    for m in s["query_by_key"]:
+        print(f"by key      {m['keys']} -> {m['msg_id']} queue {m['queue_id']} "
+              f"offset {m['queue_offset']}: {m.get('body')!r}")
+    if s["by_msg_id"]:
+        m = s["by_msg_id"]
+        print(f"by msgId    {m['msg_id']} -> {m.get('body')!r} tags={m['tags']}")
+    pos = s["status"]["positions"]
+    print(f"positions   min={pos['min_offset']} written={pos['written']} "
+          f"flushed={pos['flushed']} dispatched={pos['dispatched']}")
+    print(f"check       {'consistent' if not s['check'] else s['check']}")
+
+
+# ------------------------------------------------------------------------------ dump
+def cmd_dump(args: argparse.Namespace) -> int:
+    kind = args.type or dumping.detect_kind(args.path)
+    if kind == "commitlog":
+        items = dumping.describe_commit_log(args.path, args.limit)
+    elif kind == "consumequeue":
+        items = dumping.describe_consume_queue(args.path, args.limit)
+    elif kind == "index":
+        cfg = load_config(args)
+        items = dumping.describe_index(args.path, cfg.max_hash_slot_num, cfg.max_index_num,
+                                       args.limit)
+    else:
+        items = dumping.describe_checkpoint(args.path)
+    _print_items(items, args.json)
+    return EXIT_OK
+
+
+def _print_items(items: Iterable[dict], as_json: bool) -> None:
+    for item in items:
+        if as_json:
+            print(json.dumps(item, default=str))
+        else:
+            print(_format_item(item))
+
+
+def _format_item(item: dict) -> str:
+    kind = item.get("kind")
+    if kind == "message":
+        body = item.get("body", item.get("body_hex", ""))
+        body = body if len(body) <= 60 else body[:57] + "..."
+        return (f"@{item['commit_log_offset']} size={item['store_size']} {item['topic']}/"
+                f"{item['queue_id']}#{item['queue_offset']} tags={item['tags']} "
+                f"keys={item['keys']} stored={item['store_timestamp']} "
+                f"msgId={item['msg_id']} body={body!r}")
+    if kind == "unit":
+        return (f"#{item['queue_offset']} -> @{item['commit_log_offset']} size={item['size']} "
+                f"tags={item['tags_code']}{' (blank)' if item['blank'] else ''}")
+    if kind == "entry":
+        return (f"entry {item['entry']}: hash={item['key_hash']} @{item['phy_offset']} "
+                f"+{item['time_diff_s']}s prev={item['pre_index_no']}")
+    return " ".join(f"{k}={v}" for k, v in item.items() if k != "kind")
+
+
+# ------------------------------------------------------------------------------ check
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    if not os.path.isdir(cfg.store_path_root_dir):
+        print(f"no store at {cfg.store_path_root_dir}", file=sys.stderr)
+        return EXIT_STORE
+    with MessageStore(cfg) as store:
+        problems = store.check()
+        status = store.status()
+    if args.json:
+        print(json.dumps({"problems": problems, "status": status}, default=str))
+    else:
+        print("consistent" if not problems else "\n".join(problems))
+    return EXIT_OK if not problems else EXIT_FAILED
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    if args.json:
+        print(json.dumps(cfg.to_dict()))
+    else:
+        for k, v in cfg.to_dict().items():
+            print(f"{k} = {v!r}")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="settings file (default: embedded supervisor.toml)")
+    common.add_argument("--store", help="store directory (default: the config's)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    p = argparse.ArgumentParser(prog="rocketstore", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", parents=[common], help="write, read back and check messages")
+    d.add_argument("--count", type=int, default=2000)
+    d.set_defaults(func=cmd_demo)
+    du = sub.add_parser("dump", parents=[common], help="decode one store file offline")
+    du.add_argument("path")
+    du.add_argument("--type", choices=dumping.KINDS)
+    du.add_argument("--limit", type=int, help="at most N records")
+    du.set_defaults(func=cmd_dump)
+    c = sub.add_parser("check", parents=[common], help="open a store and check consistency")
+    c.set_defaults(func=cmd_check)
+    cf = sub.add_parser("config", parents=[common], help="print the settings in force")
+    cf.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StoreError as e:
+        print(f"rocketstore: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_STORE
+    except BrokenPipeError:
+        return EXIT_OK
+    except (OSError, ValueError) as e:
+        print(f"rocketstore: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""CommitLog: the single append-only log of every message, in ``{root}/commitlog/``.
+
+The record layout is in ``storage.record``; this module owns the files and the append
+path. Files are ``mapped_file_size_commit_log`` bytes (1 GiB by default), named by their
+20-digit start offset; the next file is preallocated when one is created.
+
+Append (``put_message`` in RocketMQ, here ``prepare`` + ``append``):
+
+1. ``prepare`` (no lock needed): validate sizes, apply the delay rewrite, encode the
+   record with placeholders for the three values only the appender knows;
+2. ``append`` (the single appender): for each record take the last file (create it when
+   there is none or it is full); if ``record + 8`` bytes do not fit, fill the rest of the
+   file with a BLANK record and move to the next file; stamp QUEUEOFFSET (from the
+   topic-queue table), PHYSICALOFFSET and STORETIMESTAMP; copy it in; advance the wrote
+   position and the topic-queue table (NOT/COMMIT messages only).
+
+Invariants:
+
+* every byte below a file's wrote position is a whole record or a BLANK;
+* PHYSICALOFFSET of a record equals where it lies; QUEUEOFFSET values of a (topic, queue)
+  are 0, 1, 2, ... in CommitLog order (PREPARED/ROLLBACK records carry 0 and take none);
+* ``topic_queue_table[(topic, queue_id)]`` is the next queue offset of that queue.
+
+Recovery, decided by the ``abort`` file (the caller checks it):
+
+    last exit | scan starts at                                   | then
+    ----------+--------------------------------------------------+-----------------------------
+    normal    | third-from-last file                             | cut at the first bad record
+    abnormal  | newest file whose first store time <= checkpoint | cut there; re-dispatch from
+              | min (index-aware if message_index_safe); else    | the start file
+              | the first file                                   |
+    either    | no earlier than a file found shorter than its    | (truncated-tail repair)
+              | size (it is grown back and scanned)              |
+    either    | no files at all                                  | destroy every consume queue
+
+"Bad record": wrong magic, a size that runs past the file or disagrees with the fields,
+a PHYSICALOFFSET that is not where the record lies, or (``check_crc_on_recover``) a body
+CRC mismatch. Everything after the first bad record is cut: the rest of its file is
+zeroed and later files are unlinked, so exactly the intact prefix survives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import NamedTuple, Sequence
+
+from storage import record
+from storage.config import StoreConfig
+from storage.delay_level import parse_delay_levels, rewrite_for_delay
+from storage.errors import CorruptRecordError, StoreFileError
+from storage.mapped_file import MappedFile
+from storage.mapped_file_queue import MappedFileQueue
+from storage.message import (
+    BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, Host, Message, MessageExt, encode_host,
+    encode_properties, host_is_v6, is_consumable, transaction_value, TRANSACTION_NOT_TYPE,
+    TRANSACTION_COMMIT_TYPE)
+from storage.status import AppendMessageStatus, PutMessageStatus
+from storage.validation import check_encoded_size
+
+log = logging.getLogger(__name__)
+
+_LONG = record.LONG
+_INT = record.INT
+
+
+class EncodedMessage(NamedTuple):
+    """A record ready to append; QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP still 0."""
+
+    data: bytearray
+    topic: str
+    queue_id: int
+    consumable: bool
+    store_timestamp_pos: int
+    real_queue_id: int
+
+
+@dataclasses.dataclass
+class AppendMessageResult:
+    status: AppendMessageStatus
+    wrote_offset: int = 0
+    wrote_bytes: int = 0
+    msg_id: str = ""
+    store_timestamp: int = 0
+    logics_offset: int = 0
+    queue_id: int = 0
+
+
+@dataclasses.dataclass
+class PutMessageResult:
+    """What a put returns: the status, and where the message went when it was stored.
+
+    ``reason`` names the fault when the status is not PUT_OK.
+    """
+
+    status: PutMessageStatus
+    msg_id: str = ""
+    wrote_offset: int = -1
+    wrote_bytes: int = 0
+    queue_id: int = -1
+    queue_offset: int = -1
+    store_timestamp: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status.ok
+
+    @property
+    def commit_log_offset(self) -> int:
+        return self.wrote_offset
+
+    @classmethod
+    def refused(cls, status: PutMessageStatus, reason: str) -> "PutMessageResult":
+        return cls(status, reason=reason)
+
+    @classmethod
+    def stored(cls, r: AppendMessageResult) -> "PutMessageResult":
+        return cls(PutMessageStatus.PUT_OK, r.msg_id, r.wrote_offset, r.wrote_bytes,
+                   r.queue_id, r.logics_offset, r.store_timestamp)
+
+
+class RecoveryResult(NamedTuple):
+    process_offset: int   # end of the intact prefix
+    redispatch_from: int  # where dispatch must start again (abnormal: the start file)
+
+
+class CommitLog:
+    def __init__(self, config: StoreConfig, *, read_only: bool = False):
+        self.config = config
+        self.mapped_file_size = config.mapped_file_size_commit_log
+        self.mapped_file_queue = MappedFileQueue(config.commit_log_dir, self.mapped_file_size,
+                                                 preallocate_next=True, read_only=read_only)
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        self.confirm_offset = -1
+        self.store_host: Host = (config.broker_ip1, config.listen_port)
+        self._store_host_bytes = encode_host(self.store_host)
+        self._store_host_flag = STOREHOSTADDRESS_V6_FLAG if host_is_v6(self.store_host) else 0
+        self._msg_id_prefix = self._store_host_bytes.hex().upper()
+        self.delay_level_ms: list[int] = parse_delay_levels(config.message_delay_level)
+        self.max_delay_level = len(self.delay_level_ms) - 1
+
+    # ================================================================== load
+    def load(self) -> None:
+        """Map the files; a short file is grown back so recovery can find its end."""
+        self.mapped_file_queue.load(extend_short_last=True)
+
+    # ================================================================== put
+    def prepare(self, msg: Message, queue_id: int, born_timestamp: int) -> EncodedMessage | tuple:
+        """Encode ``msg`` for ``queue_id`` (``msg`` already passed
+        ``validation.check_message``; ``born_timestamp`` is used when it has none).
+
+        Returns the encoded message, or ``(PutMessageStatus, reason)`` when it is too big.
+        """
+        topic, real_queue_id = msg.topic, queue_id
+        props = msg.all_properties()
+        tran = transaction_value(msg.sys_flag)
+        if msg.delay_level > 0 and tran in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+            topic, queue_id, props = rewrite_for_delay(topic, queue_id, props, msg.delay_level,
+                                                       self.max_delay_level)
+        topic_bytes = topic.encode("utf-8")
+        props_bytes = encode_properties(props).encode("utf-8")
+        born_v6 = host_is_v6(msg.born_host)
+        sys_flag = (msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) \
+            | (BORNHOST_V6_FLAG if born_v6 else 0) | self._store_host_flag
+        length = record.calc_msg_length(sys_flag, len(msg.body), len(topic_bytes), len(props_bytes))
+        refusal = check_encoded_size(length, len(props_bytes), self.config)
+        if refusal:
+            return refusal
+        data = record.encode(
+            topic=topic_bytes, body=bytes(msg.body), properties=props_bytes, queue_id=queue_id,
+            flag=msg.flag, queue_offset=0, physical_offset=0, sys_flag=sys_flag,
+            born_timestamp=born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
+            born_host=encode_host(msg.born_host), store_timestamp=0,
+            store_host=self._store_host_bytes, reconsume_times=msg.reconsume_times,
+            prepared_transaction_offset=msg.prepared_transaction_offset)
+        return EncodedMessage(data, topic, queue_id, is_consumable(sys_flag),
+                              record.store_timestamp_pos(sys_flag), real_queue_id)
+
+    def append(self, batch: Sequence[EncodedMessage], store_timestamp: int) -> list[AppendMessageResult]:
+        """Append ``batch`` in order (the single appender calls this).
+
+        Results are PUT_OK, or UNKNOWN_ERROR for the messages that could not be written
+        because no new file could be created (``StoreFileError`` is logged, and nothing
+        partial is left: a record is copied whole before the wrote position moves).
+        """
+        mfq = self.mapped_file_queue
+        table = self.topic_queue_table
+        results: list[AppendMessageResult] = []
+        mf = mfq.get_last_mapped_file()
+        for i, enc in enumerate(batch):
+            data = enc.data
+            n = len(data)
+            try:
+                if mf is None or mf.is_full():
+                    mf = mfq.get_or_create_last_mapped_file(0)
+                if n + record.END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
+                    self._write_blank(mf)
+                    mf = mfq.get_or_create_last_mapped_file(0)
+            except StoreFileError as e:
+                log.error("create mapped file failed: %s", e)
+                results.extend(AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
+                               for _ in batch[i:])
+                break
+            pos = mf.wrote_position
+            wrote_offset = mf.file_from_offset + pos
+            key = (enc.topic, enc.queue_id)
+            queue_offset = table.get(key, 0) if enc.consumable else 0
+            _LONG.pack_into(data, record.QUEUEOFFSET_POS, queue_offset)
+            _LONG.pack_into(data, record.PHYSICALOFFSET_POS, wrote_offset)
+            _LONG.pack_into(data, enc.store_timestamp_pos, store_timestamp)
+            mf.buf[pos:pos + n] = data
+            mf.wrote_position = mf.committed_position = pos + n
+            mf.store_timestamp = store_timestamp
+            if enc.consumable:
+                table[key] = queue_offset + 1
+            results.append(AppendMessageResult(
+                AppendMessageStatus.PUT_OK, wrote_offset, n,
+                self._msg_id_prefix + f"{wrote_offset:016X}", store_timestamp, queue_offset,
+                enc.real_queue_id))
+        return results
+
+    @staticmethod
+    def _write_blank(mf: MappedFile) -> None:
+        remain = mf.file_size - mf.wrote_position
+        mf.buf[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
+            record.encode_blank(remain)
+        mf.wrote_position = mf.committed_position = mf.file_size
+
+    # ================================================================== offsets
+    def get_min_offset(self) -> int:
+        first = self.mapped_file_queue.get_first_mapped_file()
+        if first is None:
+            return -1
+        return first.file_from_offset if first.available else self.roll_next_file(first.file_from_offset)
+
+    def get_max_offset(self) -> int:
+        return self.mapped_file_queue.get_max_offset()
+
+    def roll_next_file(self, offset: int) -> int:
+        return self.mapped_file_queue.roll_next_file(offset)
+
+    # ================================================================== reads
+    def get_data(self, offset: int) -> tuple[MappedFile, int, int] | None:
+        """``getData``: (file, position of ``offset``, the file's read position)."""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        if mf is None:
+            return None
+        pos = offset % self.mapped_file_size
+        return (mf, pos, mf.read_position) if pos < mf.read_position else None
+
+    def get_message(self, offset: int, size: int) -> bytes | None:
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        return mf.read(offset % self.mapped_file_size, size) if mf else None
+
+    def look_message_by_offset(self, offset: int, *, check_crc: bool = True) -> MessageExt | None:
+        """The message whose record starts at ``offset``, or None if none starts there.
+
+        Raises ``CorruptRecordError`` (naming file and offset) when a record does start
+        there but its bytes fail a check.
+        """
+        head = self.get_message(offset, 8)
+        if head is None:
+            return None
+        size, magic = record.SIZE_MAGIC.unpack(head)
+        if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2) or size <= 0:
+            return None
+        data = self.get_message(offset, size)
+        if data is None:
+            return None
+        if record.LONG.unpack_from(data, record.PHYSICALOFFSET_POS)[0] != offset:
+            return None
+        try:
+            return record.decode_at(data, 0, check_crc=check_crc)
+        except record.RecordFormatError as e:
+            mf = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+            raise CorruptRecordError(mf.path if mf else self.config.commit_log_dir,
+                                     offset, e.detail) from None
+
+    def pickup_store_timestamp(self, offset: int, size: int) -> int:
+        """The STORETIMESTAMP of the record at ``offset``, -1 when it is gone."""
+        if offset < self.get_min_offset():
+            return -1
+        head = self.get_message(offset, min(size, 80))
+        if head is None or len(head) < 64:
+            return -1
+        (sys_flag,) = _INT.unpack_from(head, record.SYSFLAG_POS)
+        return _LONG.unpack_from(head, record.store_timestamp_pos(sys_flag))[0]
+
+    def check_message_and_return_size(self, mf: MappedFile, pos: int, limit: int,
+                                      check_crc: bool) -> record.DispatchRequest:
+        return record.check_message_and_return_size(
+            mf.buf, pos, limit, mf.file_from_offset + pos, check_crc, self.delay_level_ms)
+
+    # ================================================================== recovery
+    def recover_normally(self) -> RecoveryResult:
+        """Scan from the third-from-last file (or an earlier short one)."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return RecoveryResult(0, 0)
+        start = self._limit_by_short_file(max(0, len(files) - 3))
+        end = self._scan_and_truncate(start)
+        return RecoveryResult(end, end)
+
+    def recover_abnormally(self, min_timestamp: int) -> RecoveryResult:
+        """Scan from the newest file trusted by the checkpoint; re-dispatch from there."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return RecoveryResult(0, 0)
+        start = 0
+        for index in range(len(files) - 1, -1, -1):
+            if self._is_mapped_file_matched_recover(files[index], min_timestamp):
+                start = index
+                break
+        start = self._limit_by_short_file(start)
+        start_offset = files[start].file_from_offset
+        return RecoveryResult(self._scan_and_truncate(start), start_offset)
+
+    def _limit_by_short_file(self, start: int) -> int:
+        short = self.mapped_file_queue.first_short_file_index
+        return start if short is None else min(start, short)
+
+    @staticmethod
+    def _is_mapped_file_matched_recover(mf: MappedFile, min_timestamp: int) -> bool:
+        buf = mf.buf
+        (magic,) = record.SIZE_MAGIC.unpack_from(buf, 0)[1:]
+        if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2):
+            return False
+        (sys_flag,) = _INT.unpack_from(buf, record.SYSFLAG_POS)
+        (store_ts,) = _LONG.unpack_from(buf, record.store_timestamp_pos(sys_flag))
+        return store_ts != 0 and store_ts <= min_timestamp
+
+    def _scan_and_truncate(self, index: int) -> int:
+        """Walk valid records from file ``index``; cut everything after the last one."""
+        files = self.mapped_file_queue.mapped_files
+        check_crc = self.config.check_crc_on_recover
+        mf = files[index]
+        pos = 0
+        while True:
+            req = self.check_message_and_return_size(mf, pos, mf.file_size, check_crc)
+            if req.success and req.msg_size > 0:
+                pos += req.msg_size
+            elif req.success and req.msg_size == 0 and index + 1 < len(files):
+                index += 1
+                mf, pos = files[index], 0
+            else:
+                if not req.success and pos < mf.file_size and mf.buf[pos:pos + 4] != b"\0\0\0\0":
+                    log.warning("recovery cut %s at %d", mf.path, pos)
+                break
+        process_offset = mf.file_from_offset + pos
+        mfq = self.mapped_file_queue
+        mfq.flushed_where = mfq.committed_where = process_offset
+        mfq.truncate_dirty_files(process_offset)
+        return process_offset
+
+    def set_topic_queue_table(self, table: dict[tuple[str, int], int]) -> None:
+        self.topic_queue_table = table
+
+    # ================================================================== flush, expiry
+    def flush(self, flush_least_pages: int) -> bool:
+        return self.mapped_file_queue.flush(flush_least_pages)
+
+    def delete_expired_file(self, expired_time_ms: int, delete_files_interval_ms: int,
+                            interval_forcibly_ms: int, clean_immediately: bool) -> int:
+        return self.mapped_file_queue.delete_expired_file_by_time(
+            expired_time_ms, delete_files_interval_ms, interval_forcibly_ms, clean_immediately)
+
+    def close(self) -> None:
+        self.mapped_file_queue.close()

@@ -1,0 +1,180 @@
+"""``StoreConfig``: RocketMQ's MessageStoreConfig, field for field, in snake_case.
+
+Every field carries RocketMQ's default (SPEC §3.1); units are those of the Java field
+(milliseconds unless the name says otherwise, ``file_reserved_time`` in hours, ratios in
+percent or as fractions exactly as RocketMQ reads them). A few BrokerConfig values the
+store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
+``long_polling_enable``) sit here too, under their BrokerConfig names.
+
+The same settings load from the ``[store]`` table of ``supervisor.toml``
+(``StoreConfig.from_toml``); tests build tiny stores in Python
+(``StoreConfig(store_path_root_dir=d, mapped_file_size_commit_log=8192)``), the way
+RocketMQ's own tests use 8 KiB-10 MiB commitlog files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from typing import Any
+
+from storage.errors import StoreConfigError
+
+CQ_STORE_UNIT_SIZE = 20
+MIN_COMMIT_LOG_FILE_SIZE = 4096
+
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+@dataclasses.dataclass
+class StoreConfig:
+    # --- paths and file sizes -------------------------------------------------------
+    store_path_root_dir: str = "store"
+    store_path_commit_log: str | None = None  # None: {store_path_root_dir}/commitlog
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 5_000_000 * 4
+    max_message_size: int = 1024 * 1024 * 4
+    # --- flush and commit ----------------------------------------------------------
+    flush_disk_type: str = ASYNC_FLUSH
+    sync_flush_timeout: int = 5000
+    flush_interval_commit_log: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval: int = 10_000
+    flush_commit_log_timed: bool = False
+    commit_interval_commit_log: int = 200
+    commit_commit_log_least_pages: int = 4
+    commit_commit_log_thorough_interval: int = 200
+    flush_interval_consume_queue: int = 1000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 60_000
+    transient_store_pool_enable: bool = False
+    transient_store_pool_size: int = 5
+    fast_fail_if_no_buffer_in_store_pool: bool = False
+    warm_maped_file_enable: bool = False
+    flush_least_pages_when_warm_maped_file: int = 4096  # pages (16 MiB)
+    # --- expiry -------------------------------------------------------------------------
+    file_reserved_time: int = 72  # hours
+    delete_when: str = "04"
+    delete_commit_log_files_interval: int = 100
+    delete_consume_queue_files_interval: int = 100
+    destroy_maped_file_interval_forcibly: int = 1000 * 120
+    redelete_hanged_file_interval: int = 1000 * 120
+    clean_resource_interval: int = 10_000
+    disk_max_used_space_ratio: int = 75  # percent
+    disk_space_warning_level_ratio: float = 0.90
+    disk_space_clean_forcibly_ratio: float = 0.85
+    clean_file_forcibly_enable: bool = True
+    # --- recovery, index, dispatch --------------------------------------------------
+    check_crc_on_recover: bool = True
+    message_index_enable: bool = True
+    message_index_safe: bool = False
+    duplication_enable: bool = False
+    enable_consume_queue_ext: bool = False
+    broker_role: str = "ASYNC_MASTER"
+    # --- delayed messages ---------------------------------------------------------
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    flush_delay_offset_interval: int = 10_000
+    # --- read path limits -----------------------------------------------------------
+    max_msgs_num_batch: int = 64
+    default_query_max_num: int = 32
+    max_transfer_bytes_on_message_in_memory: int = 1024 * 256
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 1024 * 64
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40
+    # --- locking and diagnostics ----------------------------------------------------
+    os_page_cache_busy_time_out_mills: int = 1000
+    use_reentrant_lock_when_put_message: bool = False
+    debug_lock_enable: bool = False
+    # --- BrokerConfig values the store needs -------------------------------------------
+    broker_ip1: str = "127.0.0.1"
+    listen_port: int = 10911
+    default_topic_queue_nums: int = 8
+    long_polling_enable: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---------------------------------------------------------------------------------
+    @property
+    def commit_log_dir(self) -> str:
+        return self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog")
+
+    @property
+    def consume_queue_dir(self) -> str:
+        return os.path.join(self.store_path_root_dir, "consumequeue")
+
+    @property
+    def index_dir(self) -> str:
+        return os.path.join(self.store_path_root_dir, "index")
+
+    @property
+    def config_dir(self) -> str:
+        return os.path.join(self.store_path_root_dir, "config")
+
+    @property
+    def consume_queue_file_size(self) -> int:
+        """The ConsumeQueue file size rounded up to a whole number of 20-byte units."""
+        units = -(-self.mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE)
+        return units * CQ_STORE_UNIT_SIZE
+
+    @property
+    def index_file_size(self) -> int:
+        return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flush_disk_type == SYNC_FLUSH
+
+    # ---------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ``StoreConfigError`` naming the first setting that cannot work."""
+        if self.mapped_file_size_commit_log < MIN_COMMIT_LOG_FILE_SIZE:
+            raise StoreConfigError(
+                f"mapped_file_size_commit_log={self.mapped_file_size_commit_log} is below "
+                f"{MIN_COMMIT_LOG_FILE_SIZE} bytes")
+        if self.mapped_file_size_consume_queue < CQ_STORE_UNIT_SIZE:
+            raise StoreConfigError("mapped_file_size_consume_queue must hold at least one unit")
+        if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
+            raise StoreConfigError(f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, "
+                                   f"not {self.flush_disk_type!r}")
+        if self.broker_role not in BROKER_ROLES:
+            raise StoreConfigError(f"broker_role must be one of {BROKER_ROLES}")
+        for name in ("max_hash_slot_num", "max_index_num", "max_message_size",
+                     "default_topic_queue_nums", "sync_flush_timeout"):
+            if getattr(self, name) <= 0:
+                raise StoreConfigError(f"{name} must be positive")
+        if self.max_index_num < 2:
+            raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
+        if not 0 < self.disk_max_used_space_ratio <= 100:
+            raise StoreConfigError("disk_max_used_space_ratio is a percent in (0, 100]")
+
+    # ---------------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, table: dict[str, Any], **overrides: Any) -> "StoreConfig":
+        """Build from a ``[store]`` table; an unknown key is an error, not ignored."""
+        known = set(cls.field_names())
+        merged = {**table, **{k: v for k, v in overrides.items() if v is not None}}
+        unknown = sorted(set(merged) - known)
+        if unknown:
+            raise StoreConfigError(f"unknown store setting(s): {', '.join(unknown)}")
+        return cls(**merged)
+
+    @classmethod
+    def from_toml(cls, path: str, **overrides: Any) -> "StoreConfig":
+        """Load the ``[store]`` table of a supervisor.toml-style file."""
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+        return cls.from_mapping(doc.get("store", {}), **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,280 @@
+"""ConsumeQueue: the per-(topic, queue) index into the CommitLog, in 20-byte units.
+
+    offset  width  field
+    0       8      commitLogOffset   where the message's record starts
+    8       4      size              the record's total length
+    12      8      tagsCode          tags.hashCode(); for SCHEDULE_TOPIC_XXXX the
+                                     delivery time in ms
+
+Unit ``n`` (the logical queue offset) lives at byte ``n * 20`` of the queue's byte space,
+in ``{root}/consumequeue/{topic}/{queueId}/{20-digit start byte offset}``. File sizes are
+a multiple of 20 (the configured size is rounded up). A queue whose first unit is not 0
+(its older files were deleted, or the queue was rebuilt from a later point) starts in the
+file-aligned window holding that unit, and the units before it in that file are filled
+with blanks ``(0, 0x7FFFFFFF, 0)``.
+
+Invariants kept here:
+
+* ``max_physic_offset`` is end-exclusive: the CommitLog offset just past the last
+  message this queue holds (RocketMQ >= 4.5.1's convention). A put whose message ends at
+  or before it is a duplicate and is skipped, which makes re-dispatch idempotent.
+* ``min_logic_offset`` is the byte offset of the first unit whose message still exists.
+
+Crash story: the CommitLog is the truth. At load the last three files are scanned and
+the queue is cut at the first unit that is not ``offset >= 0 and size > 0``; units that
+point past the recovered CommitLog end are then cut (``truncate_dirty_logic_files``) and
+missing units are re-dispatched from the CommitLog.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterator
+
+from storage.mapped_file import MappedFile
+from storage.mapped_file_queue import MappedFileQueue
+
+CQ_STORE_UNIT_SIZE = 20
+CQ_UNIT = struct.Struct(">qiq")
+assert CQ_UNIT.size == CQ_STORE_UNIT_SIZE
+CQ_PHY_OFFSET = struct.Struct(">q")
+BLANK_UNIT = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+
+
+def encode_unit(commit_log_offset: int, size: int, tags_code: int) -> bytes:
+    return CQ_UNIT.pack(commit_log_offset, size, tags_code)
+
+
+def decode_unit(buf, pos: int) -> tuple[int, int, int]:
+    return CQ_UNIT.unpack_from(buf, pos)
+
+
+def is_valid_unit(offset: int, size: int) -> bool:
+    return offset >= 0 and size > 0
+
+
+class ConsumeQueue:
+    def __init__(self, topic: str, queue_id: int, root_dir: str, mapped_file_size: int,
+                 *, read_only: bool = False):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = mapped_file_size - mapped_file_size % CQ_STORE_UNIT_SIZE
+        self.store_path = os.path.join(root_dir, topic, str(queue_id))
+        self.mapped_file_queue = MappedFileQueue(self.store_path, self.mapped_file_size,
+                                                 read_only=read_only)
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
+    # ------------------------------------------------------------------ load, recover
+    def load(self) -> None:
+        self.mapped_file_queue.load()
+
+    def recover(self) -> None:
+        """Cut the queue at its first invalid unit, scanning the last three files."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return
+        index = max(0, len(files) - 3)
+        process_offset = files[index].file_from_offset
+        while True:
+            mf = files[index]
+            valid = self._valid_prefix(mf)
+            process_offset = mf.file_from_offset + valid
+            if valid == self.mapped_file_size and index + 1 < len(files):
+                index += 1
+                continue
+            break
+        self.mapped_file_queue.flushed_where = process_offset
+        self.mapped_file_queue.committed_where = process_offset
+        self.mapped_file_queue.truncate_dirty_files(process_offset)
+
+    def _valid_prefix(self, mf: MappedFile) -> int:
+        """Bytes of valid units at the start of ``mf``; updates ``max_physic_offset``."""
+        buf = mf.buf
+        for pos in range(0, self.mapped_file_size, CQ_STORE_UNIT_SIZE):
+            offset, size, _ = CQ_UNIT.unpack_from(buf, pos)
+            if not is_valid_unit(offset, size):
+                return pos
+            if size != 0x7FFFFFFF:
+                self.max_physic_offset = offset + size
+        return self.mapped_file_size
+
+    # ------------------------------------------------------------------ write
+    def put_message_position_info(self, offset: int, size: int, tags_code: int,
+                                  cq_offset: int) -> bool:
+        """Append unit ``cq_offset``; idempotent. False only if no file could be had.
+
+        A unit below the queue's end is a repeat and is skipped; a gap is written
+        anyway (RocketMQ logs it as a bug and goes on), which ``check()`` reports.
+        """
+        if offset + size <= self.max_physic_offset:
+            return True
+        expect = cq_offset * CQ_STORE_UNIT_SIZE
+        mfq = self.mapped_file_queue
+        mf = mfq.get_or_create_last_mapped_file(expect)
+        if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
+            self.min_logic_offset = expect
+            mfq.flushed_where = mfq.committed_where = expect
+            self._fill_pre_blank(mf, expect)
+        if cq_offset != 0:
+            current = mf.file_from_offset + mf.wrote_position
+            if expect < current:
+                return True
+        mf.append(CQ_UNIT.pack(offset, size, tags_code))
+        self.max_physic_offset = offset + size
+        return True
+
+    def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
+        n = (until_where % self.mapped_file_size) // CQ_STORE_UNIT_SIZE
+        mf.append(BLANK_UNIT * n)
+
+    def flush(self, flush_least_pages: int) -> bool:
+        return self.mapped_file_queue.flush(flush_least_pages)
+
+    # ------------------------------------------------------------------ read
+    def get_min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def get_max_offset_in_queue(self) -> int:
+        """The next logical offset to be written."""
+        return self.mapped_file_queue.get_max_offset() // CQ_STORE_UNIT_SIZE
+
+    def get_index_buffer(self, start_index: int) -> tuple[MappedFile, int, int] | None:
+        """``getIndexBuffer``: (file, position of unit ``start_index``, read position)."""
+        offset = start_index * CQ_STORE_UNIT_SIZE
+        if offset < self.min_logic_offset:
+            return None
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        pos = offset % self.mapped_file_size
+        return (mf, pos, mf.read_position) if pos < mf.read_position else None
+
+    def get_unit(self, index: int) -> tuple[int, int, int] | None:
+        found = self.get_index_buffer(index)
+        if found is None:
+            return None
+        mf, pos, _ = found
+        return CQ_UNIT.unpack_from(mf.buf, pos)
+
+    def roll_next_file(self, index: int) -> int:
+        units = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+        return index + units - index % units
+
+    def iter_units(self, start: int | None = None) -> Iterator[tuple[int, int, int, int]]:
+        """``(queue_offset, commit_log_offset, size, tags_code)`` from ``start`` (default:
+        the min offset) to the end, blanks included."""
+        index = self.get_min_offset_in_queue() if start is None else start
+        end = self.get_max_offset_in_queue()
+        while index < end:
+            found = self.get_index_buffer(index)
+            if found is None:
+                index = self.roll_next_file(index)
+                continue
+            mf, pos, limit = found
+            for p in range(pos, limit, CQ_STORE_UNIT_SIZE):
+                yield (index, *CQ_UNIT.unpack_from(mf.buf, p))
+                index += 1
+
+    def get_offset_in_queue_by_time(self, timestamp_ms: int, min_phy_offset: int,
+                                    pickup_store_timestamp) -> int:
+        """Binary search for the unit whose message was stored nearest ``timestamp_ms``.
+
+        ``pickup_store_timestamp(phy_offset, size)`` reads a message's store time (-1 if
+        gone); units below ``min_phy_offset`` (deleted CommitLog data) count as earlier.
+        Exact match wins; otherwise the nearer neighbour, ties to the earlier.
+        """
+        mf = self.mapped_file_queue.get_mapped_file_by_time(timestamp_ms)
+        if mf is None:
+            return 0
+        low = max(self.min_logic_offset - mf.file_from_offset, 0)
+        high = mf.read_position - CQ_STORE_UNIT_SIZE
+        left = right = target = -1
+        left_value = right_value = -1
+        buf = mf.buf
+        while high >= low:
+            mid = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+            phy, size, _ = CQ_UNIT.unpack_from(buf, mid)
+            if phy < min_phy_offset:
+                low, left = mid + CQ_STORE_UNIT_SIZE, mid
+                continue
+            store_time = pickup_store_timestamp(phy, size)
+            if store_time < 0:
+                return 0
+            if store_time == timestamp_ms:
+                target = mid
+                break
+            if store_time > timestamp_ms:
+                high, right, right_value = mid - CQ_STORE_UNIT_SIZE, mid, store_time
+            else:
+                low, left, left_value = mid + CQ_STORE_UNIT_SIZE, mid, store_time
+        if target != -1:
+            offset = target
+        elif left_value == -1:
+            offset = right
+        elif right_value == -1:
+            offset = left
+        else:
+            offset = right if abs(timestamp_ms - left_value) > abs(timestamp_ms - right_value) \
+                else left
+        if offset < 0:  # every probe below the CommitLog's min: start after them
+            offset = left + CQ_STORE_UNIT_SIZE if left >= 0 else 0
+        return (mf.file_from_offset + offset) // CQ_STORE_UNIT_SIZE
+
+    # ------------------------------------------------------------------ truncation, expiry
+    def truncate_dirty_logic_files(self, phy_offset: int) -> None:
+        """Cut every unit whose message starts at or after ``phy_offset``; a last file
+        whose first unit is already past it is unlinked and the one before is cut."""
+        mfq = self.mapped_file_queue
+        self.max_physic_offset = -1
+        while (mf := mfq.get_last_mapped_file()) is not None:
+            first_offset, first_size, _ = CQ_UNIT.unpack_from(mf.buf, 0)
+            if is_valid_unit(first_offset, first_size) and first_offset >= phy_offset:
+                mfq.delete_last_mapped_file()
+                continue
+            keep = 0
+            for pos in range(0, mf.wrote_position, CQ_STORE_UNIT_SIZE):
+                offset, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+                if not is_valid_unit(offset, size) or offset >= phy_offset:
+                    break
+                keep = pos + CQ_STORE_UNIT_SIZE
+                if size != 0x7FFFFFFF:
+                    self.max_physic_offset = offset + size
+            mf.zero_tail(keep)
+            mf.set_positions(keep)
+            break
+        end = mfq.get_max_offset()
+        mfq.flushed_where = min(mfq.flushed_where, end)
+        mfq.committed_where = min(mfq.committed_where, end)
+
+    def correct_min_offset(self, min_phy_offset: int) -> None:
+        """Move ``min_logic_offset`` to the first unit whose message still exists."""
+        mf = self.mapped_file_queue.get_first_mapped_file()
+        if mf is None:
+            return
+        for pos in range(0, mf.read_position, CQ_STORE_UNIT_SIZE):
+            offset, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+            if size != 0x7FFFFFFF and offset >= min_phy_offset:
+                self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + pos)
+                return
+        self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + mf.read_position)
+
+    def delete_expired_file(self, min_commit_log_offset: int) -> int:
+        """Delete files whose units all point below ``min_commit_log_offset``."""
+        def last_unit_offset(mf: MappedFile) -> int | None:
+            pos = mf.read_position - CQ_STORE_UNIT_SIZE
+            return CQ_PHY_OFFSET.unpack_from(mf.buf, pos)[0] if pos >= 0 else None
+
+        count = self.mapped_file_queue.delete_expired_file_by_offset(
+            min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset)
+        self.correct_min_offset(min_commit_log_offset)
+        return count
+
+    def close(self) -> None:
+        self.mapped_file_queue.close()
+
+    def destroy(self) -> None:
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+        self.mapped_file_queue.destroy()

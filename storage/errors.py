@@ -1,0 +1,42 @@
+"""The store's exception family.
+
+Expected outcomes of a put or a get are status enums (``storage.status``); exceptions
+are for faults: bytes on disk that cannot be what the store wrote, files that cannot be
+opened, a configuration that cannot work. Every message names the file and the offset.
+
+    StoreError
+    ├── CorruptRecordError(path, offset, detail)   bytes on disk fail a check
+    ├── StoreFileError(path, detail)               a file is missing, mis-sized or unusable
+    ├── StoreConfigError(detail)                   a setting is out of range
+    └── StoreClosedError                           the store was used after close()
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every fault the store raises."""
+
+
+class CorruptRecordError(StoreError):
+    """Bytes on disk fail a structural or checksum check."""
+
+    def __init__(self, path: str, offset: int, detail: str):
+        self.path, self.offset, self.detail = path, offset, detail
+        super().__init__(f"{path} at offset {offset}: {detail}")
+
+
+class StoreFileError(StoreError):
+    """A store file is missing, has the wrong size, or cannot be mapped."""
+
+    def __init__(self, path: str, detail: str):
+        self.path, self.detail = path, detail
+        super().__init__(f"{path}: {detail}")
+
+
+class StoreConfigError(StoreError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class StoreClosedError(StoreError):
+    """The store (or one of its files) was used after it was closed."""

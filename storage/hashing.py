@@ -1,0 +1,61 @@
+"""Java ``String.hashCode`` and the two hashes RocketMQ derives from it.
+
+RocketMQ stores two hashes that a byte-compatible store must reproduce exactly:
+
+* the ConsumeQueue ``tagsCode`` of a message is ``tags.hashCode()`` (0 when there are
+  no tags), a signed 32-bit Java int stored in an 8-byte long;
+* an IndexFile entry stores ``indexKeyHashMethod(key) = abs(key.hashCode())``, and 0
+  when that is still negative (``Math.abs(Integer.MIN_VALUE)`` stays negative).
+
+``String.hashCode`` is ``s[0]*31^(n-1) + ... + s[n-1]`` over the string's UTF-16 code
+units, wrapped to a signed 32-bit int. Characters outside the BMP count as two code
+units (a surrogate pair), exactly as in Java.
+
+The sum is computed with ``map(operator.mul, ...)`` against a table of powers of 31 so
+the per-character work stays in C; results are cached because tags repeat heavily.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+_MASK32 = 0xFFFFFFFF
+_POWERS: list[int] = [1]
+
+
+def _powers(n: int) -> list[int]:
+    """The last ``n`` entries of 31^(n-1) .. 31^0, each reduced mod 2^32."""
+    while len(_POWERS) < n:
+        _POWERS.append((_POWERS[-1] * 31) & _MASK32)
+    return _POWERS[n - 1 :: -1] if n else []
+
+
+def _code_units(s: str) -> bytes | list[int]:
+    if s.isascii():
+        return s.encode("ascii")
+    raw = s.encode("utf-16-be", "surrogatepass")
+    return [int.from_bytes(raw[i : i + 2], "big") for i in range(0, len(raw), 2)]
+
+
+@functools.lru_cache(maxsize=65536)
+def java_string_hash(s: str) -> int:
+    """Java ``String.hashCode()``: a signed 32-bit int.
+
+    >>> java_string_hash("TAG1"), java_string_hash("TagA")
+    (2567159, 2598919)
+    """
+    units = _code_units(s)
+    h = sum(map(operator.mul, units, _powers(len(units)))) & _MASK32
+    return h - 0x1_0000_0000 if h & 0x8000_0000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue ``tagsCode`` of a message: ``tags.hashCode()``, 0 without tags."""
+    return java_string_hash(tags) if tags else 0
+
+
+def index_key_hash(key: str) -> int:
+    """IndexFile ``indexKeyHashMethod``: ``abs(key.hashCode())``, 0 if still negative."""
+    h = abs(java_string_hash(key))
+    return 0 if h > 0x7FFF_FFFF else h

@@ -1,0 +1,488 @@
+"""IndexFile: one file of RocketMQ's on-disk hash index, ``{root}/index/{yyyyMMddHHmmssSSS}``.
+
+The index maps ``topic#key`` (a message's UNIQ_KEY and each of its KEYS) to CommitLog
+physical offsets, with a coarse store time so queries can be bounded in time. Only the
+key's hash is stored, never the key, so every hit is a *candidate*: the caller re-reads
+the message at that offset and checks its topic and key.
+
+Layout (big-endian, as Java writes it); the file is exactly
+``40 + hash_slot_num * 4 + index_num * 20`` bytes (420,000,040 with the defaults):
+
+    IndexHeader, 40 bytes at 0
+    offset  width  field
+    0       8      beginTimestamp   store time (ms) of the first entry
+    8       8      endTimestamp     store time (ms) of the last entry
+    16      8      beginPhyOffset   CommitLog offset of the first entry
+    24      8      endPhyOffset     CommitLog offset of the last entry
+    32      4      hashSlotCount    incremented on every put (not the slots in use)
+    36      4      indexCount       next entry number; starts at 1, entry 0 is never used
+
+    hash slot table, hash_slot_num x 4 bytes at 40
+    slot s at 40 + s*4: int, number of the newest entry whose keyHash % hash_slot_num == s;
+    empty when <= 0 (invalidIndex) or > indexCount
+
+    index entries, index_num x 20 bytes at 40 + hash_slot_num*4
+    entry n at 40 + hash_slot_num*4 + n*20:
+    0       4      keyHash          index_key_hash(key) = abs(key.hashCode()), 0 if negative
+    4       8      phyOffset        CommitLog offset of the message
+    12      4      timeDiff         (storeTimestamp - beginTimestamp) // 1000, in seconds,
+                                    clamped to [0, 2^31-1]; < 0 means invalid
+    16      4      preIndexNo       previous entry in the same slot's chain; 0 ends it
+
+Each slot heads a singly linked list, newest first. Entries are appended in order, so a
+valid ``preIndexNo`` is always smaller than the entry's own number; the chain walk stops
+at the first link that is not (stricter than Java, identical on every file Java writes,
+and it cannot loop on corrupt bytes). A file holds at most ``index_num - 1`` entries.
+
+File naming: the creation time in local time, ``yyyyMMddHHmmssSSS``
+(``UtilAll.timeMillisToHumanString``), e.g. ``20190729015534442``. Names sort
+chronologically, except across a daylight-saving fall-back hour (as in RocketMQ).
+
+Write order of a put: the entry, then the slot, then the header (all 40 bytes, from the
+Python copy). A reader of the mapping therefore never follows a slot to an entry that is
+not written yet.
+
+Crash story: nothing is checksummed and nothing here is trusted beyond "the caller
+verifies every candidate against the CommitLog": a torn or stale entry can make a query
+miss a message or return a wrong candidate, never return a wrong message. Full files are
+flushed when the next file is created, and ``IndexService`` hands their endTimestamp to
+the checkpoint (``indexMsgTimestamp``). After an abnormal exit, files whose endTimestamp
+is newer than the checkpoint's index timestamp are destroyed at load and rebuilt by
+re-dispatch from the CommitLog; files at or below it are kept as they are.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from typing import Iterator
+
+from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
+from storage.hashing import index_key_hash
+from storage.mapped_file import FILE_OPS, fsync_dir
+
+# --------------------------------------------------------------------- IndexHeader
+BEGIN_TIMESTAMP_POS = 0
+BEGIN_TIMESTAMP_LEN = 8
+END_TIMESTAMP_POS = BEGIN_TIMESTAMP_POS + BEGIN_TIMESTAMP_LEN
+END_TIMESTAMP_LEN = 8
+BEGIN_PHY_OFFSET_POS = END_TIMESTAMP_POS + END_TIMESTAMP_LEN
+BEGIN_PHY_OFFSET_LEN = 8
+END_PHY_OFFSET_POS = BEGIN_PHY_OFFSET_POS + BEGIN_PHY_OFFSET_LEN
+END_PHY_OFFSET_LEN = 8
+HASH_SLOT_COUNT_POS = END_PHY_OFFSET_POS + END_PHY_OFFSET_LEN
+HASH_SLOT_COUNT_LEN = 4
+INDEX_COUNT_POS = HASH_SLOT_COUNT_POS + HASH_SLOT_COUNT_LEN
+INDEX_COUNT_LEN = 4
+INDEX_HEADER_SIZE = INDEX_COUNT_POS + INDEX_COUNT_LEN
+
+INDEX_HEADER = struct.Struct(">qqqqii")
+assert INDEX_HEADER.size == INDEX_HEADER_SIZE == 40
+
+# --------------------------------------------------------------------- hash slot
+HASH_SLOT_SIZE = 4
+HASH_SLOT = struct.Struct(">i")
+assert HASH_SLOT.size == HASH_SLOT_SIZE
+INVALID_INDEX = 0
+
+# --------------------------------------------------------------------- index entry
+KEY_HASH_POS = 0
+KEY_HASH_LEN = 4
+PHY_OFFSET_POS = KEY_HASH_POS + KEY_HASH_LEN
+PHY_OFFSET_LEN = 8
+TIME_DIFF_POS = PHY_OFFSET_POS + PHY_OFFSET_LEN
+TIME_DIFF_LEN = 4
+PRE_INDEX_NO_POS = TIME_DIFF_POS + TIME_DIFF_LEN
+PRE_INDEX_NO_LEN = 4
+INDEX_SIZE = PRE_INDEX_NO_POS + PRE_INDEX_NO_LEN
+
+INDEX_ENTRY = struct.Struct(">iqii")
+assert INDEX_ENTRY.size == INDEX_SIZE == 20
+
+JAVA_INT_MAX = 0x7FFF_FFFF
+FILE_NAME_LEN = 17  # yyyyMMddHHmmssSSS
+_ITER_CHUNK_ENTRIES = 4096
+
+
+# --------------------------------------------------------------------- pure codecs
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    """The exact size of an IndexFile with these dimensions."""
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
+
+
+def encode_header(begin_timestamp: int, end_timestamp: int, begin_phy_offset: int,
+                  end_phy_offset: int, hash_slot_count: int, index_count: int) -> bytes:
+    """The 40 header bytes. Raises ``struct.error`` when a value does not fit its width."""
+    return INDEX_HEADER.pack(begin_timestamp, end_timestamp, begin_phy_offset,
+                             end_phy_offset, hash_slot_count, index_count)
+
+
+def decode_header(buf, pos: int = 0) -> tuple[int, int, int, int, int, int]:
+    """``(beginTimestamp, endTimestamp, beginPhyOffset, endPhyOffset, hashSlotCount,
+    indexCount)`` from the 40 bytes at ``pos``, unchecked.
+
+    Raises ``struct.error`` when fewer than 40 bytes are there.
+    """
+    return INDEX_HEADER.unpack_from(buf, pos)
+
+
+def encode_entry(key_hash: int, phy_offset: int, time_diff: int, pre_index_no: int) -> bytes:
+    """The 20 bytes of one index entry."""
+    return INDEX_ENTRY.pack(key_hash, phy_offset, time_diff, pre_index_no)
+
+
+def decode_entry(buf, pos: int) -> tuple[int, int, int, int]:
+    """``(keyHash, phyOffset, timeDiff, preIndexNo)`` from the 20 bytes at ``pos``."""
+    return INDEX_ENTRY.unpack_from(buf, pos)
+
+
+def time_millis_to_human_string(timestamp_ms: int) -> str:
+    """``UtilAll.timeMillisToHumanString``: ``yyyyMMddHHmmssSSS`` in local time."""
+    t = time.localtime(timestamp_ms // 1000)
+    return (f"{t.tm_year:04d}{t.tm_mon:02d}{t.tm_mday:02d}"
+            f"{t.tm_hour:02d}{t.tm_min:02d}{t.tm_sec:02d}{timestamp_ms % 1000:03d}")
+
+
+def human_string_to_time_millis(name: str) -> int:
+    """The inverse of ``time_millis_to_human_string`` (ambiguous in a DST fall-back hour).
+
+    Raises ``ValueError`` when ``name`` is not 17 digits of a valid local time.
+    """
+    if len(name) != FILE_NAME_LEN or not name.isdigit():
+        raise ValueError(f"not a yyyyMMddHHmmssSSS name: {name!r}")
+    fields = (int(name[0:4]), int(name[4:6]), int(name[6:8]),
+              int(name[8:10]), int(name[10:12]), int(name[12:14]), 0, 0, -1)
+    try:
+        seconds = int(time.mktime(fields))
+    except OverflowError as e:
+        raise ValueError(f"not a valid local time: {name!r}") from e
+    return seconds * 1000 + int(name[14:17])
+
+
+def _time_diff_s(store_timestamp: int, begin_timestamp: int) -> int:
+    """The entry's timeDiff: seconds since the file's begin, clamped to a Java int >= 0."""
+    if begin_timestamp <= 0:
+        return 0
+    diff = (store_timestamp - begin_timestamp) // 1000
+    if diff > JAVA_INT_MAX:
+        return JAVA_INT_MAX
+    return diff if diff > 0 else 0
+
+
+# --------------------------------------------------------------------- the file
+class IndexFile:
+    """One IndexFile, mapped read-write; its header is cached here and written through.
+
+    Not thread-safe: one writer (the dispatching process) puts and selects; callers that
+    share an instance across threads serialise access themselves.
+    """
+
+    def __init__(self, path: str, hash_slot_num: int, index_num: int,
+                 end_phy_offset: int = 0, end_timestamp: int = 0):
+        """Create ``path`` preallocated to full size, or open the existing file.
+
+        A new file starts with ``indexCount = 1`` and, when ``end_phy_offset`` /
+        ``end_timestamp`` are > 0 (the previous file's end), with both its begin and end
+        values set to them. An existing file's header is read from disk (an indexCount
+        <= 0 reads as 1) and the two arguments are ignored.
+
+        A zero-length file (a creation a crash interrupted) is allocated and
+        initialised as a new one.
+
+        Raises ``StoreFileError`` when the file has any other size than
+        ``40 + hash_slot_num*4 + index_num*20`` or cannot be created, allocated or
+        mapped, and ``CorruptRecordError`` when its indexCount exceeds ``index_num``.
+        """
+        assert hash_slot_num > 0 and index_num > 1, (hash_slot_num, index_num)
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self._index_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        if os.path.exists(path):
+            self._fd, created = self._open()
+        else:
+            self._fd, created = self._create(), True
+        try:
+            self._buf: mmap.mmap | None = mmap.mmap(self._fd, self.file_size)
+        except (OSError, ValueError) as e:
+            os.close(self._fd)
+            raise StoreFileError(path, f"cannot map {self.file_size} bytes: {e}") from e
+        if created:
+            self._init_header(end_phy_offset, end_timestamp)
+        else:
+            self._load_header()
+
+    # ----------------------------------------------------------------- open / create
+    def _create(self) -> int:
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise StoreFileError(self.path, f"cannot create: {os.strerror(e.errno)}") from e
+        try:
+            self._allocate(fd)
+            fsync_dir(directory)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(self.path)
+            raise
+        return fd
+
+    def _open(self) -> tuple[int, bool]:
+        """Open an existing file: ``(fd, created)``.
+
+        A zero-length file is a creation that a crash interrupted before the
+        allocation: it holds nothing, so it is allocated and initialised like a new one.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError as e:
+            raise StoreFileError(self.path, f"cannot open: {os.strerror(e.errno)}") from e
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                self._allocate(fd)
+                return fd, True
+            if size != self.file_size:
+                raise StoreFileError(self.path, f"length {size} does not match the "
+                                     f"configured index file size {self.file_size} "
+                                     f"(hash_slot_num {self.hash_slot_num}, "
+                                     f"index_num {self.index_num})")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, False
+
+    def _allocate(self, fd: int) -> None:
+        """Preallocate the whole file (never sparse: a full disk must fail here, not
+        with SIGBUS on a later page fault). Raises ``StoreFileError``."""
+        try:
+            FILE_OPS.fallocate(fd, 0, self.file_size)
+        except OSError as e:
+            raise StoreFileError(self.path, f"cannot allocate {self.file_size} bytes: "
+                                 f"{os.strerror(e.errno) if e.errno else e}") from e
+
+    def _init_header(self, end_phy_offset: int, end_timestamp: int) -> None:
+        self._begin_timestamp = self._end_timestamp = max(end_timestamp, 0)
+        self._begin_phy_offset = self._end_phy_offset = max(end_phy_offset, 0)
+        self._hash_slot_count = 0
+        self._index_count = 1
+        self._write_header()
+
+    def _load_header(self) -> None:
+        """``IndexFile.load``: read the header; indexCount <= 0 reads as 1."""
+        (self._begin_timestamp, self._end_timestamp, self._begin_phy_offset,
+         self._end_phy_offset, self._hash_slot_count, index_count) = decode_header(self._buf)
+        if index_count > self.index_num:
+            self._abandon()
+            raise CorruptRecordError(self.path, INDEX_COUNT_POS,
+                                     f"indexCount {index_count} exceeds index_num "
+                                     f"{self.index_num}")
+        self._index_count = index_count if index_count > 0 else 1
+
+    def _write_header(self) -> None:
+        INDEX_HEADER.pack_into(self._buf, 0, self._begin_timestamp, self._end_timestamp,
+                               self._begin_phy_offset, self._end_phy_offset,
+                               self._hash_slot_count, self._index_count)
+
+    def _abandon(self) -> None:
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # ----------------------------------------------------------------- header
+    @property
+    def file_name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self._begin_timestamp
+
+    @property
+    def end_timestamp(self) -> int:
+        return self._end_timestamp
+
+    @property
+    def begin_phy_offset(self) -> int:
+        return self._begin_phy_offset
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self._end_phy_offset
+
+    @property
+    def hash_slot_count(self) -> int:
+        return self._hash_slot_count
+
+    @property
+    def index_count(self) -> int:
+        return self._index_count
+
+    def is_write_full(self) -> bool:
+        """``isWriteFull``: no room for another entry (``indexCount >= index_num``)."""
+        return self._index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """``isTimeMatched``: ``[begin, end]`` overlaps ``[beginTimestamp, endTimestamp]``."""
+        b, e = self._begin_timestamp, self._end_timestamp
+        return (begin < b and end > e) or b <= begin <= e or b <= end <= e
+
+    # ----------------------------------------------------------------- put
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """``putKey``: add ``key -> phy_offset`` as the newest entry of its slot's chain.
+
+        Returns False, writing nothing, when the file is full. Raises
+        ``StoreClosedError`` after close, ``struct.error`` when ``phy_offset`` or
+        ``store_timestamp`` does not fit a Java long.
+        """
+        buf = self._buf
+        if buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        index_count = self._index_count
+        if index_count >= self.index_num:
+            return False
+        key_hash = index_key_hash(key)
+        abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        slot_value = HASH_SLOT.unpack_from(buf, abs_slot_pos)[0]
+        if slot_value <= INVALID_INDEX or slot_value > index_count:
+            slot_value = INVALID_INDEX
+        # As in Java, the diff is taken against the begin *before* a first put moves it,
+        # so the first entry of a rolled file measures from the previous file's end.
+        time_diff = _time_diff_s(store_timestamp, self._begin_timestamp)
+        INDEX_ENTRY.pack_into(buf, self._index_base + index_count * INDEX_SIZE,
+                              key_hash, phy_offset, time_diff, slot_value)
+        HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
+        if index_count <= 1:
+            self._begin_phy_offset = phy_offset
+            self._begin_timestamp = store_timestamp
+        self._hash_slot_count += 1
+        self._index_count = index_count + 1
+        self._end_phy_offset = phy_offset
+        self._end_timestamp = store_timestamp
+        INDEX_HEADER.pack_into(buf, 0, self._begin_timestamp, store_timestamp,
+                               self._begin_phy_offset, phy_offset,
+                               self._hash_slot_count, index_count + 1)
+        return True
+
+    # ----------------------------------------------------------------- select
+    def select_phy_offset(self, key: str, max_num: int, begin_ms: int,
+                          end_ms: int) -> list[int]:
+        """``selectPhyOffset``: candidate offsets for ``key`` stored in
+        ``[begin_ms, end_ms]``, newest first, at most ``max_num``.
+
+        Entry times are second-granular (``beginTimestamp + timeDiff * 1000``). Hash
+        collisions are included: the caller must verify each candidate. Raises
+        ``StoreClosedError`` after close.
+        """
+        buf = self._buf
+        if buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        found: list[int] = []
+        index_count = self._index_count
+        key_hash = index_key_hash(key)
+        abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        slot_value = HASH_SLOT.unpack_from(buf, abs_slot_pos)[0]
+        # Java's bound is ``> indexCount``; a slot equal to indexCount names an entry
+        # that was never completed (a crash between slot and header), so it is empty.
+        if slot_value <= INVALID_INDEX or slot_value >= index_count or index_count <= 1:
+            return found
+        begin_timestamp = self._begin_timestamp
+        index_base = self._index_base
+        unpack_from = INDEX_ENTRY.unpack_from
+        next_index = slot_value
+        while len(found) < max_num:
+            key_hash_read, phy_offset_read, time_diff, prev_index = unpack_from(
+                buf, index_base + next_index * INDEX_SIZE)
+            if time_diff < 0:
+                break
+            time_read = begin_timestamp + time_diff * 1000
+            if key_hash_read == key_hash and begin_ms <= time_read <= end_ms:
+                found.append(phy_offset_read)
+            # Java stops on prev == next; prev > next is just as impossible in a file
+            # written in order, and stopping there bounds the walk on corrupt bytes.
+            if prev_index <= INVALID_INDEX or prev_index >= next_index or time_read < begin_ms:
+                break
+            next_index = prev_index
+        return found
+
+    def iter_entries(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """``(entry_no, key_hash, phy_offset, time_diff, pre_index_no)`` for entries
+        ``1 .. indexCount - 1``, in order (for consistency checks).
+
+        Reads in chunks of copied bytes, so no view of the mapping is held between
+        yields. Raises ``StoreClosedError`` if the file is closed while iterating.
+        """
+        entry_no = 1
+        while entry_no < self._index_count:
+            buf = self._buf
+            if buf is None:
+                raise StoreClosedError(f"{self.path} is closed")
+            last = min(self._index_count, entry_no + _ITER_CHUNK_ENTRIES)
+            start = self._index_base + entry_no * INDEX_SIZE
+            chunk = buf[start:self._index_base + last * INDEX_SIZE]
+            for fields in INDEX_ENTRY.iter_unpack(chunk):
+                yield (entry_no, *fields)
+                entry_no += 1
+
+    def slot_value(self, slot: int) -> int:
+        """The raw int in hash slot ``slot`` (for consistency checks)."""
+        if self._buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        if not 0 <= slot < self.hash_slot_num:
+            raise IndexError(f"slot {slot} outside 0..{self.hash_slot_num - 1}")
+        return HASH_SLOT.unpack_from(self._buf, INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE)[0]
+
+    # ----------------------------------------------------------------- lifecycle
+    def flush(self) -> None:
+        """Make every put so far durable: fdatasync on the file's descriptor.
+
+        Raises ``OSError`` when fdatasync fails (never reported as done) and
+        ``StoreClosedError`` after close.
+        """
+        if self._fd < 0:
+            raise StoreClosedError(f"{self.path} is closed")
+        FILE_OPS.fdatasync(self._fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._buf is None
+
+    def close(self) -> None:
+        """Unmap and close the file, keeping it on disk. Idempotent; raises nothing."""
+        if self._buf is not None:
+            try:
+                self._buf.close()
+            except BufferError:
+                pass  # a view is still exported; the mapping goes when it is collected
+            self._buf = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        """Close, then unlink the file. Never truncates: other processes may have it
+        mapped, and the inode lives until their mappings go. Raises nothing if the file
+        is already gone.
+        """
+        self.close()
+        _unlink_quietly(self.path)
+
+    def __repr__(self) -> str:
+        return (f"IndexFile({self.file_name}, index_count={self._index_count}, "
+                f"phy=[{self._begin_phy_offset}, {self._end_phy_offset}], "
+                f"time=[{self._begin_timestamp}, {self._end_timestamp}])")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,293 @@
+"""IndexService: the list of IndexFiles under ``{root}/index`` and the index's verbs.
+
+The service owns the ``index/`` directory: it builds the index from dispatched messages
+(``build_index``), answers key queries (``query_offset``), flushes (``flush``), and
+deletes files whose messages the CommitLog no longer holds (``delete_expired_file``).
+Files are kept oldest first; only the last one is written. The layout of one file is in
+``storage.index_file``.
+
+Single writer: one dispatching process owns an IndexService and is the only one that
+builds, flushes or deletes. Nothing here locks; callers in one process that query from
+another thread serialise access themselves.
+
+Durability and the checkpoint. The index is flushed when its last file is full and the
+next one is created (RocketMQ's FlushIndexFileThread, done here synchronously), and
+whenever the owner calls ``flush()``. After each flush ``durable_timestamp`` holds the
+flushed file's endTimestamp: every entry stored at or before it is on disk. The owner
+copies it into the checkpoint's ``indexMsgTimestamp``; the service never writes the
+checkpoint itself. After ``load`` it starts at the checkpoint value it was given.
+
+Crash story, as a decision table for ``load(last_exit_ok, index_checkpoint_ms)``:
+
+    last_exit_ok  file's endTimestamp          action
+    True          any                          keep (a clean stop left it whole)
+    False         <= index_checkpoint_ms       keep (flushed before the crash)
+    False         >  index_checkpoint_ms       destroy; abnormal recovery re-dispatches
+                                               the CommitLog and rebuilds its entries
+    any           name not all digits          skip (not an index file), leave on disk
+
+Re-dispatch is idempotent: ``build_index`` skips a message whose offset is below the
+last file's endPhyOffset. Entries are only hashes, so every query result is a candidate
+the caller verifies against the CommitLog; a stale or torn entry can hide a message from
+a query but never return a wrong one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import NamedTuple
+
+from storage.errors import StoreError
+from storage.index_file import (
+    IndexFile, human_string_to_time_millis, time_millis_to_human_string)
+from storage.mapped_file import now_ms
+from storage.message import KEY_SEPARATOR, TRANSACTION_ROLLBACK_TYPE
+
+log = logging.getLogger(__name__)
+
+
+class QueryOffsetResult(NamedTuple):
+    """``QueryOffsetResult``: candidate offsets, newest file first, and the last file's
+    end values at the time of the query."""
+    phy_offsets: list[int]
+    index_last_update_timestamp: int
+    index_last_update_phyoffset: int
+
+
+def build_key(topic: str, key: str) -> str:
+    """``IndexService.buildKey``: ``topic#key``."""
+    return topic + "#" + key
+
+
+class IndexService:
+    """The index files of one store, oldest first; the last one is written."""
+
+    def __init__(self, index_dir: str, hash_slot_num: int, index_num: int):
+        assert hash_slot_num > 0 and index_num > 1, (hash_slot_num, index_num)
+        self.index_dir = index_dir
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.durable_timestamp = 0
+        self._files: list[IndexFile] = []
+
+    @property
+    def files(self) -> list[IndexFile]:
+        """The open index files, oldest first (a copy of the list)."""
+        return list(self._files)
+
+    # ----------------------------------------------------------------- load
+    def load(self, last_exit_ok: bool, index_checkpoint_ms: int) -> None:
+        """``IndexService.load(lastExitOK)``: open every index file, in name order.
+
+        After an abnormal exit a file whose endTimestamp is newer than
+        ``index_checkpoint_ms`` is destroyed (see the module's decision table). Names
+        that are not all digits are skipped. Raises ``StoreFileError`` (wrong size,
+        unreadable) or ``CorruptRecordError`` (impossible header) for a file that cannot
+        be loaded; files opened before it are closed again.
+        """
+        assert not self._files, "load() on a service that already has files"
+        try:
+            names = sorted(os.listdir(self.index_dir))
+        except FileNotFoundError:
+            names = []
+        try:
+            for name in names:
+                self._load_one(name, last_exit_ok, index_checkpoint_ms)
+        except BaseException:
+            self.close()
+            raise
+        self.durable_timestamp = index_checkpoint_ms
+
+    def _load_one(self, name: str, last_exit_ok: bool, index_checkpoint_ms: int) -> None:
+        path = os.path.join(self.index_dir, name)
+        if not name.isdigit() or not os.path.isfile(path):
+            log.warning("skip %s: not an index file", path)
+            return
+        f = IndexFile(path, self.hash_slot_num, self.index_num)
+        if not last_exit_ok and f.end_timestamp > index_checkpoint_ms:
+            log.info("destroy index file %s: endTimestamp %d is newer than the "
+                     "checkpoint's %d", name, f.end_timestamp, index_checkpoint_ms)
+            f.destroy()
+            return
+        log.info("load index file OK, %s", name)
+        self._files.append(f)
+
+    # ----------------------------------------------------------------- build
+    def build_index(self, topic: str, commit_log_offset: int, store_timestamp: int,
+                    sys_flag: int, uniq_key: str | None, keys: str | None) -> bool:
+        """``IndexService.buildIndex``: index ``topic#uniq_key`` and ``topic#k`` for each
+        non-empty space-separated ``k`` in ``keys``, all pointing at
+        ``commit_log_offset``.
+
+        Skips (returning True) a message below the last file's endPhyOffset (already
+        indexed: re-dispatch after recovery) and ROLLBACK messages. Rolls to a new file
+        whenever the last one is full. Returns False only when no index file could be
+        created (the caller stops building the index and marks the store's index
+        error). Raises ``OSError`` when flushing a full file fails.
+        """
+        index_file = self._get_and_create_last_index_file()
+        if index_file is None:
+            log.error("build index error, stop building index")
+            return False
+        if commit_log_offset < index_file.end_phy_offset:
+            return True
+        if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
+            return True
+        if uniq_key is not None:
+            index_file = self._put_key(index_file, topic + "#" + uniq_key,
+                                       commit_log_offset, store_timestamp)
+            if index_file is None:
+                log.error("putKey error commitlog %d uniqkey %s", commit_log_offset, uniq_key)
+                return False
+        if keys:
+            for key in keys.split(KEY_SEPARATOR):
+                if key:
+                    index_file = self._put_key(index_file, topic + "#" + key,
+                                               commit_log_offset, store_timestamp)
+                    if index_file is None:
+                        log.error("putKey error commitlog %d key %s", commit_log_offset, key)
+                        return False
+        return True
+
+    def _put_key(self, index_file: IndexFile, key: str, commit_log_offset: int,
+                 store_timestamp: int) -> IndexFile | None:
+        """Put into ``index_file``, rolling to new files while it is full. Returns the
+        file that took the key, or None when no new file could be created."""
+        while not index_file.put_key(key, commit_log_offset, store_timestamp):
+            log.warning("Index file [%s] is full, trying to create another one",
+                        index_file.file_name)
+            index_file = self._get_and_create_last_index_file()
+            if index_file is None:
+                return None
+        return index_file
+
+    def _get_and_create_last_index_file(self) -> IndexFile | None:
+        """``getAndCreateLastIndexFile``: the last file if it has room, else a new one
+        that starts at the previous file's end offset and time.
+
+        The full previous file is flushed first and its endTimestamp becomes
+        ``durable_timestamp``. Returns None (logged) when the new file cannot be
+        created; raises ``OSError`` when the flush fails.
+        """
+        files = self._files
+        prev = files[-1] if files else None
+        if prev is not None and not prev.is_write_full():
+            return prev
+        if prev is not None:
+            prev.flush()
+            self.durable_timestamp = prev.end_timestamp
+        try:
+            f = IndexFile(self._next_file_path(), self.hash_slot_num, self.index_num,
+                          prev.end_phy_offset if prev else 0, prev.end_timestamp if prev else 0)
+        except (StoreError, OSError) as e:
+            log.error("cannot create an index file in %s: %s", self.index_dir, e)
+            return None
+        files.append(f)
+        return f
+
+    def _next_file_path(self) -> str:
+        """A new file's path, named by the current time (``yyyyMMddHHmmssSSS``).
+
+        The name is unique (1 ms is added while it exists) and sorts after the last
+        file's, even if the clock went back; only a daylight-saving fall-back hour can
+        still produce an earlier name, as in RocketMQ.
+        """
+        timestamp_ms = now_ms()
+        if self._files:
+            last_name = self._files[-1].file_name
+            if time_millis_to_human_string(timestamp_ms) <= last_name:
+                try:
+                    timestamp_ms = max(timestamp_ms,
+                                       human_string_to_time_millis(last_name) + 1)
+                except ValueError:
+                    pass  # a loaded file with an odd digit name: uniqueness suffices
+        while True:
+            path = os.path.join(self.index_dir, time_millis_to_human_string(timestamp_ms))
+            if not os.path.exists(path):
+                return path
+            timestamp_ms += 1
+
+    # ----------------------------------------------------------------- flush
+    def flush(self) -> int:
+        """Flush the last file; return its endTimestamp and record it as
+        ``durable_timestamp``. Returns 0, changing nothing, when there is no file.
+        Raises ``OSError`` when fdatasync fails.
+        """
+        if not self._files:
+            return 0
+        last = self._files[-1]
+        last.flush()
+        self.durable_timestamp = last.end_timestamp
+        return self.durable_timestamp
+
+    # ----------------------------------------------------------------- query
+    def query_offset(self, topic: str, key: str, max_num: int, begin_ms: int,
+                     end_ms: int) -> QueryOffsetResult:
+        """``queryOffset``: candidate CommitLog offsets of messages indexed under
+        ``topic#key`` and stored in ``[begin_ms, end_ms]``, at most ``max_num``.
+
+        Files are searched newest first, only those whose time range overlaps, until
+        ``max_num`` offsets are found or a file begins before ``begin_ms``. Offsets are
+        raw: the caller re-reads each message and checks topic and key (and caps
+        ``max_num``, at 64 in RocketMQ). Raises ``StoreClosedError`` after close.
+        """
+        phy_offsets: list[int] = []
+        files = self._files
+        if not files:
+            return QueryOffsetResult(phy_offsets, 0, 0)
+        last = files[-1]
+        last_timestamp, last_phy_offset = last.end_timestamp, last.end_phy_offset
+        index_key = build_key(topic, key)
+        for f in reversed(list(files)):
+            if f.is_time_matched(begin_ms, end_ms):
+                phy_offsets.extend(f.select_phy_offset(
+                    index_key, max_num - len(phy_offsets), begin_ms, end_ms))
+            if f.begin_timestamp < begin_ms or len(phy_offsets) >= max_num:
+                break
+        return QueryOffsetResult(phy_offsets, last_timestamp, last_phy_offset)
+
+    # ----------------------------------------------------------------- expiry
+    def delete_expired_file(self, min_commit_log_offset: int) -> int:
+        """``deleteExpiredFile(offset)``: destroy the index files every entry of which
+        points below ``min_commit_log_offset`` (the CommitLog's new min offset).
+
+        Oldest first, never the last (written) file, stopping at the first file kept.
+        Returns how many files were destroyed. Raises nothing.
+        """
+        files = self._files
+        if not files or files[0].end_phy_offset >= min_commit_log_offset:
+            return 0
+        count = 0
+        while count < len(files) - 1 and files[count].end_phy_offset < min_commit_log_offset:
+            count += 1
+        expired, self._files = files[:count], files[count:]
+        for f in expired:
+            log.info("destroy expired index file %s (endPhyOffset %d < %d)",
+                     f.file_name, f.end_phy_offset, min_commit_log_offset)
+            f.destroy()
+        return count
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Close every file, keeping them on disk. Raises nothing."""
+        files, self._files = self._files, []
+        for f in files:
+            f.close()
+
+    def destroy(self) -> None:
+        """Destroy every index file and remove whatever else is in the directory (the
+        directory itself stays). Raises ``OSError`` when an entry cannot be removed.
+        """
+        files, self._files = self._files, []
+        for f in files:
+            f.destroy()
+        try:
+            names = os.listdir(self.index_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(self.index_dir, name)
+            if os.path.isfile(path) or os.path.islink(path):
+                os.unlink(path)
+        self.durable_timestamp = 0

@@ -1,0 +1,316 @@
+"""MappedFile: one fixed-size, preallocated, memory-mapped store file.
+
+A MappedFile is named by the global offset of its first byte, as a 20-digit zero-padded
+decimal (``00000000001073741824``); ``file_from_offset`` is parsed back from the name.
+It keeps three positions, each relative to the file's start:
+
+    0 <= flushed_position <= committed_position <= wrote_position <= file_size
+
+``wrote_position`` is where the next append goes; everything below
+``committed_position`` is in the file's pages (equal to wrote here: appends go straight
+into the mapping, there is no transient pool yet); everything below
+``flushed_position`` has been through ``fdatasync``. Readers never read past the read
+position (``committed_position``).
+
+Files are preallocated to full size with ``posix_fallocate`` before they are mapped, so a
+full disk fails the creation cleanly (CREATE_MAPEDFILE_FAILED) instead of killing the
+writer with SIGBUS on a page fault later. A file that others may have mapped is never
+truncated, only unlinked (``destroy``): the inode lives until the last mapping goes.
+
+Reference counting follows RocketMQ's ReferenceResource: ``hold``/``release`` bracket
+reads and flushes; ``shutdown`` marks the file unavailable and drops the file's own
+reference; ``destroy`` unmaps, closes and unlinks once nothing holds it, or forcibly after
+``interval_forcibly_ms``.
+
+Crash story: nothing of a MappedFile's state is persisted besides its bytes. After a
+restart the positions are set to the file size and recovery moves them back to the end
+of the last valid record.
+
+Fault-injection seam: ``FILE_OPS`` holds the OS calls that can fail with ENOSPC or EIO
+(``fallocate``, ``fdatasync``); tests replace them to inject those faults.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import os
+import time
+import types
+
+from storage.errors import StoreClosedError, StoreFileError
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20
+
+FILE_OPS = types.SimpleNamespace(fallocate=os.posix_fallocate, fdatasync=os.fdatasync)
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def offset_to_file_name(offset: int) -> str:
+    """``UtilAll.offset2FileName``: the 20-digit zero-padded decimal offset."""
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def fsync_dir(path: str) -> None:
+    """Make a created or removed directory entry durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MappedFile:
+    """One store file of ``file_size`` bytes, mapped read-write (or read-only)."""
+
+    def __init__(self, path: str, file_size: int, *, read_only: bool = False,
+                 create: bool = True, extend_short: bool = False):
+        """Open (or create, preallocated) and map ``path``.
+
+        Raises ``StoreFileError`` when the name is not an offset, the file is missing and
+        ``create`` is false, its size differs from ``file_size`` (a short file is grown
+        back to size, zero-filled, when ``extend_short``), or it cannot be allocated.
+        """
+        self.path = path
+        self.file_name = os.path.basename(path)
+        if not self.file_name.isdigit():
+            raise StoreFileError(path, "a store file's name must be its start offset")
+        self.file_from_offset = int(self.file_name)
+        self.file_size = file_size
+        self.read_only = read_only
+        self.was_extended = False
+        self._extend_short = extend_short
+        self.fd = self._open(create)
+        try:
+            self.buf = mmap.mmap(self.fd, file_size,
+                                 access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0
+        self.first_create_in_queue = False
+        self._ref_count = 1
+        self.available = True
+        self.cleanup_over = False
+        self._first_shutdown_ms = 0
+        self._pid = os.getpid()
+
+    def _open(self, create: bool) -> int:
+        flags = os.O_RDONLY if self.read_only else os.O_RDWR
+        exists = os.path.exists(self.path)
+        if not exists and (not create or self.read_only):
+            raise StoreFileError(self.path, "file does not exist")
+        if not exists:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = os.open(self.path, flags | (0 if exists else os.O_CREAT), 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if not exists or size == 0:
+                self._allocate(fd, 0, self.file_size)
+                if not exists:
+                    fsync_dir(os.path.dirname(self.path) or ".")
+            elif size < self.file_size and not self.read_only and self._extend_short:
+                self._allocate(fd, size, self.file_size - size)
+                self.was_extended = True
+            elif size != self.file_size:
+                raise StoreFileError(self.path, f"length {size} does not match the configured "
+                                     f"file size {self.file_size}; check it manually")
+        except BaseException:
+            os.close(fd)
+            if not exists:
+                _unlink_quietly(self.path)
+            raise
+        return fd
+
+    def _allocate(self, fd: int, offset: int, length: int) -> None:
+        try:
+            FILE_OPS.fallocate(fd, offset, length)
+        except OSError as e:
+            raise StoreFileError(self.path, f"cannot allocate {length} bytes: "
+                                 f"{os.strerror(e.errno or errno.EIO)}") from e
+
+    # ------------------------------------------------------------------- positions
+    @property
+    def read_position(self) -> int:
+        """``getReadPosition``: the end of the data readers may see."""
+        return self.committed_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def set_positions(self, position: int) -> None:
+        """Set wrote, committed and flushed positions together (load and recovery)."""
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    # ------------------------------------------------------------------- writes
+    def append(self, data) -> bool:
+        """``appendMessage(byte[])``: copy ``data`` at the wrote position.
+
+        Returns False, writing nothing, when it does not fit.
+        """
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size:
+            return False
+        self.buf[pos:end] = data
+        self.wrote_position = self.committed_position = end
+        return True
+
+    def mark_committed(self) -> None:
+        """Publish the wrote position to readers (no transient pool: commit is a no-op)."""
+        self.committed_position = self.wrote_position
+
+    def zero_tail(self, start: int) -> None:
+        """Zero the file from ``start`` to its end, keeping it allocated (recovery only).
+
+        Stale records after a truncation point must never be mistaken for new ones.
+        Punching a hole is instant and touches no page; where the file system cannot,
+        the non-zero run after ``start`` is overwritten with zeros instead.
+        """
+        length = self.file_size - start
+        if length <= 0:
+            return
+        rc = _libc.fallocate(self.fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                             ctypes.c_long(start), ctypes.c_long(length))
+        if rc == 0:
+            self._allocate(self.fd, start, length)
+            return
+        step = 1 << 16
+        zero = bytes(step)
+        for pos in range(start, self.file_size, step):
+            n = min(step, self.file_size - pos)
+            if self.buf[pos:pos + n] == zero[:n]:
+                break
+            self.buf[pos:pos + n] = zero[:n]
+
+    # ------------------------------------------------------------------- flush
+    def is_able_to_flush(self, flush_least_pages: int) -> bool:
+        """Full, or at least ``flush_least_pages`` dirty pages (any dirty byte when <= 0)."""
+        flush, write = self.flushed_position, self.read_position
+        if self.is_full():
+            return write > flush
+        if flush_least_pages > 0:
+            return write // OS_PAGE_SIZE - flush // OS_PAGE_SIZE >= flush_least_pages
+        return write > flush
+
+    def flush(self, flush_least_pages: int) -> int:
+        """Make everything below the read position durable if the least-pages rule allows.
+
+        Returns the flushed position. Raises ``OSError`` when fdatasync fails: a failed
+        flush is never reported as done.
+        """
+        if self.is_able_to_flush(flush_least_pages):
+            if self.hold():
+                try:
+                    value = self.read_position
+                    FILE_OPS.fdatasync(self.fd)
+                    self.flushed_position = value
+                finally:
+                    self.release()
+            else:
+                self.flushed_position = self.read_position
+        return self.flushed_position
+
+    # ------------------------------------------------------------------- reads
+    def last_modified_timestamp(self) -> int:
+        """``getLastModifiedTimestamp``: the file's mtime in milliseconds."""
+        try:
+            return os.stat(self.path).st_mtime_ns // 1_000_000
+        except FileNotFoundError:
+            return 0
+
+    def read(self, pos: int, size: int) -> bytes | None:
+        """A copy of ``size`` bytes at ``pos`` if they lie below the read position."""
+        if pos < 0 or size < 0 or pos + size > self.read_position or not self.hold():
+            return None
+        try:
+            return self.buf[pos:pos + size]
+        finally:
+            self.release()
+
+    # ------------------------------------------------------------------- lifecycle
+    def hold(self) -> bool:
+        if self.available and self._ref_count > 0:
+            self._ref_count += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        self._ref_count -= 1
+        if self._ref_count <= 0:
+            self._cleanup()
+
+    def _cleanup(self) -> bool:
+        if self.available:
+            return False
+        if not self.cleanup_over:
+            try:
+                self.buf.close()
+            except BufferError:
+                pass  # a view is still exported; the mapping goes when it is collected
+            self.cleanup_over = True
+        return True
+
+    def shutdown(self, interval_forcibly_ms: int) -> None:
+        if self.available:
+            self.available = False
+            self._first_shutdown_ms = now_ms()
+            self.release()
+        elif self._ref_count > 0 and now_ms() - self._first_shutdown_ms >= interval_forcibly_ms:
+            self._ref_count = -1000 - self._ref_count
+            self.release()
+
+    def is_cleanup_over(self) -> bool:
+        return self._ref_count <= 0 and self.cleanup_over
+
+    def close(self) -> None:
+        """Unmap and close without deleting (store shutdown)."""
+        self.shutdown(0)
+        if not self.is_cleanup_over():
+            self.shutdown(0)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def destroy(self, interval_forcibly_ms: int) -> bool:
+        """Shut down, then unmap, close and unlink once nothing holds the file.
+
+        Returns False (try again later) while a holder remains and the forcible interval
+        has not passed. Never truncates: other processes may have the file mapped.
+        """
+        self.shutdown(interval_forcibly_ms)
+        if not self.is_cleanup_over():
+            return False
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        _unlink_quietly(self.path)
+        return True
+
+    def check_open(self) -> None:
+        if self.cleanup_over:
+            raise StoreClosedError(f"{self.path} is closed")
+
+    def __repr__(self) -> str:
+        return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
+                f"flushed={self.flushed_position}, size={self.file_size})")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

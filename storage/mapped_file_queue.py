@@ -1,0 +1,281 @@
+"""MappedFileQueue: one directory of same-size MappedFiles, seen as one endless file.
+
+File ``n`` is named ``name[n-1] + mapped_file_size`` (20-digit offsets), so a global
+offset finds its file by arithmetic relative to the first file (old files are deleted,
+so the first need not start at 0). Two global pointers summarise the files:
+
+    flushed_where <= committed_where <= max_wrote_position
+
+``flush(least_pages)`` works on the one file holding ``flushed_where`` per call and
+returns True when nothing moved (callers loop). The last file is the only one written.
+
+Creation follows AllocateMappedFileService: when file ``n`` is created, file ``n+1`` is
+preallocated on disk too (``preallocate_next``), so the next roll-over only maps it.
+Preallocated files are full-size and zero-filled; a preallocated file that is found at
+load is simply an empty last file.
+
+Deletion never truncates: files are unlinked (``MappedFile.destroy``), oldest first,
+never the last one, at most ``DELETE_FILES_BATCH_MAX`` per call, stopping at the first
+file that may not go.
+
+Crash story: at load every file's positions are set to its size; recovery then calls
+``truncate_dirty_files(offset)``, which sets the file holding ``offset`` back to it,
+zeroes that file's bytes after it, and unlinks every later file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+from storage.errors import StoreFileError
+from storage.mapped_file import MappedFile, fsync_dir, now_ms, offset_to_file_name
+
+log = logging.getLogger(__name__)
+
+DELETE_FILES_BATCH_MAX = 10
+
+
+class MappedFileQueue:
+    def __init__(self, store_path: str, mapped_file_size: int, *,
+                 preallocate_next: bool = False, read_only: bool = False):
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.preallocate_next = preallocate_next
+        self.read_only = read_only
+        self.mapped_files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0
+        self.first_short_file_index: int | None = None
+
+    # ------------------------------------------------------------------ load
+    def load(self, *, extend_short_last: bool = False) -> None:
+        """Map every file of the directory in name order; positions set to the size.
+
+        A file whose size differs from the configuration fails the load with
+        ``StoreFileError``, except a short file when ``extend_short_last``: it is grown
+        back to size (zero-filled, so recovery finds where its valid data ends) and
+        remembered in ``first_short_file_index``.
+        """
+        if not os.path.isdir(self.store_path):
+            return
+        names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
+        for name in names:
+            mf = MappedFile(os.path.join(self.store_path, name), self.mapped_file_size,
+                            read_only=self.read_only, create=False,
+                            extend_short=extend_short_last)
+            if mf.was_extended and self.first_short_file_index is None:
+                log.warning("%s was shorter than %d bytes; grown back for recovery",
+                            mf.path, self.mapped_file_size)
+                self.first_short_file_index = len(self.mapped_files)
+            mf.set_positions(self.mapped_file_size)
+            self.mapped_files.append(mf)
+        self._check_contiguous()
+
+    def _check_contiguous(self) -> None:
+        for prev, cur in zip(self.mapped_files, self.mapped_files[1:]):
+            if cur.file_from_offset != prev.file_from_offset + self.mapped_file_size:
+                raise StoreFileError(cur.path, f"does not follow {prev.file_name}: a file "
+                                     "is missing in the middle; check it manually")
+
+    # ------------------------------------------------------------------ lookup
+    def get_first_mapped_file(self) -> MappedFile | None:
+        return self.mapped_files[0] if self.mapped_files else None
+
+    def get_last_mapped_file(self) -> MappedFile | None:
+        return self.mapped_files[-1] if self.mapped_files else None
+
+    def get_or_create_last_mapped_file(self, start_offset: int = 0) -> MappedFile:
+        """``getLastMappedFile(startOffset, true)``: the last file, or a new one when the
+        queue is empty (at the window holding ``start_offset``) or its last file is full.
+
+        Raises ``StoreFileError`` when the file cannot be created (disk full, ...).
+        """
+        last = self.get_last_mapped_file()
+        if last is not None and not last.is_full():
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_offset = last.file_from_offset + self.mapped_file_size
+        mf = MappedFile(self._path(create_offset), self.mapped_file_size)
+        if self.preallocate_next:
+            self._preallocate(create_offset + self.mapped_file_size)
+        if not self.mapped_files:
+            mf.first_create_in_queue = True
+        self.mapped_files.append(mf)
+        return mf
+
+    def _preallocate(self, offset: int) -> None:
+        """Create the next-next file ahead of need; failure only costs latency later."""
+        path = self._path(offset)
+        if os.path.exists(path):
+            return
+        try:
+            MappedFile(path, self.mapped_file_size).close()
+        except StoreFileError as e:
+            log.warning("preallocation failed: %s", e)
+
+    def _path(self, offset: int) -> str:
+        return os.path.join(self.store_path, offset_to_file_name(offset))
+
+    def find_mapped_file_by_offset(self, offset: int,
+                                   return_first_on_not_found: bool = False) -> MappedFile | None:
+        first, last = self.get_first_mapped_file(), self.get_last_mapped_file()
+        if first is None or last is None:
+            return None
+        if first.file_from_offset <= offset < last.file_from_offset + self.mapped_file_size:
+            index = offset // self.mapped_file_size - first.file_from_offset // self.mapped_file_size
+            if 0 <= index < len(self.mapped_files):
+                mf = self.mapped_files[index]
+                if mf.file_from_offset <= offset < mf.file_from_offset + self.mapped_file_size:
+                    return mf
+            for mf in self.mapped_files:
+                if mf.file_from_offset <= offset < mf.file_from_offset + self.mapped_file_size:
+                    return mf
+        return first if return_first_on_not_found else None
+
+    def get_mapped_file_by_time(self, timestamp_ms: int) -> MappedFile | None:
+        """The oldest file modified at or after ``timestamp_ms``, else the last file."""
+        for mf in self.mapped_files:
+            if mf.last_modified_timestamp() >= timestamp_ms:
+                return mf
+        return self.get_last_mapped_file()
+
+    # ------------------------------------------------------------------ offsets
+    def get_min_offset(self) -> int:
+        first = self.get_first_mapped_file()
+        return first.file_from_offset if first else -1
+
+    def get_max_offset(self) -> int:
+        """The readable end: last file's start + its read position (0 when empty)."""
+        last = self.get_last_mapped_file()
+        return last.file_from_offset + last.read_position if last else 0
+
+    def get_max_wrote_position(self) -> int:
+        last = self.get_last_mapped_file()
+        return last.file_from_offset + last.wrote_position if last else 0
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.mapped_file_size - offset % self.mapped_file_size
+
+    # ------------------------------------------------------------------ flush
+    def flush(self, flush_least_pages: int) -> bool:
+        """Flush the file holding ``flushed_where``; True when nothing moved.
+
+        Raises ``OSError`` from fdatasync: the caller must stop accepting writes.
+        """
+        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        if mf is None:
+            return True
+        tmp = mf.store_timestamp
+        where = mf.file_from_offset + mf.flush(flush_least_pages)
+        result = where == self.flushed_where
+        self.flushed_where = where
+        self.committed_where = max(self.committed_where, where)
+        if flush_least_pages == 0:
+            self.store_timestamp = tmp
+        return result
+
+    def flush_all(self) -> None:
+        """Flush until everything written is durable (shutdown, sync flush)."""
+        target = self.get_max_wrote_position()
+        for _ in range(len(self.mapped_files) + 2):
+            if self.flushed_where >= target:
+                break
+            self.flush(0)
+
+    # ------------------------------------------------------------------ truncation
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Cut the queue back to ``offset``: the file holding it is reset and zeroed past
+        it; every later file is unlinked."""
+        remove = []
+        for mf in self.mapped_files:
+            tail = mf.file_from_offset + self.mapped_file_size
+            if tail <= offset:
+                continue
+            if offset >= mf.file_from_offset:
+                pos = offset % self.mapped_file_size
+                mf.zero_tail(pos)
+                mf.set_positions(pos)
+            else:
+                mf.destroy(1000)
+                remove.append(mf)
+        self.delete_expired_file(remove)
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+
+    def delete_last_mapped_file(self) -> None:
+        last = self.get_last_mapped_file()
+        if last is not None:
+            last.destroy(1000)
+            self.mapped_files.remove(last)
+
+    def delete_expired_file(self, files: list[MappedFile]) -> None:
+        """Drop destroyed files from the list (those not in it are skipped)."""
+        gone = {id(f) for f in files}
+        self.mapped_files = [mf for mf in self.mapped_files if id(mf) not in gone]
+
+    # ------------------------------------------------------------------ expiry
+    def delete_expired_file_by_time(self, expired_time_ms: int, delete_files_interval_ms: int,
+                                    interval_forcibly_ms: int, clean_immediately: bool,
+                                    now: Callable[[], int] = now_ms) -> int:
+        """Delete files unmodified for ``expired_time_ms`` (any age when
+        ``clean_immediately``), oldest first, never the last, stopping at the first that
+        may not go, at most ``DELETE_FILES_BATCH_MAX``. Returns how many went."""
+        candidates = self.mapped_files[:-1]
+        deleted: list[MappedFile] = []
+        for i, mf in enumerate(candidates):
+            if not (now() >= mf.last_modified_timestamp() + expired_time_ms or clean_immediately):
+                break
+            if not mf.destroy(interval_forcibly_ms):
+                break
+            deleted.append(mf)
+            if len(deleted) >= DELETE_FILES_BATCH_MAX:
+                break
+            if delete_files_interval_ms > 0 and i + 1 < len(candidates):
+                time.sleep(delete_files_interval_ms / 1000)
+        self.delete_expired_file(deleted)
+        if deleted:
+            fsync_dir(self.store_path)
+        return len(deleted)
+
+    def delete_expired_file_by_offset(self, offset: int, unit_size: int,
+                                      last_unit_offset: Callable[[MappedFile], int | None]) -> int:
+        """Delete non-last files whose last unit points below ``offset`` (consume queues).
+
+        ``last_unit_offset(mf)`` reads the CommitLog offset held by the file's last unit
+        (None when unreadable, which also lets it go).
+        """
+        deleted: list[MappedFile] = []
+        for mf in self.mapped_files[:-1]:
+            phy = last_unit_offset(mf)
+            if phy is not None and phy >= offset:
+                break
+            if not mf.destroy(60_000):
+                break
+            deleted.append(mf)
+        self.delete_expired_file(deleted)
+        return len(deleted)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        for mf in self.mapped_files:
+            mf.close()
+
+    def destroy(self) -> None:
+        for mf in self.mapped_files:
+            mf.destroy(3000)
+        self.mapped_files = []
+        self.flushed_where = self.committed_where = 0
+        if os.path.isdir(self.store_path):
+            for name in os.listdir(self.store_path):
+                if name.isdigit():
+                    os.unlink(os.path.join(self.store_path, name))
+            try:
+                os.rmdir(self.store_path)
+            except OSError:
+                pass

@@ -1,0 +1,700 @@
+"""MessageStore: the embedded store (RocketMQ's DefaultMessageStore) in one process.
+
+It owns the CommitLog, the consume queues (``consume_queue_table``: topic -> queue id
+-> ConsumeQueue, created on demand), the index service and the checkpoint, and runs in
+the caller's thread what RocketMQ runs in service threads:
+
+    RocketMQ service            here
+    ------------------------    -----------------------------------------------------
+    put lock + doAppend         ``put`` / ``put_batch`` (one re-entrant lock)
+    GroupCommitService          SYNC_FLUSH: the put flushes before it returns
+    FlushRealTimeService        ASYNC_FLUSH: a put flushes when ``flush_interval_commit_log``
+                                has passed (least-pages rule, thorough every 10 s)
+    ReputMessageService         ``dispatch()``; reads dispatch first, so they see every
+                                message put before them
+    FlushConsumeQueueService    after dispatch, on its interval; persists the checkpoint
+    Clean*Service               ``clean_expired_files()``
+
+Lifecycle: ``load()`` takes the ``lock`` file, recovers (abnormal when ``abort``
+exists), re-dispatches what the consume queues and index miss, and creates ``abort``;
+``close()`` catches dispatch up, flushes everything and the checkpoint, and removes
+``abort`` only when all of that succeeded.
+
+Recovery decision table (``load``):
+
+    abort file | commitlog files | action
+    -----------+-----------------+--------------------------------------------------------
+    absent     | some            | normal: scan the last 3 files, cut at the first bad record
+    present    | some            | abnormal: scan from the checkpoint's file, cut there
+    either     | none            | destroy consume queues and index (nothing they point to)
+    either     | some            | cut consume queues past the cut; re-dispatch from the
+               |                 | earliest of: CQ end, index end, abnormal start file;
+               |                 | rebuild the topic-queue table from the consume queues
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from typing import Callable, Iterable, Sequence
+
+from storage import expiry
+from storage.checkpoint import StoreCheckpoint
+from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from storage.config import StoreConfig
+from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.errors import CorruptRecordError, StoreClosedError
+from storage.index_service import IndexService
+from storage.mapped_file import now_ms
+from storage.message import Message, MessageExt, decode_message_id, is_consumable
+from storage.record import DispatchRequest, RecordFormatError, decode_at
+from storage.running_flags import Flag, RunningFlags
+from storage.status import GetMessageStatus, PutMessageStatus
+from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
+from storage.validation import check_message, check_topic
+
+log = logging.getLogger(__name__)
+
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+MAX_SCAN_UNITS = 16000 // CQ_STORE_UNIT_SIZE
+
+
+@dataclasses.dataclass
+class GetMessageResult:
+    status: GetMessageStatus
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclasses.dataclass
+class QueryMessageResult:
+    messages: list[MessageExt]
+    index_last_update_timestamp: int = 0
+    index_last_update_phyoffset: int = 0
+
+
+@dataclasses.dataclass
+class CleanResult:
+    commit_log_files: int = 0
+    consume_queue_files: int = 0
+    index_files: int = 0
+    disk_full: bool = False
+    ratios: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+ArrivingListener = Callable[[str, int, int, int, int], None]
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.root_dir = config.store_path_root_dir
+        self.commit_log = CommitLog(config)
+        self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
+        self.index_service = IndexService(config.index_dir, config.max_hash_slot_num,
+                                          config.max_index_num)
+        self.checkpoint: StoreCheckpoint | None = None
+        self.running_flags = RunningFlags()
+        self.reput_from_offset = 0
+        self.last_exit_ok = True
+        self.message_arriving_listener: ArrivingListener | None = None
+        self.disk_used_ratio: Callable[[str], float] = expiry.disk_partition_used_ratio
+        self._lock_file = StoreLock(self.root_dir)
+        self._mutex = threading.RLock()
+        self._state = "new"
+        self._queue_round_robin: dict[str, int] = {}
+        self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
+        self._last_cq_flush_ms = self._last_cq_thorough_ms = now_ms()
+        self._logics_timestamp = 0
+        self._pid = os.getpid()
+
+    # ================================================================== lifecycle
+    def load(self) -> None:
+        """Lock the directory, recover, re-dispatch, and mark the run as started.
+
+        Raises ``StoreLockedError`` when another process has the store open,
+        ``StoreFileError`` for a file that cannot be used as it is.
+        """
+        with self._mutex:
+            if self._state != "new":
+                raise StoreClosedError("load() may be called once per MessageStore")
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._lock_file.acquire()
+            try:
+                self.last_exit_ok = not abort_exists(self.root_dir)
+                log.info("last shutdown %s", "normally" if self.last_exit_ok else "abnormally")
+                self.commit_log.load()
+                self._load_consume_queues()
+                self.checkpoint = StoreCheckpoint(os.path.join(self.root_dir, "checkpoint"))
+                self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
+                self._recover()
+                create_abort(self.root_dir)
+            except BaseException:
+                self._close_files()
+                self._lock_file.release()
+                self._state = "closed"
+                raise
+            self._state = "running"
+
+    def close(self) -> None:
+        """Clean shutdown: dispatch, flush everything, then remove ``abort``.
+
+        ``abort`` stays when the store was not writeable or a flush failed, so the next
+        load runs abnormal recovery.
+        """
+        with self._mutex:
+            if self._state != "running":
+                return
+            clean = False
+            try:
+                self._dispatch_to(self._confirm_offset())
+                self.flush()
+                clean = self.running_flags.is_writeable() and self.dispatch_behind_bytes() == 0
+            except OSError as e:
+                log.error("shutdown flush failed, abort file kept: %s", e)
+            finally:
+                if clean:
+                    remove_abort(self.root_dir)
+                self._close_files()
+                self._lock_file.release()
+                self._state = "closed"
+
+    def __enter__(self) -> "MessageStore":
+        if self._state == "new":
+            self.load()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _close_files(self) -> None:
+        self.commit_log.close()
+        for queues in self.consume_queue_table.values():
+            for cq in queues.values():
+                cq.close()
+        self.index_service.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise StoreClosedError(f"the store at {self.root_dir} is {self._state}, not running")
+
+    # ================================================================== recovery
+    def _load_consume_queues(self) -> None:
+        root = self.config.consume_queue_dir
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            if check_topic(topic, internal=True) or not os.path.isdir(os.path.join(root, topic)):
+                log.warning("skipping %s: not a topic directory", os.path.join(root, topic))
+                continue
+            for name in sorted(os.listdir(os.path.join(root, topic))):
+                if name.isdigit():
+                    self.find_consume_queue(topic, int(name)).load()
+
+    def _recover(self) -> None:
+        max_cq_end = -1
+        for cq in self.all_consume_queues():
+            cq.recover()
+            max_cq_end = max(max_cq_end, cq.max_physic_offset)
+        if self.last_exit_ok:
+            result = self.commit_log.recover_normally()
+        else:
+            result = self.commit_log.recover_abnormally(self._recovery_min_timestamp())
+        if not self.commit_log.mapped_file_queue.mapped_files:
+            if self.consume_queue_table or self.index_service.files:
+                log.warning("no commitlog files: destroying consume queues and index")
+            self._destroy_logics()
+        elif max_cq_end > result.process_offset:
+            log.warning("consume queues reach %d past the commitlog end %d: truncating",
+                        max_cq_end, result.process_offset)
+            for cq in self.all_consume_queues():
+                cq.truncate_dirty_logic_files(result.process_offset)
+        self.reput_from_offset = self._redispatch_start(max_cq_end, result.redispatch_from,
+                                                        result.process_offset)
+        self._dispatch_to(result.process_offset)
+        self._recover_topic_queue_table()
+
+    def _recovery_min_timestamp(self) -> int:
+        if self.config.message_index_enable and self.config.message_index_safe:
+            return self.checkpoint.min_timestamp_index()
+        return self.checkpoint.min_timestamp()
+
+    def _redispatch_start(self, max_cq_end: int, abnormal_start: int, process_offset: int) -> int:
+        """The earliest offset some consume queue or the index may be missing."""
+        min_offset = max(self.commit_log.get_min_offset(), 0)
+        starts = [max_cq_end if max_cq_end >= 0 else min_offset, abnormal_start]
+        if self.config.message_index_enable:
+            files = self.index_service.files
+            starts.append(files[-1].end_phy_offset if files else min_offset)
+        return min(max(min(starts), min_offset), process_offset)
+
+    def _recover_topic_queue_table(self) -> None:
+        table = {}
+        min_phy = self.commit_log.get_min_offset()
+        for cq in self.all_consume_queues():
+            table[(cq.topic, cq.queue_id)] = cq.get_max_offset_in_queue()
+            cq.correct_min_offset(min_phy)
+        self.commit_log.set_topic_queue_table(table)
+
+    def _destroy_logics(self) -> None:
+        for cq in self.all_consume_queues():
+            cq.destroy()
+        self.consume_queue_table.clear()
+        self.index_service.destroy()
+
+    # ================================================================== put
+    def put(self, msg: Message) -> PutMessageResult:
+        """Store one message; the result's status says whether, and why not."""
+        return self.put_batch([msg])[0]
+
+    def put_batch(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
+        """Store messages in order, one result each; a refused message stores nothing and
+        does not stop the others."""
+        with self._mutex:
+            refusal = self._refuse_all()
+            if refusal:
+                return [refusal] * len(msgs)
+            now = now_ms()
+            results: list[PutMessageResult | None] = [None] * len(msgs)
+            batch, slots = [], []
+            for i, msg in enumerate(msgs):
+                bad = check_message(msg, self.config)
+                if bad is None:
+                    enc = self.commit_log.prepare(msg, self._pick_queue(msg), now)
+                    bad = None if isinstance(enc, EncodedMessage) else enc
+                if bad is not None:
+                    results[i] = PutMessageResult.refused(*bad)
+                    continue
+                batch.append(enc)
+                slots.append(i)
+            appended = self.commit_log.append(batch, now) if batch else []
+            for i, r in zip(slots, appended):
+                results[i] = PutMessageResult.stored(r) if r.status.name == "PUT_OK" else \
+                    PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                             "cannot create a commitlog file (disk full?)")
+            if appended:
+                self._handle_disk_flush(results, slots)
+            return results  # type: ignore[return-value]
+
+    def _refuse_all(self) -> PutMessageResult | None:
+        if self._state != "running":
+            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                            f"the store is {self._state}")
+        if self.config.broker_role == "SLAVE":
+            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                            "a SLAVE store does not accept puts")
+        if not self.running_flags.is_writeable():
+            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                            "store not writeable: "
+                                            + "; ".join(self.running_flags.reasons()))
+        return None
+
+    def _pick_queue(self, msg: Message) -> int:
+        if msg.queue_id is not None:
+            return msg.queue_id
+        n = self._queue_round_robin.get(msg.topic, -1) + 1
+        self._queue_round_robin[msg.topic] = n
+        return n % self.config.default_topic_queue_nums
+
+    def _handle_disk_flush(self, results: list, slots: list[int]) -> None:
+        try:
+            if self.config.sync_flush:
+                self.commit_log.mapped_file_queue.flush_all()
+            else:
+                self._flush_commit_log_on_interval()
+        except OSError as e:
+            self._flush_failed(e)
+            if self.config.sync_flush:
+                for i in slots:
+                    if results[i].ok:
+                        results[i].status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                        results[i].reason = f"flush failed: {e}"
+
+    def _flush_commit_log_on_interval(self) -> None:
+        """FlushRealTimeService, run inline: least pages on the interval, all of it on the
+        thorough interval."""
+        now = now_ms()
+        if now - self._last_flush_ms < self.config.flush_interval_commit_log:
+            return
+        self._last_flush_ms = now
+        least = self.config.flush_commit_log_least_pages
+        if now - self._last_thorough_flush_ms >= self.config.flush_commit_log_thorough_interval:
+            self._last_thorough_flush_ms = now
+            least = 0
+        self.commit_log.flush(least)
+
+    def _flush_failed(self, e: OSError) -> None:
+        log.error("commitlog flush failed, refusing writes: %s", e)
+        self.running_flags.set(Flag.FLUSH_ERROR, f"fdatasync failed: {e}")
+
+    # ================================================================== dispatch
+    def _confirm_offset(self) -> int:
+        """Dispatch never passes this: the flushed end under SYNC_FLUSH, else the written."""
+        if self.config.sync_flush:
+            return self.commit_log.mapped_file_queue.flushed_where
+        return self.commit_log.get_max_offset()
+
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self.commit_log.get_max_offset() - self.reput_from_offset)
+
+    def dispatch(self) -> int:
+        """Reput everything written so far into consume queues and the index.
+
+        Returns the number of messages dispatched.
+        """
+        with self._mutex:
+            self._check_running()
+            n = self._dispatch_to(self._confirm_offset())
+            self._flush_consume_queues_on_interval()
+            return n
+
+    def _dispatch_to(self, end: int) -> int:
+        count = 0
+        cl = self.commit_log
+        while self.reput_from_offset < end:
+            if self.reput_from_offset < cl.get_min_offset():
+                self.reput_from_offset = cl.get_min_offset()
+                continue
+            data = cl.get_data(self.reput_from_offset)
+            if data is None:
+                break
+            mf, pos, limit = data
+            limit = min(limit, pos + end - self.reput_from_offset)
+            while pos < limit:
+                req = cl.check_message_and_return_size(mf, pos, limit, False)
+                if req.success and req.msg_size > 0:
+                    self._do_dispatch(req)
+                    pos += req.msg_size
+                    count += 1
+                elif req.success:
+                    pos = mf.file_size
+                    break
+                else:
+                    raise CorruptRecordError(mf.path, mf.file_from_offset + pos,
+                                             "unreadable record below the written position")
+            self.reput_from_offset = mf.file_from_offset + pos
+        return count
+
+    def _do_dispatch(self, req: DispatchRequest) -> None:
+        if is_consumable(req.sys_flag):
+            cq = self.find_consume_queue(req.topic, req.queue_id)
+            cq.put_message_position_info(req.commit_log_offset, req.msg_size, req.tags_code,
+                                         req.consume_queue_offset)
+            self._logics_timestamp = req.store_timestamp
+            if self.message_arriving_listener is not None:
+                self.message_arriving_listener(req.topic, req.queue_id,
+                                               req.consume_queue_offset + 1, req.tags_code,
+                                               req.store_timestamp)
+        if self.config.message_index_enable:
+            if not self.index_service.build_index(req.topic, req.commit_log_offset,
+                                                  req.store_timestamp, req.sys_flag,
+                                                  req.uniq_key, req.keys):
+                self.running_flags.set(Flag.WRITE_INDEX_FILE_ERROR, "cannot create an index file")
+
+    def find_consume_queue(self, topic: str, queue_id: int, *, create: bool = True) -> ConsumeQueue | None:
+        queues = self.consume_queue_table.get(topic)
+        cq = queues.get(queue_id) if queues else None
+        if cq is None and create:
+            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
+                              self.config.consume_queue_file_size)
+            self.consume_queue_table.setdefault(topic, {})[queue_id] = cq
+        return cq
+
+    def all_consume_queues(self) -> list[ConsumeQueue]:
+        return [cq for queues in self.consume_queue_table.values() for cq in queues.values()]
+
+    # ================================================================== flush
+    def flush(self) -> None:
+        """Flush CommitLog, consume queues, index and checkpoint. Raises ``OSError``."""
+        with self._mutex:
+            self._check_running()
+            try:
+                self.commit_log.mapped_file_queue.flush_all()
+            except OSError as e:
+                self._flush_failed(e)
+                raise
+            self._flush_logics(0)
+
+    def _flush_consume_queues_on_interval(self) -> None:
+        now = now_ms()
+        if now - self._last_cq_flush_ms < self.config.flush_interval_consume_queue:
+            return
+        self._last_cq_flush_ms = now
+        if now - self._last_cq_thorough_ms >= self.config.flush_consume_queue_thorough_interval:
+            self._last_cq_thorough_ms = now
+            self._flush_logics(0)
+        else:
+            for cq in self.all_consume_queues():
+                cq.flush(self.config.flush_consume_queue_least_pages)
+
+    def _flush_logics(self, least_pages: int) -> None:
+        """FlushConsumeQueueService.doFlush: queues, index, then the checkpoint."""
+        logics_ts = self._logics_timestamp
+        for cq in self.all_consume_queues():
+            for _ in range(3):
+                if cq.flush(least_pages):
+                    break
+        index_ts = self.index_service.flush()
+        cp = self.checkpoint
+        physic_ts = self.commit_log.mapped_file_queue.store_timestamp
+        if physic_ts > 0:
+            cp.physic_msg_timestamp = physic_ts
+        if logics_ts > 0:
+            cp.logics_msg_timestamp = logics_ts
+        if index_ts > 0:
+            cp.index_msg_timestamp = index_ts
+        cp.flush()
+
+    # ================================================================== reads
+    def get_message(self, group: str, topic: str, queue_id: int, offset: int,
+                    max_msgs: int = 32, tags: Iterable[str] | None = None) -> GetMessageResult:
+        """Pull up to ``max_msgs`` messages of one queue from logical ``offset``.
+
+        ``tags`` (optional) keeps only messages whose tag is one of them. Raises
+        ``CorruptRecordError`` if a consume queue unit points at a record that is not
+        the message it should be.
+        """
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            cq = self.find_consume_queue(topic, queue_id, create=False)
+            if cq is None:
+                return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+            if hi == 0:
+                return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+            if offset < lo:
+                return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+            if offset == hi:
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+            if offset > hi:
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
+                                        lo if lo == 0 else hi, lo, hi)
+            return self._read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi)
+
+    def _read_queue(self, cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str],
+                    lo: int, hi: int) -> GetMessageResult:
+        found = cq.get_index_buffer(offset)
+        if found is None:
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, [],
+                                    cq.roll_next_file(offset), lo, hi)
+        mf, pos, limit = found
+        cfg = self.config
+        messages: list[MessageExt] = []
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        total_bytes = 0
+        max_phy = self.commit_log.get_max_offset()
+        memory_limit = _total_physical_memory() * cfg.access_message_in_memory_max_ratio // 100
+        next_phy_file_start = -1
+        index = offset
+        end = min(limit, pos + max(MAX_SCAN_UNITS, max_msgs) * CQ_STORE_UNIT_SIZE)
+        for p in range(pos, end, CQ_STORE_UNIT_SIZE):
+            phy, size, tags_code = CQ_UNIT.unpack_from(mf.buf, p)
+            if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
+                index += 1
+                continue
+            in_disk = max_phy - phy > memory_limit
+            if self._batch_full(size, total_bytes, len(messages), max_msgs, in_disk):
+                break
+            msg = self._read_unit(cq, index, phy, size)
+            if msg is None:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
+                next_phy_file_start = self.commit_log.roll_next_file(phy)
+                index += 1
+                continue
+            index += 1
+            if tags and msg.tags not in tags:
+                continue
+            messages.append(msg)
+            total_bytes += size
+            status = GetMessageStatus.FOUND
+        return GetMessageResult(status, messages, index, lo, hi)
+
+    def _batch_full(self, size: int, total_bytes: int, count: int, max_msgs: int,
+                    in_disk: bool) -> bool:
+        """``isTheBatchFull``: count and byte limits, tighter for data not in memory."""
+        cfg = self.config
+        if count == 0:
+            return False
+        if count >= max_msgs:
+            return True
+        if in_disk:
+            return (total_bytes + size > cfg.max_transfer_bytes_on_message_in_disk
+                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
+        return (total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
+                or count > cfg.max_transfer_count_on_message_in_memory - 1)
+
+    def _read_unit(self, cq: ConsumeQueue, index: int, phy: int, size: int) -> MessageExt | None:
+        """The message a unit points at, checked against the unit; None when deleted."""
+        data = self.commit_log.get_message(phy, size)
+        if data is None:
+            return None
+        path = os.path.join(cq.store_path, "")
+        try:
+            msg = decode_at(data, 0)
+        except RecordFormatError as e:
+            raise CorruptRecordError(path, index, f"unit points at a bad record: {e}") from None
+        if (msg.store_size != size or msg.commit_log_offset != phy or msg.topic != cq.topic
+                or msg.queue_id != cq.queue_id or msg.queue_offset != index):
+            raise CorruptRecordError(path, index, f"unit points at commitlog offset {phy}, "
+                                     f"which holds {msg.topic}/{msg.queue_id}@{msg.queue_offset}")
+        return msg
+
+    def look_message_by_offset(self, commit_log_offset: int) -> MessageExt | None:
+        with self._mutex:
+            self._check_running()
+            return self.commit_log.look_message_by_offset(commit_log_offset)
+
+    def look_message_by_id(self, msg_id: str) -> MessageExt | None:
+        """The message an offset msgId names; None for an id of another store or a
+        message that is gone. Raises ``ValueError`` for text that is not a msgId."""
+        host, offset = decode_message_id(msg_id)
+        msg = self.look_message_by_offset(offset)
+        return msg if msg is not None and msg.msg_id == msg_id.upper() else None
+
+    def query_message(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
+                      end_ms: int = 2**63 - 1) -> QueryMessageResult:
+        """Messages of ``topic`` whose key or unique key is ``key``, stored in
+        [begin_ms, end_ms], oldest first, at most ``max_num`` (capped at
+        ``max_msgs_num_batch``). Every hit is re-read and checked, so a hash collision
+        never returns a wrong message."""
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            max_num = max(0, min(max_num, self.config.max_msgs_num_batch))
+            res = self.index_service.query_offset(topic, key, max_num * 4 + 16,
+                                                  max(0, begin_ms - 1000), end_ms)
+            found: dict[int, MessageExt] = {}
+            for phy in res.phy_offsets:
+                if len(found) >= max_num:
+                    break
+                if phy in found:
+                    continue
+                msg = self.commit_log.look_message_by_offset(phy)
+                if (msg is not None and msg.topic == topic
+                        and (key in msg.keys or msg.uniq_key == key)
+                        and begin_ms <= msg.store_timestamp <= end_ms):
+                    found[phy] = msg
+            return QueryMessageResult([found[p] for p in sorted(found)],
+                                      res.index_last_update_timestamp,
+                                      res.index_last_update_phyoffset)
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            cq = self.find_consume_queue(topic, queue_id, create=False)
+            if cq is None:
+                return 0
+            return cq.get_offset_in_queue_by_time(timestamp_ms, self.commit_log.get_min_offset(),
+                                                  self.commit_log.pickup_store_timestamp)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            cq = self.find_consume_queue(topic, queue_id, create=False)
+            return cq.get_max_offset_in_queue() if cq else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        with self._mutex:
+            self._check_running()
+            cq = self.find_consume_queue(topic, queue_id, create=False)
+            return cq.get_min_offset_in_queue() if cq else -1
+
+    def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, cq_offset: int) -> int:
+        with self._mutex:
+            cq = self.find_consume_queue(topic, queue_id, create=False)
+            unit = cq.get_unit(cq_offset) if cq else None
+            return unit[0] if unit else 0
+
+    def get_min_phy_offset(self) -> int:
+        return self.commit_log.get_min_offset()
+
+    def get_max_phy_offset(self) -> int:
+        return self.commit_log.get_max_offset()
+
+    # ================================================================== expiry
+    def clean_expired_files(self, force: bool = False, *, now: int | None = None) -> CleanResult:
+        """One run of CleanCommitLogService then CleanConsumeQueueService.
+
+        CommitLog files go when the hour is in ``delete_when``, the disk is too full, or
+        ``force`` (a manual clean) — each only if unmodified for ``file_reserved_time``
+        hours, unless the disk is past the forcible ratio. Consume queue and index files
+        then follow the new CommitLog minimum. Also raises or lowers the DISK_FULL flag.
+        """
+        with self._mutex:
+            self._check_running()
+            cfg = self.config
+            decision = expiry.decide_space(self.disk_used_ratio(cfg.commit_log_dir),
+                                           self.disk_used_ratio(cfg.consume_queue_dir
+                                                                if os.path.isdir(cfg.consume_queue_dir)
+                                                                else self.root_dir), cfg)
+            self._apply_disk_decision(decision)
+            result = CleanResult(disk_full=bool(decision.disk_full), ratios=decision.ratios)
+            if expiry.is_time_to_delete(cfg.delete_when, now) or decision.space_to_delete or force:
+                result.commit_log_files = self.commit_log.delete_expired_file(
+                    cfg.file_reserved_time * 3_600_000, cfg.delete_commit_log_files_interval,
+                    cfg.destroy_maped_file_interval_forcibly,
+                    cfg.clean_file_forcibly_enable and decision.clean_immediately)
+                if result.commit_log_files == 0 and decision.space_to_delete:
+                    log.warning("disk space will be full soon, but delete file failed")
+            min_offset = self.commit_log.get_min_offset()
+            if self.reput_from_offset < min_offset:
+                self.reput_from_offset = min_offset
+            for cq in self.all_consume_queues():
+                result.consume_queue_files += cq.delete_expired_file(min_offset)
+            result.index_files = self.index_service.delete_expired_file(min_offset)
+            return result
+
+    def _apply_disk_decision(self, d: expiry.SpaceDecision) -> None:
+        if d.disk_full is True and self.running_flags.get_and_make_disk_full():
+            log.error("disk maybe full soon %s, so mark disk full", d.ratios)
+        elif d.disk_full is False and not self.running_flags.get_and_make_disk_ok():
+            log.info("disk space OK %s, so mark disk ok", d.ratios)
+
+    # ================================================================== checking
+    def check(self) -> list[str]:
+        """fsck: cross-check consume queues and index against the CommitLog.
+
+        Returns a list of problems, empty when the store is consistent.
+        """
+        from storage.check import check_store
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            return check_store(self)
+
+    def status(self) -> dict:
+        """Positions and flags, for operators."""
+        with self._mutex:
+            mfq = self.commit_log.mapped_file_queue
+            return {
+                "state": self._state,
+                "last_exit_ok": self.last_exit_ok,
+                "writeable": self.running_flags.is_writeable(),
+                "flags": self.running_flags.reasons(),
+                "positions": {
+                    "min_offset": self.commit_log.get_min_offset(),
+                    "written": self.commit_log.get_max_offset(),
+                    "flushed": mfq.flushed_where,
+                    "dispatched": self.reput_from_offset,
+                },
+                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else {},
+                "queues": {f"{cq.topic}/{cq.queue_id}": [cq.get_min_offset_in_queue(),
+                                                          cq.get_max_offset_in_queue()]
+                           for cq in self.all_consume_queues()},
+            }
+
+
+def _total_physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30

@@ -1,0 +1,125 @@
+"""Put-time validation: every way a message can be refused before it touches a file.
+
+``check_message`` returns ``None`` for a message the store will take, or a
+``(PutMessageStatus, reason)`` pair naming what is wrong. A refused message changes
+nothing on disk and costs other producers nothing.
+
+    rule                                                   status
+    topic not [A-Za-z0-9_%|-]{1,255}                       MESSAGE_ILLEGAL
+    reserved topic (SCHEDULE_TOPIC_XXXX, RMQ_SYS_*) from a
+      client                                               MESSAGE_ILLEGAL
+    body not bytes                                         MESSAGE_ILLEGAL
+    queue id outside 0..default_topic_queue_nums-1         MESSAGE_ILLEGAL
+    delay level < 0                                        MESSAGE_ILLEGAL
+    a header value outside its Java type's range           MESSAGE_ILLEGAL
+    a property, tag or key holding \\x00, \\x01 or \\x02, an empty
+      property name, a key holding a space                 MESSAGE_ILLEGAL
+    properties over 32767 bytes (UTF-8)                    PROPERTIES_SIZE_EXCEEDED
+    record longer than max_message_size, or than a
+      CommitLog file can hold                              MESSAGE_ILLEGAL
+
+The topic rule is stricter than RocketMQ's length check on purpose: it also keeps a
+topic from naming a path outside ``consumequeue/``. Topics of 128-255 bytes are legal
+and are stored with the v2 record layout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from storage.config import StoreConfig
+from storage.message import KEY_SEPARATOR, Message
+from storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
+from storage.status import PutMessageStatus
+
+TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
+RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)
+RESERVED_TOPICS = frozenset({SCHEDULE_TOPIC})
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+Refusal = tuple[PutMessageStatus, str]
+
+
+def check_topic(topic: object, *, internal: bool = False) -> str | None:
+    """The reason ``topic`` cannot be written, or None."""
+    if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
+        return f"topic {topic!r} must match [A-Za-z0-9_%|-]{{1,255}}"
+    if not internal and (topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)):
+        return f"topic {topic!r} is reserved for the store"
+    return None
+
+
+def _illegal(reason: str) -> Refusal:
+    return PutMessageStatus.MESSAGE_ILLEGAL, reason
+
+
+_RESERVED_BYTES = re.compile("[\x00\x01\x02]")
+
+
+def _has_reserved(text: str) -> bool:
+    return _RESERVED_BYTES.search(text) is not None
+
+
+def _check_ranges(msg: Message) -> str | None:
+    for name, (lo, hi) in (("flag", INT32), ("sys_flag", INT32), ("reconsume_times", INT32),
+                           ("prepared_transaction_offset", INT64), ("born_timestamp", INT64)):
+        value = getattr(msg, name)
+        if value is None and name == "born_timestamp":
+            continue
+        if not isinstance(value, int) or not lo <= value <= hi:
+            return f"{name}={value!r} is outside a Java {'long' if hi > INT32[1] else 'int'}"
+    return None
+
+
+def _check_properties(msg: Message) -> Refusal | None:
+    if not isinstance(msg.properties, dict):
+        return _illegal("properties must be a dict of str to str")
+    for name, value in msg.properties.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name:
+            return _illegal(f"property {name!r} must be a non-empty str name with a str value")
+        if _has_reserved(name) or _has_reserved(value):
+            return _illegal(f"property {name!r} holds a reserved byte (\\x00, \\x01 or \\x02)")
+    if msg.tags is not None and (not isinstance(msg.tags, str) or _has_reserved(msg.tags)):
+        return _illegal("tags must be a str without \\x00, \\x01 or \\x02")
+    keys = msg.keys if isinstance(msg.keys, (list, tuple)) else ()
+    for key in keys:
+        if not isinstance(key, str) or not key or KEY_SEPARATOR in key or _has_reserved(key):
+            return _illegal(f"key {key!r} must be a non-empty str without spaces or separators")
+    return None
+
+
+def check_message(msg: Message, config: StoreConfig, *, internal: bool = False) -> Refusal | None:
+    """None when ``msg`` may be stored; else the status and a reason naming the fault."""
+    if not isinstance(msg, Message):
+        return _illegal(f"expected a Message, got {type(msg).__name__}")
+    reason = check_topic(msg.topic, internal=internal)
+    if reason:
+        return _illegal(reason)
+    if not isinstance(msg.body, (bytes, bytearray, memoryview)):
+        return _illegal("body must be bytes")
+    if msg.queue_id is not None and (not isinstance(msg.queue_id, int) or
+                                     not 0 <= msg.queue_id < config.default_topic_queue_nums):
+        return _illegal(f"queue id {msg.queue_id!r} is outside 0.."
+                        f"{config.default_topic_queue_nums - 1}")
+    if not isinstance(msg.delay_level, int) or msg.delay_level < 0:
+        return _illegal(f"delay level {msg.delay_level!r} must be a non-negative int")
+    reason = _check_ranges(msg)
+    if reason:
+        return _illegal(reason)
+    return _check_properties(msg)
+
+
+def check_encoded_size(record_length: int, properties_length: int,
+                       config: StoreConfig) -> Refusal | None:
+    """The size rules, once the record's length is known."""
+    if properties_length > MAX_PROPERTIES_LENGTH:
+        return (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                f"properties are {properties_length} bytes, over {MAX_PROPERTIES_LENGTH}")
+    if record_length > config.max_message_size:
+        return _illegal(f"message size {record_length} exceeds max_message_size "
+                        f"{config.max_message_size}")
+    if record_length + END_FILE_MIN_BLANK_LENGTH > config.mapped_file_size_commit_log:
+        return _illegal(f"message size {record_length} cannot fit in a CommitLog file of "
+                        f"{config.mapped_file_size_commit_log} bytes")
+    return None
