@@ -42,6 +42,12 @@ Write order of a put: the entry, then the slot, then the header (all 40 bytes, f
 Python copy). A reader of the mapping therefore never follows a slot to an entry that is
 not written yet.
 
+Two RocketMQ behaviours kept for byte compatibility: a new file's header is written at
+creation with indexCount 1 (Java leaves 0 on disk until the first put or flush; both
+read as 1); and putKey measures timeDiff against the begin it is about to replace, so
+the first entry of a rolled file (begin = the previous file's end) reads back late by
+its gap to that end.
+
 Crash story: nothing is checksummed and nothing here is trusted beyond "the caller
 verifies every candidate against the CommitLog": a torn or stale entry can make a query
 miss a message or return a wrong candidate, never return a wrong message. Full files are

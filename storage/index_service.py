@@ -13,7 +13,7 @@ another thread serialise access themselves.
 Durability and the checkpoint. The index is flushed when its last file is full and the
 next one is created (RocketMQ's FlushIndexFileThread, done here synchronously), and
 whenever the owner calls ``flush()``. After each flush ``durable_timestamp`` holds the
-flushed file's endTimestamp: every entry stored at or before it is on disk. The owner
+flushed file's endTimestamp: every entry put before that flush is on disk. The owner
 copies it into the checkpoint's ``indexMsgTimestamp``; the service never writes the
 checkpoint itself. After ``load`` it starts at the checkpoint value it was given.
 
@@ -23,13 +23,18 @@ Crash story, as a decision table for ``load(last_exit_ok, index_checkpoint_ms)``
     True          any                          keep (a clean stop left it whole)
     False         <= index_checkpoint_ms       keep (flushed before the crash)
     False         >  index_checkpoint_ms       destroy; abnormal recovery re-dispatches
-                                               the CommitLog and rebuilds its entries
+                                               the CommitLog and rebuilds the entries of
+                                               messages after its start point (all of
+                                               them when message_index_safe puts the
+                                               start at or before the index time)
     any           name not all digits          skip (not an index file), leave on disk
 
-Re-dispatch is idempotent: ``build_index`` skips a message whose offset is below the
-last file's endPhyOffset. Entries are only hashes, so every query result is a candidate
-the caller verifies against the CommitLog; a stale or torn entry can hide a message from
-a query but never return a wrong one.
+Re-dispatch is nearly idempotent: ``build_index`` skips a message whose offset is below
+the last file's endPhyOffset. As in RocketMQ the message *at* endPhyOffset is indexed a
+second time, so a query can return one offset twice; callers drop duplicates. Entries
+are only hashes, so every query result is a candidate the caller verifies against the
+CommitLog; a stale or torn entry can hide a message from a query but never return a
+wrong one.
 """
 
 from __future__ import annotations
@@ -276,8 +281,9 @@ class IndexService:
             f.close()
 
     def destroy(self) -> None:
-        """Destroy every index file and remove whatever else is in the directory (the
-        directory itself stays). Raises ``OSError`` when an entry cannot be removed.
+        """Destroy every index file and unlink every other file in the directory (the
+        directory and any subdirectories stay); ``durable_timestamp`` returns to 0.
+        Raises ``OSError`` when a file cannot be removed.
         """
         files, self._files = self._files, []
         for f in files:

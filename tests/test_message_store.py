@@ -1,0 +1,384 @@
+"""The embedded MessageStore: put, pull, lookups, validation, delays, transactions,
+flush modes and injected disk faults. Real files in temporary directories."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from conftest import msg, reopen, small_config
+from storage import (
+    GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreClosedError,
+    StoreLockedError)
+from storage import mapped_file
+from storage.hashing import java_string_hash
+from storage.message import (
+    PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+from storage.record import MESSAGE_MAGIC_CODE_V2, SCHEDULE_TOPIC
+
+
+def pull_all(store, topic, queue_id, offset=0):
+    out = []
+    while True:
+        g = store.get_message("g", topic, queue_id, offset, 32)
+        if not g.messages:
+            return out
+        out.extend(g.messages)
+        offset = g.next_begin_offset
+
+
+# --------------------------------------------------------------------------- put and get
+def test_put_then_get_every_field(store):
+    m = Message(topic="TopicTest", body=b"hello", tags="TagA", keys=["k1", "k2"],
+                properties={"a": "b"}, queue_id=2, flag=7, born_timestamp=123,
+                born_host=("192.168.0.9", 4242), reconsume_times=1)
+    r = store.put(m)
+    assert r.status is PutMessageStatus.PUT_OK and r.ok
+    assert (r.wrote_offset, r.queue_id, r.queue_offset) == (0, 2, 0)
+    assert len(r.msg_id) == 32 and r.store_timestamp > 0
+    g = store.get_message("g", "TopicTest", 2, 0, 10)
+    assert g.status is GetMessageStatus.FOUND and g.next_begin_offset == 1
+    (got,) = g.messages
+    assert (got.topic, got.body, got.tags, got.keys, got.queue_id, got.queue_offset) == \
+        ("TopicTest", b"hello", "TagA", ["k1", "k2"], 2, 0)
+    assert got.properties["a"] == "b" and got.flag == 7 and got.born_timestamp == 123
+    assert got.born_host == ("192.168.0.9", 4242) and got.reconsume_times == 1
+    assert (got.commit_log_offset, got.store_size, got.msg_id) == (0, r.wrote_bytes, r.msg_id)
+    assert got.store_timestamp == r.store_timestamp
+    assert store.check() == []
+
+
+def test_queue_offsets_and_wrote_offsets_are_contiguous(store):
+    results = store.put_batch([msg(i, queue_id=i % 3) for i in range(300)])
+    assert all(r.ok for r in results)
+    for q in range(3):
+        assert [r.queue_offset for r in results if r.queue_id == q] == list(range(100))
+        assert [m.body for m in pull_all(store, "TopicTest", q)] == \
+            [msg(i).body for i in range(300) if i % 3 == q]
+    assert store.check() == []
+
+
+def test_roll_over_across_many_tiny_files(store):
+    results = store.put_batch([msg(i, queue_id=i % 4) for i in range(1000)])
+    files = store.commit_log.mapped_file_queue.mapped_files
+    assert len(files) > 10
+    for r in results:
+        assert store.look_message_by_offset(r.wrote_offset).msg_id == r.msg_id
+        assert r.wrote_offset // 8192 == (r.wrote_offset + r.wrote_bytes - 1) // 8192
+    for f in files[:-1]:
+        assert f.is_full()
+    # the next-next file is preallocated on disk, full size
+    nxt = os.path.join(store.config.commit_log_dir, f"{files[-1].file_from_offset + 8192:020d}")
+    assert os.path.getsize(nxt) == 8192
+    assert sum(len(pull_all(store, "TopicTest", q)) for q in range(4)) == 1000
+    assert store.check() == []
+
+
+def test_queue_chosen_round_robin_when_unset(store):
+    results = [store.put(msg(i, queue_id=None)) for i in range(16)]
+    assert [r.queue_id for r in results] == [i % 8 for i in range(16)]
+
+
+def test_put_continues_after_reopen(config):
+    s = reopen(config)
+    s.put_batch([msg(i, queue_id=1) for i in range(10)])
+    s.close()
+    s = reopen(config)
+    assert s.last_exit_ok
+    assert s.put(msg(10, queue_id=1)).queue_offset == 10
+    assert len(pull_all(s, "TopicTest", 1)) == 11
+    assert s.check() == []
+    s.close()
+
+
+def test_long_topic_uses_v2_layout(store):
+    topic = "T" * 200
+    r = store.put(Message(topic=topic, body=b"x", queue_id=0))
+    raw = store.commit_log.get_message(r.wrote_offset, r.wrote_bytes)
+    assert int.from_bytes(raw[4:8], "big") == MESSAGE_MAGIC_CODE_V2
+    assert pull_all(store, topic, 0)[0].topic == topic
+    assert store.check() == []
+
+
+def test_ipv6_hosts(tmp_path):
+    s = MessageStore(small_config(tmp_path, broker_ip1="::1"))
+    s.load()
+    r = s.put(Message(topic="T", body=b"6", born_host=("2001:db8::7", 99)))
+    assert len(r.msg_id) == 56
+    got = s.look_message_by_id(r.msg_id)
+    assert got.born_host == ("2001:db8::7", 99) and got.store_host == ("::1", 10911)
+    assert s.check() == []
+    s.close()
+
+
+# --------------------------------------------------------------------------- validation
+BAD = [
+    (dict(topic="bad topic"), PutMessageStatus.MESSAGE_ILLEGAL, "topic"),
+    (dict(topic="../../etc"), PutMessageStatus.MESSAGE_ILLEGAL, "topic"),
+    (dict(topic="x" * 256), PutMessageStatus.MESSAGE_ILLEGAL, "topic"),
+    (dict(topic=""), PutMessageStatus.MESSAGE_ILLEGAL, "topic"),
+    (dict(topic=SCHEDULE_TOPIC), PutMessageStatus.MESSAGE_ILLEGAL, "reserved"),
+    (dict(topic="RMQ_SYS_TRACE"), PutMessageStatus.MESSAGE_ILLEGAL, "reserved"),
+    (dict(body="text"), PutMessageStatus.MESSAGE_ILLEGAL, "body"),
+    (dict(body=b"x" * 9000), PutMessageStatus.MESSAGE_ILLEGAL, "CommitLog file"),
+    (dict(queue_id=8), PutMessageStatus.MESSAGE_ILLEGAL, "queue id"),
+    (dict(queue_id=-1), PutMessageStatus.MESSAGE_ILLEGAL, "queue id"),
+    (dict(delay_level=-1), PutMessageStatus.MESSAGE_ILLEGAL, "delay"),
+    (dict(flag=2**31), PutMessageStatus.MESSAGE_ILLEGAL, "flag"),
+    (dict(properties={"a\x01": "b"}), PutMessageStatus.MESSAGE_ILLEGAL, "reserved byte"),
+    (dict(properties={"a": "b\x02"}), PutMessageStatus.MESSAGE_ILLEGAL, "reserved byte"),
+    (dict(properties={"a": "b\x00"}), PutMessageStatus.MESSAGE_ILLEGAL, "reserved byte"),
+    (dict(properties={"": "b"}), PutMessageStatus.MESSAGE_ILLEGAL, "property"),
+    (dict(properties={"a": 1}), PutMessageStatus.MESSAGE_ILLEGAL, "property"),
+    (dict(tags="a\x01"), PutMessageStatus.MESSAGE_ILLEGAL, "tags"),
+    (dict(keys=["has space"]), PutMessageStatus.MESSAGE_ILLEGAL, "key"),
+    (dict(properties={"p": "v" * 33000}), PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, "32767"),
+]
+
+
+@pytest.mark.parametrize("fields,status,reason", BAD)
+def test_bad_input_is_refused_and_stores_nothing(store, fields, status, reason):
+    store.put(msg(0))
+    before = store.commit_log.get_max_offset()
+    m = Message(**{"topic": "TopicTest", "body": b"ok", **fields})
+    results = store.put_batch([msg(1), m, msg(2)])
+    assert results[1].status is status and reason in results[1].reason
+    assert results[0].ok and results[2].ok  # a refusal does not stop the others
+    assert store.commit_log.get_max_offset() == before + results[0].wrote_bytes + results[2].wrote_bytes
+    assert not os.path.exists(os.path.join(store.config.consume_queue_dir, "bad topic"))
+    assert store.check() == []
+
+
+def test_max_message_size(tmp_path):
+    s = MessageStore(small_config(tmp_path, max_message_size=200))
+    s.load()
+    r = s.put(Message(topic="T", body=b"x" * 150))
+    assert r.status is PutMessageStatus.MESSAGE_ILLEGAL and "max_message_size" in r.reason
+    assert s.put(Message(topic="T", body=b"x" * 50)).ok
+    s.close()
+
+
+def test_not_a_message_is_refused(store):
+    assert store.put("hello").status is PutMessageStatus.MESSAGE_ILLEGAL
+
+
+def test_slave_refuses_puts(tmp_path):
+    s = MessageStore(small_config(tmp_path, broker_role="SLAVE"))
+    s.load()
+    r = s.put(msg(0))
+    assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "SLAVE" in r.reason
+    s.close()
+
+
+def test_closed_store(config):
+    s = reopen(config)
+    s.close()
+    assert s.put(msg(0)).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    with pytest.raises(StoreClosedError):
+        s.get_message("g", "TopicTest", 0, 0, 1)
+
+
+def test_second_store_on_same_directory_is_refused(store, config):
+    with pytest.raises(StoreLockedError, match="in use"):
+        MessageStore(config).load()
+
+
+# --------------------------------------------------------------------------- delays
+def test_delayed_message_goes_to_schedule_topic(store):
+    r = store.put(Message(topic="Orders", body=b"later", tags="T", queue_id=3, delay_level=3))
+    assert r.ok and r.queue_id == 3
+    assert pull_all(store, "Orders", 3) == []
+    (held,) = pull_all(store, SCHEDULE_TOPIC, 2)
+    assert held.properties[PROPERTY_REAL_TOPIC] == "Orders"
+    assert held.properties[PROPERTY_REAL_QUEUE_ID] == "3" and held.delay_level == 3
+    unit = store.find_consume_queue(SCHEDULE_TOPIC, 2).get_unit(0)
+    assert unit[2] == held.store_timestamp + 10_000  # tagsCode = delivery time
+    assert store.check() == []
+
+
+def test_delay_level_is_clamped(store):
+    store.put(Message(topic="Orders", body=b"x", delay_level=99))
+    (held,) = pull_all(store, SCHEDULE_TOPIC, 17)
+    assert held.delay_level == 18
+
+
+# --------------------------------------------------------------------------- transactions
+def test_transaction_types(store):
+    prepared = store.put(Message(topic="Tx", body=b"p", keys=["kp"], sys_flag=TRANSACTION_PREPARED_TYPE))
+    rollback = store.put(Message(topic="Tx", body=b"r", keys=["kr"], sys_flag=TRANSACTION_ROLLBACK_TYPE))
+    commit = store.put(Message(topic="Tx", body=b"c", keys=["kc"], sys_flag=TRANSACTION_COMMIT_TYPE))
+    plain = store.put(Message(topic="Tx", body=b"n", keys=["kn"]))
+    assert (prepared.queue_offset, rollback.queue_offset) == (0, 0)
+    assert (commit.queue_offset, plain.queue_offset) == (0, 1)
+    assert [m.body for m in pull_all(store, "Tx", 0)] == [b"c", b"n"]
+    assert [m.body for m in store.query_message("Tx", "kp").messages] == [b"p"]
+    assert store.query_message("Tx", "kr").messages == []
+    assert [m.body for m in store.query_message("Tx", "kc").messages] == [b"c"]
+    assert store.check() == []
+
+
+# --------------------------------------------------------------------------- reads
+def test_get_message_statuses(store):
+    assert store.get_message("g", "Nope", 0, 0, 1).status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+    store.put_batch([msg(i) for i in range(5)])
+    g = store.get_message("g", "TopicTest", 0, 5, 1)
+    assert (g.status, g.next_begin_offset) == (GetMessageStatus.OFFSET_OVERFLOW_ONE, 5)
+    g = store.get_message("g", "TopicTest", 0, 9, 1)
+    assert (g.status, g.next_begin_offset) == (GetMessageStatus.OFFSET_OVERFLOW_BADLY, 0)
+    g = store.get_message("g", "TopicTest", 0, 1, 2)
+    assert [m.queue_offset for m in g.messages] == [1, 2] and g.next_begin_offset == 3
+    assert (g.min_offset, g.max_offset) == (0, 5)
+    store.find_consume_queue("Empty", 0)
+    assert store.get_message("g", "Empty", 0, 0, 1).status is GetMessageStatus.NO_MESSAGE_IN_QUEUE
+
+
+def test_get_message_caps_batch_at_in_memory_count(store):
+    store.put_batch([msg(i) for i in range(100)])
+    g = store.get_message("g", "TopicTest", 0, 0, 1000)
+    assert len(g.messages) == store.config.max_transfer_count_on_message_in_memory
+
+
+def test_get_message_tag_filter(store):
+    store.put_batch([msg(i) for i in range(9)])
+    g = store.get_message("g", "TopicTest", 0, 0, 32, tags=["Tag1"])
+    assert [m.queue_offset for m in g.messages] == [1, 4, 7] and g.next_begin_offset == 9
+
+
+def test_look_message_by_offset_and_id(store):
+    r = store.put_batch([msg(i) for i in range(3)])[1]
+    assert store.look_message_by_offset(r.wrote_offset).body == msg(1).body
+    assert store.look_message_by_offset(r.wrote_offset + 1) is None
+    assert store.look_message_by_offset(10**9) is None
+    assert store.look_message_by_id(r.msg_id).queue_offset == 1
+    other_host = "0A000001" + r.msg_id[8:]
+    assert store.look_message_by_id(other_host) is None
+
+
+def test_query_by_key_and_uniq_key(store):
+    store.put(Message(topic="Q", body=b"1", keys=["order-1"], properties={"UNIQ_KEY": "U1"}))
+    store.put(Message(topic="Q", body=b"2", keys=["order-1", "order-2"]))
+    store.put(Message(topic="Other", body=b"3", keys=["order-1"]))
+    assert [m.body for m in store.query_message("Q", "order-1").messages] == [b"1", b"2"]
+    assert [m.body for m in store.query_message("Q", "U1").messages] == [b"1"]
+    assert [m.body for m in store.query_message("Q", "order-1", max_num=1).messages] == [b"2"]
+    assert store.query_message("Q", "missing").messages == []
+
+
+def test_query_never_returns_a_hash_collision(store):
+    assert java_string_hash("Q#Aa") == java_string_hash("Q#BB")
+    store.put(Message(topic="Q", body=b"aa", keys=["Aa"]))
+    assert store.query_message("Q", "BB").messages == []
+    assert [m.body for m in store.query_message("Q", "Aa").messages] == [b"aa"]
+
+
+def test_query_time_range(store):
+    r = store.put(Message(topic="Q", body=b"1", keys=["k"]))
+    ts = r.store_timestamp
+    assert len(store.query_message("Q", "k", 10, ts, ts).messages) == 1
+    assert store.query_message("Q", "k", 10, ts + 1, ts + 10_000).messages == []
+    assert store.query_message("Q", "k", 10, 0, ts - 1).messages == []
+
+
+def test_offset_in_queue_by_time(store):
+    rs = store.put_batch([msg(i) for i in range(20)])
+    ts = rs[10].store_timestamp
+    off = store.get_offset_in_queue_by_time("TopicTest", 0, ts)
+    assert rs[off].store_timestamp == ts
+    assert store.get_offset_in_queue_by_time("Nope", 0, ts) == 0
+    assert store.get_max_offset_in_queue("TopicTest", 0) == 20
+    assert store.get_min_offset_in_queue("TopicTest", 0) == 0
+    assert store.get_commit_log_offset_in_queue("TopicTest", 0, 3) == rs[3].wrote_offset
+
+
+def test_index_disabled(tmp_path):
+    s = MessageStore(small_config(tmp_path, message_index_enable=False))
+    s.load()
+    s.put(msg(1))
+    assert s.query_message("TopicTest", "key-1").messages == []
+    assert not os.listdir(s.config.index_dir) if os.path.isdir(s.config.index_dir) else True
+    assert s.check() == []
+    s.close()
+
+
+def test_arriving_listener(store):
+    seen = []
+    store.message_arriving_listener = lambda *a: seen.append(a[:3])
+    store.put_batch([msg(i, queue_id=1) for i in range(3)])
+    store.dispatch()
+    assert seen == [("TopicTest", 1, 1), ("TopicTest", 1, 2), ("TopicTest", 1, 3)]
+
+
+# --------------------------------------------------------------------------- flush modes, faults
+def test_sync_flush_flushes_before_returning(tmp_path):
+    s = MessageStore(small_config(tmp_path, flush_disk_type="SYNC_FLUSH"))
+    s.load()
+    for i in range(50):
+        s.put(msg(i))
+        assert s.commit_log.mapped_file_queue.flushed_where == s.commit_log.get_max_offset()
+    s.close()
+
+
+def test_async_flush_on_close(config):
+    s = reopen(config)
+    s.put_batch([msg(i) for i in range(40)])
+    s.close()
+    assert not os.path.exists(os.path.join(config.store_path_root_dir, "abort"))
+
+
+def test_fsync_error_stops_writes_loudly(tmp_path, monkeypatch):
+    """Injected fault: fdatasync raising EIO (a real disk cannot be made to on demand)."""
+    s = MessageStore(small_config(tmp_path, flush_disk_type="SYNC_FLUSH"))
+    s.load()
+    assert s.put(msg(0)).ok
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(mapped_file.FILE_OPS, "fdatasync", eio)
+    r = s.put(msg(1))
+    assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and "flush failed" in r.reason
+    r = s.put(msg(2))
+    assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "FLUSH_ERROR" in r.reason
+    s.close()
+    monkeypatch.undo()
+    assert os.path.exists(os.path.join(s.root_dir, "abort"))  # next load recovers abnormally
+    s = MessageStore(s.config)
+    s.load()
+    assert not s.last_exit_ok and s.check() == []
+    assert [m.body for m in pull_all(s, "TopicTest", 0)] == [msg(0).body, msg(1).body]
+    s.close()
+
+
+def test_disk_full_at_roll_over(store, monkeypatch):
+    """Injected fault: fallocate raising ENOSPC when the next file is created."""
+    i = 0
+    while len(store.commit_log.mapped_file_queue.mapped_files) < 2:
+        assert store.put(msg(i)).ok
+        i += 1
+    before = store.commit_log.get_max_offset()
+    for name in os.listdir(store.config.commit_log_dir):  # drop the preallocated file
+        path = os.path.join(store.config.commit_log_dir, name)
+        if int(name) > store.commit_log.mapped_file_queue.mapped_files[-1].file_from_offset:
+            os.unlink(path)
+
+    def enospc(fd, off, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mapped_file.FILE_OPS, "fallocate", enospc)
+    statuses = {store.put(msg(j)).status for j in range(i, i + 200)}
+    assert PutMessageStatus.CREATE_MAPEDFILE_FAILED in statuses
+    assert store.commit_log.get_max_offset() >= before
+    monkeypatch.undo()
+    assert store.put(msg(999)).ok
+    assert store.check() == []
+
+
+def test_status_reports_positions(store):
+    store.put_batch([msg(i) for i in range(5)])
+    store.dispatch()
+    st = store.status()
+    assert st["writeable"] and st["positions"]["written"] == st["positions"]["dispatched"] > 0
+    assert st["queues"]["TopicTest/0"] == [0, 5]
