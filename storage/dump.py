@@ -7,6 +7,7 @@ files are read, never changed.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Iterator
 
@@ -14,7 +15,7 @@ from storage import checkpoint as checkpoint_codec
 from storage import record
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT
 from storage.errors import StoreFileError
-from storage.index_file import IndexFile
+from storage import index_file
 
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint")
 
@@ -85,20 +86,21 @@ def index_geometry(file_size: int, hash_slot_num: int, index_num: int) -> tuple[
 
 def describe_index(path: str, hash_slot_num: int, index_num: int,
                    limit: int | None = None) -> Iterator[dict]:
+    """The header, then entries 1 .. indexCount-1, read through a read-only mapping."""
     slots, entries = index_geometry(os.path.getsize(path), hash_slot_num, index_num)
-    f = IndexFile(path, slots, entries)
-    try:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = \
+            index_file.decode_header(buf)
         yield {"kind": "header", "file": path, "hash_slot_num": slots, "index_num": entries,
-               "begin_timestamp": f.begin_timestamp, "end_timestamp": f.end_timestamp,
-               "begin_phy_offset": f.begin_phy_offset, "end_phy_offset": f.end_phy_offset,
-               "hash_slot_count": f.hash_slot_count, "index_count": f.index_count}
-        for i, (no, key_hash, phy, diff, prev) in enumerate(f.iter_entries()):
-            if limit is not None and i >= limit:
-                break
+               "begin_timestamp": begin_ts, "end_timestamp": end_ts,
+               "begin_phy_offset": begin_phy, "end_phy_offset": end_phy,
+               "hash_slot_count": slot_count, "index_count": index_count}
+        base = index_file.INDEX_HEADER_SIZE + slots * index_file.HASH_SLOT_SIZE
+        last = min(max(index_count, 1), entries)
+        for no in range(1, last if limit is None else min(last, limit + 1)):
+            key_hash, phy, diff, prev = index_file.decode_entry(buf, base + no * index_file.INDEX_SIZE)
             yield {"kind": "entry", "entry": no, "key_hash": key_hash, "phy_offset": phy,
                    "time_diff_s": diff, "pre_index_no": prev}
-    finally:
-        f.close()
 
 
 def describe_checkpoint(path: str) -> Iterator[dict]:

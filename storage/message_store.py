@@ -12,6 +12,7 @@ the caller's thread what RocketMQ runs in service threads:
                                 has passed (least-pages rule, thorough every 10 s)
     ReputMessageService         ``dispatch()``; reads dispatch first, so they see every
                                 message put before them
+    ScheduleMessageService      ``deliver_delayed_messages()``
     FlushConsumeQueueService    after dispatch, on its interval; persists the checkpoint
     Clean*Service               ``clean_expired_files()``
 
@@ -51,6 +52,7 @@ from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt, decode_message_id, is_consumable
 from storage.record import DispatchRequest, RecordFormatError, decode_at
 from storage.running_flags import Flag, RunningFlags
+from storage.schedule_message import ScheduleMessageService
 from storage.status import GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
 from storage.validation import check_message, check_topic
@@ -98,6 +100,7 @@ class MessageStore:
         self.index_service = IndexService(config.index_dir, config.max_hash_slot_num,
                                           config.max_index_num)
         self.checkpoint: StoreCheckpoint | None = None
+        self.schedule_message_service = ScheduleMessageService(self)
         self.running_flags = RunningFlags()
         self.reput_from_offset = 0
         self.last_exit_ok = True
@@ -132,6 +135,7 @@ class MessageStore:
                 self.checkpoint = StoreCheckpoint(os.path.join(self.root_dir, "checkpoint"))
                 self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
                 self._recover()
+                self.schedule_message_service.load()
                 create_abort(self.root_dir)
             except BaseException:
                 self._close_files()
@@ -420,6 +424,7 @@ class MessageStore:
                 self._flush_failed(e)
                 raise
             self._flush_logics(0)
+            self.schedule_message_service.persist()
 
     def _flush_consume_queues_on_interval(self) -> None:
         now = now_ms()
@@ -619,6 +624,22 @@ class MessageStore:
 
     def get_max_phy_offset(self) -> int:
         return self.commit_log.get_max_offset()
+
+    # ================================================================== delayed messages
+    def deliver_delayed_messages(self, now: int | None = None) -> int:
+        """Put every delayed message due at ``now`` (default: the clock) back to its real
+        topic and queue; returns how many went. See ``storage.schedule_message``."""
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            return self.schedule_message_service.deliver_due(now)
+
+    def next_delayed_due_ms(self) -> int | None:
+        """When the earliest waiting delayed message falls due, None when none waits."""
+        with self._mutex:
+            self._check_running()
+            self._dispatch_to(self._confirm_offset())
+            return self.schedule_message_service.next_due_ms()
 
     # ================================================================== expiry
     def clean_expired_files(self, force: bool = False, *, now: int | None = None) -> CleanResult:

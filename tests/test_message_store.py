@@ -382,3 +382,25 @@ def test_status_reports_positions(store):
     st = store.status()
     assert st["writeable"] and st["positions"]["written"] == st["positions"]["dispatched"] > 0
     assert st["queues"]["TopicTest/0"] == [0, 5]
+
+
+def test_delayed_messages_are_delivered_when_due(config):
+    s = reopen(config)
+    r = s.put(Message(topic="Orders", body=b"later", tags="T", keys=["o1"], queue_id=3,
+                      delay_level=2, properties={"x": "y"}))
+    s.put(Message(topic="Orders", body=b"much later", queue_id=3, delay_level=5))
+    assert s.next_delayed_due_ms() == r.store_timestamp + 5_000
+    assert s.deliver_delayed_messages(r.store_timestamp + 4_999) == 0
+    assert s.deliver_delayed_messages(r.store_timestamp + 5_000) == 1
+    (m,) = pull_all(s, "Orders", 3)
+    assert (m.body, m.tags, m.keys, m.properties["x"], m.delay_level) == \
+        (b"later", "T", ["o1"], "y", 0)
+    assert PROPERTY_REAL_TOPIC not in m.properties
+    assert s.deliver_delayed_messages(r.store_timestamp + 5_000) == 0  # not twice
+    s.close()
+    s = reopen(config)  # progress survives a restart
+    assert s.deliver_delayed_messages(r.store_timestamp + 5_000) == 0
+    assert s.deliver_delayed_messages(r.store_timestamp + 60_000) == 1
+    assert [m.body for m in pull_all(s, "Orders", 3)] == [b"later", b"much later"]
+    assert s.check() == []
+    s.close()

@@ -1,0 +1,117 @@
+"""ScheduleMessageService: delivering delayed messages when they fall due.
+
+A delayed message waits in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1`` (see
+``storage.delay_level``); its ConsumeQueue unit's tagsCode is its delivery time. For
+each level the service keeps the next queue offset to look at, in
+``config/delayOffset.json`` as ``{"offsetTable": {"<level>": <offset>}}``.
+
+``deliver_due(now)`` walks each level's queue from its offset: while the unit at the
+offset is due (delivery time <= now), the message is read, turned back into a message
+for its real topic and queue (``restore_real_destination``) and put again; the offset
+then moves past it. The first unit not yet due stops that level: units of one level
+are in delivery-time order, since every message of a level waits the same time. A
+delivery time further away than the level's delay (a clock that went backwards) is
+treated as due now, as RocketMQ's ``correctDeliverTimestamp`` does.
+
+Crash story: the offset table is written after the re-puts (``persist``), so a crash
+between the two delivers those messages again on restart: at least once, never lost.
+A put refused because the store is not writeable leaves the offset where it is and is
+retried on the next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from storage import json_file
+from storage.delay_level import delay_level_to_queue_id, restore_real_destination
+from storage.mapped_file import now_ms
+from storage.record import SCHEDULE_TOPIC
+
+if TYPE_CHECKING:
+    from storage.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+DELAY_OFFSET_FILE = "delayOffset.json"
+
+
+class ScheduleMessageService:
+    def __init__(self, store: "MessageStore"):
+        self.store = store
+        self.delay_level_ms = store.commit_log.delay_level_ms
+        self.max_delay_level = len(self.delay_level_ms) - 1
+        self.offset_table: dict[int, int] = {}
+        self.path = os.path.join(store.config.config_dir, DELAY_OFFSET_FILE)
+
+    def load(self) -> None:
+        """Read the offset table; levels without an entry start at offset 0."""
+        doc = json_file.load(self.path) or {}
+        table = doc.get("offsetTable", {})
+        self.offset_table = {int(level): int(offset) for level, offset in table.items()
+                             if str(level).isdigit() and 1 <= int(level) <= self.max_delay_level}
+
+    def persist(self) -> None:
+        json_file.persist(self.path, {"offsetTable": {str(k): v for k, v in
+                                                      sorted(self.offset_table.items())}})
+
+    def deliver_due(self, now: int | None = None) -> int:
+        """Re-put every delayed message due at ``now``; returns how many went out."""
+        now = now_ms() if now is None else now
+        delivered = 0
+        for level in range(1, self.max_delay_level + 1):
+            delivered += self._deliver_level(level, now)
+        if delivered:
+            self.persist()
+        return delivered
+
+    def _deliver_level(self, level: int, now: int) -> int:
+        cq = self.store.find_consume_queue(SCHEDULE_TOPIC, delay_level_to_queue_id(level),
+                                           create=False)
+        if cq is None:
+            return 0
+        offset = max(self.offset_table.get(level, 0), cq.get_min_offset_in_queue())
+        end = cq.get_max_offset_in_queue()
+        delivered = 0
+        while offset < end:
+            unit = cq.get_unit(offset)
+            if unit is None:
+                offset = cq.roll_next_file(offset)
+                continue
+            phy, size, deliver_at = unit
+            if deliver_at > now + self.delay_level_ms[level]:
+                deliver_at = now
+            if deliver_at > now:
+                break
+            if not self._redeliver(phy):
+                break
+            offset += 1
+            delivered += 1
+        self.offset_table[level] = offset
+        return delivered
+
+    def _redeliver(self, phy: int) -> bool:
+        held = self.store.commit_log.look_message_by_offset(phy)
+        if held is None:  # expired with its CommitLog file: nothing left to deliver
+            return True
+        result = self.store.put(restore_real_destination(held))
+        if not result.ok:
+            log.warning("delayed message at %d not delivered: %s %s", phy,
+                        result.status.name, result.reason)
+        return result.ok
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest waiting message falls due (None when none waits)."""
+        earliest = None
+        for level in range(1, self.max_delay_level + 1):
+            cq = self.store.find_consume_queue(SCHEDULE_TOPIC, delay_level_to_queue_id(level),
+                                               create=False)
+            if cq is None:
+                continue
+            unit = cq.get_unit(max(self.offset_table.get(level, 0), cq.get_min_offset_in_queue()))
+            if unit is not None and (earliest is None or unit[2] < earliest):
+                earliest = unit[2]
+        return earliest
+
