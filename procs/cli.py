@@ -66,6 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         by_key = store.query_message("DemoTopic", sent[-1][1], 4).messages
         by_id = store.look_message_by_id(sent[0][0].msg_id)
         problems = store.check()
+        store.flush()
         status = store.status()
     elapsed = time.perf_counter() - started
     summary = {"store": os.path.abspath(cfg.store_path_root_dir), "sent": len(sent),

@@ -163,10 +163,8 @@ class CommitLog:
         born_v6 = host_is_v6(msg.born_host)
         sys_flag = (msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) \
             | (BORNHOST_V6_FLAG if born_v6 else 0) | self._store_host_flag
-        length = record.calc_msg_length(sys_flag, len(msg.body), len(topic_bytes), len(props_bytes))
-        refusal = check_encoded_size(length, len(props_bytes), self.config)
-        if refusal:
-            return refusal
+        if len(props_bytes) > record.MAX_PROPERTIES_LENGTH:
+            return check_encoded_size(0, len(props_bytes), self.config)
         data = record.encode(
             topic=topic_bytes, body=bytes(msg.body), properties=props_bytes, queue_id=queue_id,
             flag=msg.flag, queue_offset=0, physical_offset=0, sys_flag=sys_flag,
@@ -174,6 +172,9 @@ class CommitLog:
             born_host=encode_host(msg.born_host), store_timestamp=0,
             store_host=self._store_host_bytes, reconsume_times=msg.reconsume_times,
             prepared_transaction_offset=msg.prepared_transaction_offset)
+        refusal = check_encoded_size(len(data), len(props_bytes), self.config)
+        if refusal:
+            return refusal
         return EncodedMessage(data, topic, queue_id, is_consumable(sys_flag),
                               record.store_timestamp_pos(sys_flag), real_queue_id)
 

@@ -46,7 +46,7 @@ from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.config import StoreConfig
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
-from storage.errors import CorruptRecordError, StoreClosedError
+from storage.errors import CorruptRecordError, StoreClosedError, StoreError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt, decode_message_id, is_consumable
@@ -113,7 +113,7 @@ class MessageStore:
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
         self._last_cq_flush_ms = self._last_cq_thorough_ms = now_ms()
         self._logics_timestamp = 0
-        self._pid = os.getpid()
+        self._rebuild_logics = False
 
     # ================================================================== lifecycle
     def load(self) -> None:
@@ -133,7 +133,7 @@ class MessageStore:
                 self.commit_log.load()
                 self._load_consume_queues()
                 self.checkpoint = StoreCheckpoint(os.path.join(self.root_dir, "checkpoint"))
-                self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
+                self._load_index()
                 self._recover()
                 self.schedule_message_service.load()
                 create_abort(self.root_dir)
@@ -190,6 +190,8 @@ class MessageStore:
 
     # ================================================================== recovery
     def _load_consume_queues(self) -> None:
+        """Load every queue; one that cannot be loaded (a file of the wrong size, say
+        after ``mapped_file_size_consume_queue`` changed) is rebuilt from the CommitLog."""
         root = self.config.consume_queue_dir
         if not os.path.isdir(root):
             return
@@ -198,8 +200,25 @@ class MessageStore:
                 log.warning("skipping %s: not a topic directory", os.path.join(root, topic))
                 continue
             for name in sorted(os.listdir(os.path.join(root, topic))):
-                if name.isdigit():
-                    self.find_consume_queue(topic, int(name)).load()
+                if not name.isdigit():
+                    continue
+                cq = self.find_consume_queue(topic, int(name))
+                try:
+                    cq.load()
+                except StoreError as e:
+                    log.warning("consume queue %s/%s unusable, rebuilding it from the "
+                                "commitlog: %s", topic, name, e)
+                    cq.destroy()
+                    self._rebuild_logics = True
+
+    def _load_index(self) -> None:
+        """Load the index; an index that cannot be loaded is rebuilt from the CommitLog."""
+        try:
+            self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
+        except StoreError as e:
+            log.warning("index unusable, rebuilding it from the commitlog: %s", e)
+            self.index_service.destroy()
+            self._rebuild_logics = True
 
     def _recover(self) -> None:
         max_cq_end = -1
@@ -232,6 +251,8 @@ class MessageStore:
     def _redispatch_start(self, max_cq_end: int, abnormal_start: int, process_offset: int) -> int:
         """The earliest offset some consume queue or the index may be missing."""
         min_offset = max(self.commit_log.get_min_offset(), 0)
+        if self._rebuild_logics:
+            return min(min_offset, process_offset)
         starts = [max_cq_end if max_cq_end >= 0 else min_offset, abnormal_start]
         if self.config.message_index_enable:
             files = self.index_service.files

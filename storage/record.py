@@ -93,23 +93,23 @@ def store_timestamp_pos(sys_flag: int) -> int:
     return BORNHOST_POS + host_width(bool(sys_flag & BORNHOST_V6_FLAG))
 
 
-class _Tail(NamedTuple):
-    """Fields 10-15 (through BODYLENGTH) for one combination of host widths."""
-    struct: struct.Struct
-    store_ts_pos: int
+def _fixed_struct(flags: int) -> struct.Struct:
+    """Fields 1-15 (through BODYLENGTH) for one combination of host widths."""
+    born = host_width(bool(flags & BORNHOST_V6_FLAG))
+    store = host_width(bool(flags & STOREHOSTADDRESS_V6_FLAG))
+    return struct.Struct(f">iIiiiqqiq{born}sq{store}siqi")
 
 
-def _tail(sys_flag: int) -> _Tail:
-    return _TAILS[(sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG))]
+_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+_FIXED = {flags: _fixed_struct(flags) for flags in (0, BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG,
+                                                   _HOST_FLAGS)}
+assert _FIXED[0].size == 88 and _FIXED[_HOST_FLAGS].size == 112
+# the tail of the fixed part, after the 48 bytes shared by every layout (for decoding)
+_TAILS = {flags: struct.Struct(">" + st.format[10:]) for flags, st in _FIXED.items()}
 
 
-_TAILS = {
-    flags: _Tail(struct.Struct(f">{host_width(bool(flags & BORNHOST_V6_FLAG))}sq"
-                               f"{host_width(bool(flags & STOREHOSTADDRESS_V6_FLAG))}siqi"),
-                 BORNHOST_POS + host_width(bool(flags & BORNHOST_V6_FLAG)))
-    for flags in (0, BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG,
-                  BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
-}
+def _tail(sys_flag: int) -> struct.Struct:
+    return _TAILS[sys_flag & _HOST_FLAGS]
 
 
 def calc_msg_length(sys_flag: int, body_length: int, topic_length: int,
@@ -144,15 +144,13 @@ def encode(*, topic: bytes, body: bytes, properties: bytes, queue_id: int, flag:
         raise ValueError(f"topic length {len(topic)} is outside 1..{MAX_TOPIC_LENGTH}")
     total = calc_msg_length(sys_flag, len(body), len(topic), len(properties))
     v2 = len(topic) > MAX_V1_TOPIC_LENGTH
-    tail = _tail(sys_flag)
-    out = bytearray(HEAD.pack(
+    out = bytearray(_FIXED[sys_flag & _HOST_FLAGS].pack(
         total, MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE,
         body_crc(body) if crc is None else crc, queue_id, flag, queue_offset,
-        physical_offset, sys_flag, born_timestamp))
-    out += tail.struct.pack(born_host, store_timestamp, store_host, reconsume_times,
-                            prepared_transaction_offset, len(body))
+        physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+        reconsume_times, prepared_transaction_offset, len(body)))
     out += body
-    out += SHORT.pack(len(topic)) if v2 else BYTE.pack(len(topic))
+    out += SHORT.pack(len(topic)) if v2 else bytes((len(topic),))
     out += topic
     out += SHORT.pack(len(properties))
     out += properties
@@ -191,8 +189,8 @@ def decode_at(buf, pos: int, *, check_crc: bool = False) -> MessageExt:
         raise RecordFormatError(pos, f"record size {total} runs past the data")
     tail = _tail(sys_flag)
     p = pos + HEAD.size
-    born_host, store_ts, store_host, reconsume, prepared, body_len = tail.struct.unpack_from(buf, p)
-    p += tail.struct.size
+    born_host, store_ts, store_host, reconsume, prepared, body_len = tail.unpack_from(buf, p)
+    p += tail.size
     if body_len < 0 or p + body_len > pos + total:
         raise RecordFormatError(pos, f"body length {body_len} runs past the record")
     body = bytes(buf[p:p + body_len])
@@ -271,8 +269,8 @@ def check_message_and_return_size(buf, pos: int, limit: int, expected_offset: in
         return DispatchRequest(total, False)
     tail = _tail(sys_flag)
     p = pos + HEAD.size
-    _, store_ts, _, _, prepared, body_len = tail.struct.unpack_from(buf, p)
-    p += tail.struct.size
+    _, store_ts, _, _, prepared, body_len = tail.unpack_from(buf, p)
+    p += tail.size
     if body_len < 0 or p + body_len + 3 > pos + total:
         return DispatchRequest(total, False)
     if check_crc and body_crc(buf[p:p + body_len]) != crc:

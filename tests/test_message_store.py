@@ -404,3 +404,20 @@ def test_delayed_messages_are_delivered_when_due(config):
     assert [m.body for m in pull_all(s, "Orders", 3)] == [b"later", b"much later"]
     assert s.check() == []
     s.close()
+
+
+def test_unusable_consume_queue_and_index_are_rebuilt(config):
+    s = reopen(config)
+    rs = s.put_batch([msg(i, queue_id=i % 2) for i in range(120)])
+    s.close()
+    cq_file = os.path.join(config.consume_queue_dir, "TopicTest", "0", f"{0:020d}")
+    os.truncate(cq_file, 100)  # not a multiple of the file size any more
+    index_dir = config.index_dir
+    for name in os.listdir(index_dir):
+        os.truncate(os.path.join(index_dir, name), 1000)
+    s = reopen(config)
+    assert [m.msg_id for m in pull_all(s, "TopicTest", 0)] == \
+        [r.msg_id for r in rs if r.queue_id == 0]
+    assert [m.body for m in s.query_message("TopicTest", "key-7").messages] == [msg(7).body]
+    assert s.check() == []
+    s.close()
