@@ -7,6 +7,7 @@ files are read, never changed.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from typing import Iterator
@@ -18,6 +19,22 @@ from storage.errors import StoreFileError
 from storage import index_file
 
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint")
+
+
+def _file_offset(path: str) -> int:
+    name = os.path.basename(path)
+    return int(name) if name.isdigit() else 0
+
+
+@contextlib.contextmanager
+def _mapped(path: str):
+    """A read-only mapping of the whole file (empty bytes for an empty file)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            yield buf
 
 
 def detect_kind(path: str) -> str:
@@ -38,9 +55,12 @@ def detect_kind(path: str) -> str:
 
 def describe_commit_log(path: str, limit: int | None = None) -> Iterator[dict]:
     """Every record of a CommitLog file, then a summary ``{"end", "blank", "records"}``."""
-    with open(path, "rb") as f:
-        data = f.read()
-    base = int(os.path.basename(path)) if os.path.basename(path).isdigit() else 0
+    with _mapped(path) as data:
+        yield from _walk_commit_log(path, data, limit)
+
+
+def _walk_commit_log(path: str, data, limit: int | None) -> Iterator[dict]:
+    base = _file_offset(path)
     pos, count, blank = 0, 0, None
     while pos + 8 <= len(data) and (limit is None or count < limit):
         req = record.check_message_and_return_size(data, pos, len(data), base + pos, True)
@@ -57,9 +77,12 @@ def describe_commit_log(path: str, limit: int | None = None) -> Iterator[dict]:
 
 
 def describe_consume_queue(path: str, limit: int | None = None) -> Iterator[dict]:
-    with open(path, "rb") as f:
-        data = f.read()
-    base = int(os.path.basename(path)) if os.path.basename(path).isdigit() else 0
+    with _mapped(path) as data:
+        yield from _walk_consume_queue(path, data, limit)
+
+
+def _walk_consume_queue(path: str, data, limit: int | None) -> Iterator[dict]:
+    base = _file_offset(path)
     count = 0
     for pos in range(0, len(data) - len(data) % CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE):
         offset, size, tags_code = CQ_UNIT.unpack_from(data, pos)
@@ -88,7 +111,7 @@ def describe_index(path: str, hash_slot_num: int, index_num: int,
                    limit: int | None = None) -> Iterator[dict]:
     """The header, then entries 1 .. indexCount-1, read through a read-only mapping."""
     slots, entries = index_geometry(os.path.getsize(path), hash_slot_num, index_num)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with _mapped(path) as buf:
         begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = \
             index_file.decode_header(buf)
         yield {"kind": "header", "file": path, "hash_slot_num": slots, "index_num": entries,
