@@ -528,7 +528,7 @@ class MessageStore:
             in_disk = max_phy - phy > memory_limit
             if self._batch_full(size, total_bytes, len(messages), max_msgs, in_disk):
                 break
-            msg = self._read_unit(cq, index, phy, size)
+            msg = self._read_unit(cq, index, phy, size, (mf.path, p))
             if msg is None:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
                 next_phy_file_start = self.commit_log.roll_next_file(phy)
@@ -556,19 +556,23 @@ class MessageStore:
         return (total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
                 or count > cfg.max_transfer_count_on_message_in_memory - 1)
 
-    def _read_unit(self, cq: ConsumeQueue, index: int, phy: int, size: int) -> MessageExt | None:
-        """The message a unit points at, checked against the unit; None when deleted."""
+    def _read_unit(self, cq: ConsumeQueue, index: int, phy: int, size: int,
+                   where: tuple[str, int]) -> MessageExt | None:
+        """The message a unit points at, checked against the unit; None when deleted.
+
+        ``where`` is the unit's (file, position), named by the error a mismatch raises.
+        """
         data = self.commit_log.get_message(phy, size)
         if data is None:
             return None
-        path = os.path.join(cq.store_path, "")
+        path, pos = where
         try:
             msg = decode_at(data, 0)
         except RecordFormatError as e:
-            raise CorruptRecordError(path, index, f"unit points at a bad record: {e}") from None
+            raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
         if (msg.store_size != size or msg.commit_log_offset != phy or msg.topic != cq.topic
                 or msg.queue_id != cq.queue_id or msg.queue_offset != index):
-            raise CorruptRecordError(path, index, f"unit points at commitlog offset {phy}, "
+            raise CorruptRecordError(path, pos, f"unit {index} points at commitlog offset {phy}, "
                                      f"which holds {msg.topic}/{msg.queue_id}@{msg.queue_offset}")
         return msg
 

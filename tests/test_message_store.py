@@ -13,6 +13,7 @@ from storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreClosedError,
     StoreLockedError)
 from storage import mapped_file
+from storage.consume_queue import encode_unit
 from storage.hashing import java_string_hash
 from storage.message import (
     PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
@@ -421,3 +422,17 @@ def test_unusable_consume_queue_and_index_are_rebuilt(config):
     assert [m.body for m in s.query_message("TopicTest", "key-7").messages] == [msg(7).body]
     assert s.check() == []
     s.close()
+
+
+def test_unit_pointing_at_the_wrong_record_raises(store):
+    from storage import CorruptRecordError
+    rs = store.put_batch([msg(i, queue_id=i % 2) for i in range(4)])
+    store.dispatch()
+    cq = store.find_consume_queue("TopicTest", 0)
+    mf = cq.mapped_file_queue.mapped_files[0]
+    other = rs[1]  # a queue-1 message
+    mf.buf[20:40] = encode_unit(
+        other.wrote_offset, other.wrote_bytes, 0)
+    with pytest.raises(CorruptRecordError) as e:
+        store.get_message("g", "TopicTest", 0, 1, 1)
+    assert e.value.path == mf.path and e.value.offset == 20
