@@ -6,7 +6,8 @@
     rocketstore config [--json]                             the settings in force
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
-``--store DIR`` (default: the config's store_path_root_dir).
+``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
+existing store is opened with the file sizes it was created with.
 
 Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
 2 bad usage; 3 the store cannot be opened (locked, corrupt, misconfigured).
@@ -15,6 +16,7 @@ Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +26,7 @@ from typing import Iterable
 
 from storage import Message, MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
+from storage.config import recorded_geometry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
@@ -32,11 +35,20 @@ def embedded_config_path() -> str:
     return str(resources.files("procs").joinpath("supervisor.toml"))
 
 
-def load_config(args: argparse.Namespace, **overrides) -> StoreConfig:
+def load_config(args: argparse.Namespace, **new_store_sizes) -> StoreConfig:
+    """The settings in force: ``--config`` (or the embedded file) and ``--store``.
+
+    Without ``--config``, a store that recorded its file sizes is opened with them, and
+    ``new_store_sizes`` apply only to a store being created.
+    """
     path = args.config or embedded_config_path()
-    if args.store:
-        overrides["store_path_root_dir"] = args.store
-    return StoreConfig.from_toml(path, **overrides)
+    overrides = {"store_path_root_dir": args.store} if args.store else {}
+    cfg = StoreConfig.from_toml(path, **overrides)
+    if args.config:
+        return cfg
+    recorded = recorded_geometry(cfg.store_path_root_dir)
+    sizes = recorded if recorded else new_store_sizes
+    return dataclasses.replace(cfg, **sizes) if sizes else cfg
 
 
 def _emit(obj: dict, as_json: bool, text: str | None = None) -> None:
@@ -57,7 +69,7 @@ DEMO_FILE_SIZES = dict(mapped_file_size_commit_log=64 * 1024 * 1024,
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: write messages through the embedded store, read them back by queue,
     by key and by msgId, check consistency and show where everything is."""
-    cfg = load_config(args, **(DEMO_FILE_SIZES if not args.config else {}))
+    cfg = load_config(args, **DEMO_FILE_SIZES)
     started = time.perf_counter()
     with MessageStore(cfg) as store:
         sent = _demo_send(store, args.count)

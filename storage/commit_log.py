@@ -29,20 +29,26 @@ Recovery, decided by the ``abort`` file (the caller checks it):
     abnormal  | newest file whose first store time <= checkpoint | cut there; re-dispatch from
               | min (index-aware if message_index_safe); else    | the start file
               | the first file                                   |
-    either    | no earlier than a file found shorter than its    | (truncated-tail repair)
-              | size (it is grown back and scanned)              |
+    either    | a last file shorter than its size is grown back  | truncated-tail repair
+              | and scanned (only when the store recorded that   |
+              | size: see config.check_geometry); a short file   |
+              | followed by others fails the load                |
     either    | no files at all                                  | destroy every consume queue
 
 "Bad record": wrong magic, a size that runs past the file or disagrees with the fields,
-a PHYSICALOFFSET that is not where the record lies, or (``check_crc_on_recover``) a body
-CRC mismatch. Everything after the first bad record is cut: the rest of its file is
-zeroed and later files are unlinked, so exactly the intact prefix survives.
+a PHYSICALOFFSET that is not where the record lies, (``check_crc_on_recover``) a body
+CRC mismatch, or a NUL byte in topic or properties. Everything after the first bad
+record is cut, so exactly the intact prefix survives: the rest of its file is zeroed and
+later files leave the log. Nothing that held data is destroyed: the cut bytes and files
+are kept under ``{root}/quarantine/{time}/commitlog/`` for an operator to inspect.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import time
 from typing import NamedTuple, Sequence
 
 from storage import record
@@ -141,9 +147,11 @@ class CommitLog:
         self.max_delay_level = len(self.delay_level_ms) - 1
 
     # ================================================================== load
-    def load(self) -> None:
-        """Map the files; a short file is grown back so recovery can find its end."""
-        self.mapped_file_queue.load(extend_short_last=True)
+    def load(self, *, sizes_confirmed: bool = False) -> None:
+        """Map the files. When the store's recorded file size confirms the configured
+        one, a short last file (a truncated tail) is grown back so recovery can find
+        where its valid data ends; any other file of another size fails the load."""
+        self.mapped_file_queue.load(extend_short=sizes_confirmed)
 
     # ================================================================== put
     def prepare(self, msg: Message, queue_id: int, born_timestamp: int) -> EncodedMessage | tuple:
@@ -295,12 +303,11 @@ class CommitLog:
 
     # ================================================================== recovery
     def recover_normally(self) -> RecoveryResult:
-        """Scan from the third-from-last file (or an earlier short one)."""
+        """Scan from the third-from-last file."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return RecoveryResult(0, 0)
-        start = self._limit_by_short_file(max(0, len(files) - 3))
-        end = self._scan_and_truncate(start)
+        end = self._scan_and_truncate(max(0, len(files) - 3))
         return RecoveryResult(end, end)
 
     def recover_abnormally(self, min_timestamp: int) -> RecoveryResult:
@@ -313,13 +320,8 @@ class CommitLog:
             if self._is_mapped_file_matched_recover(files[index], min_timestamp):
                 start = index
                 break
-        start = self._limit_by_short_file(start)
         start_offset = files[start].file_from_offset
         return RecoveryResult(self._scan_and_truncate(start), start_offset)
-
-    def _limit_by_short_file(self, start: int) -> int:
-        short = self.mapped_file_queue.first_short_file_index
-        return start if short is None else min(start, short)
 
     @staticmethod
     def _is_mapped_file_matched_recover(mf: MappedFile, min_timestamp: int) -> bool:
@@ -351,8 +353,12 @@ class CommitLog:
         process_offset = mf.file_from_offset + pos
         mfq = self.mapped_file_queue
         mfq.flushed_where = mfq.committed_where = process_offset
-        mfq.truncate_dirty_files(process_offset)
+        mfq.truncate_dirty_files(process_offset, self._quarantine_dir())
         return process_offset
+
+    def _quarantine_dir(self) -> str:
+        stamp = time.strftime("%Y%m%d%H%M%S", time.localtime())
+        return os.path.join(self.config.store_path_root_dir, "quarantine", stamp, "commitlog")
 
     def set_topic_queue_table(self, table: dict[tuple[str, int], int]) -> None:
         self.topic_queue_table = table

@@ -29,6 +29,28 @@ SYNC_FLUSH = "SYNC_FLUSH"
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 
 
+def _check_type(name: str, value: Any) -> None:
+    """Raise ``StoreConfigError`` when ``value`` is not of the setting's type."""
+    default = next(f.default for f in dataclasses.fields(StoreConfig) if f.name == name)
+    if default is None:
+        ok = value is None or isinstance(value, str)
+    elif isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default)) and not isinstance(value, bool)
+    if not ok:
+        raise StoreConfigError(f"{name} must be a {type(default).__name__ if default is not None else 'str'}, "
+                               f"not {value!r}")
+
+
+# The settings that fix the size of the files: a store keeps them for life.
+GEOMETRY_FIELDS = ("mapped_file_size_commit_log", "mapped_file_size_consume_queue",
+                   "max_hash_slot_num", "max_index_num")
+GEOMETRY_FILE = "storeGeometry.json"
+
+
 @dataclasses.dataclass
 class StoreConfig:
     # --- paths and file sizes -------------------------------------------------------
@@ -153,6 +175,9 @@ class StoreConfig:
             raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
         if not 0 < self.disk_max_used_space_ratio <= 100:
             raise StoreConfigError("disk_max_used_space_ratio is a percent in (0, 100]")
+        for name in ("disk_space_warning_level_ratio", "disk_space_clean_forcibly_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise StoreConfigError(f"{name} is a fraction in (0, 1], not {getattr(self, name)}")
 
     # ---------------------------------------------------------------------------------
     @classmethod
@@ -167,6 +192,8 @@ class StoreConfig:
         unknown = sorted(set(merged) - known)
         if unknown:
             raise StoreConfigError(f"unknown store setting(s): {', '.join(unknown)}")
+        for name, value in merged.items():
+            _check_type(name, value)
         return cls(**merged)
 
     @classmethod
@@ -178,3 +205,41 @@ class StoreConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    # ---------------------------------------------------------------------------------
+    def geometry(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in GEOMETRY_FIELDS}
+
+    def geometry_path(self) -> str:
+        return os.path.join(self.config_dir, GEOMETRY_FILE)
+
+
+def recorded_geometry(root_dir: str) -> dict[str, int] | None:
+    """The file sizes a store at ``root_dir`` was created with (None if unrecorded)."""
+    from storage import json_file
+    doc = json_file.load(os.path.join(root_dir, "config", GEOMETRY_FILE))
+    if doc is None:
+        return None
+    return {k: doc[k] for k in GEOMETRY_FIELDS if isinstance(doc.get(k), int)}
+
+
+def check_geometry(config: StoreConfig) -> bool:
+    """True when the store recorded its file sizes and they equal ``config``'s.
+
+    Raises ``StoreConfigError`` naming each setting that differs: opening a store with
+    other file sizes would make every file look damaged.
+    """
+    recorded = recorded_geometry(config.store_path_root_dir)
+    if recorded is None:
+        return False
+    wrong = [f"{k}={v} (configured {getattr(config, k)})" for k, v in recorded.items()
+             if getattr(config, k) != v]
+    if wrong:
+        raise StoreConfigError(f"the store at {config.store_path_root_dir} was created with "
+                               + ", ".join(wrong) + "; configure those values to open it")
+    return True
+
+
+def record_geometry(config: StoreConfig) -> None:
+    from storage import json_file
+    json_file.persist(config.geometry_path(), config.geometry())

@@ -163,9 +163,10 @@ class ConsumeQueue:
         return index + units - index % units
 
     def iter_units(self, start: int | None = None) -> Iterator[tuple[int, int, int, int]]:
-        """``(queue_offset, commit_log_offset, size, tags_code)`` from ``start`` (default:
-        the min offset) to the end, blanks included."""
-        index = self.get_min_offset_in_queue() if start is None else start
+        """``(queue_offset, commit_log_offset, size, tags_code)`` from ``start`` (never
+        below the min offset) to the end."""
+        index = self.get_min_offset_in_queue() if start is None else \
+            max(start, self.get_min_offset_in_queue())
         end = self.get_max_offset_in_queue()
         while index < end:
             found = self.get_index_buffer(index)

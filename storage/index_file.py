@@ -63,7 +63,7 @@ import mmap
 import os
 import struct
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
@@ -418,6 +418,59 @@ class IndexFile:
                 break
             next_index = prev_index
         return found
+
+    def first_entry_at_or_after(self, phy_offset: int) -> int:
+        """The number of the first entry whose phyOffset >= ``phy_offset`` (indexCount
+        when none): entries are written in CommitLog order, so a binary search."""
+        buf = self._check_open()
+        lo, hi = 1, self._index_count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if INDEX_ENTRY.unpack_from(buf, self._index_base + mid * INDEX_SIZE)[1] < phy_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def truncate(self, phy_offset: int, store_timestamp_of: Callable[[int], int]) -> int:
+        """Drop every entry for a CommitLog offset >= ``phy_offset`` (recovery cut the
+        CommitLog there); returns how many went.
+
+        The slots those entries headed are walked back to the newest kept entry, the
+        dropped entries are zeroed, and the header's end values become the last kept
+        entry's (its store time read through ``store_timestamp_of(phy_offset)``). A file
+        none of whose entries stays must be destroyed by the caller instead.
+        """
+        buf = self._check_open()
+        first = self.first_entry_at_or_after(phy_offset)
+        count = self._index_count
+        if first >= count:
+            return 0
+        assert first > 1, "a file with no entry left is destroyed, not truncated"
+        base = self._index_base
+        slots = {INDEX_ENTRY.unpack_from(buf, base + n * INDEX_SIZE)[0] % self.hash_slot_num
+                 for n in range(first, count)}
+        for slot in slots:
+            pos = INDEX_HEADER_SIZE + slot * HASH_SLOT_SIZE
+            head = HASH_SLOT.unpack_from(buf, pos)[0]
+            while head >= first:
+                prev = INDEX_ENTRY.unpack_from(buf, base + head * INDEX_SIZE)[3]
+                head = prev if INVALID_INDEX < prev < head else INVALID_INDEX
+            HASH_SLOT.pack_into(buf, pos, head)
+        buf[base + first * INDEX_SIZE:base + count * INDEX_SIZE] = bytes((count - first) * INDEX_SIZE)
+        _, last_phy, last_diff, _ = INDEX_ENTRY.unpack_from(buf, base + (first - 1) * INDEX_SIZE)
+        stored = store_timestamp_of(last_phy)
+        self._end_phy_offset = last_phy
+        self._end_timestamp = stored if stored > 0 else self._begin_timestamp + last_diff * 1000
+        self._hash_slot_count = max(0, self._hash_slot_count - (count - first))
+        self._index_count = first
+        self._write_header()
+        return count - first
+
+    def _check_open(self) -> mmap.mmap:
+        if self._buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        return self._buf
 
     def iter_entries(self) -> Iterator[tuple[int, int, int, int, int]]:
         """``(entry_no, key_hash, phy_offset, time_diff, pre_index_no)`` for entries

@@ -274,6 +274,26 @@ class IndexService:
         return count
 
     # ----------------------------------------------------------------- lifecycle
+    def truncate(self, commit_log_offset: int, store_timestamp_of) -> int:
+        """Forget every entry for a CommitLog offset >= ``commit_log_offset`` (recovery
+        cut the CommitLog there): newer files whose first entry lies past the cut are
+        destroyed, the file holding the cut is truncated. Returns the entries dropped."""
+        dropped = 0
+        while self._files:
+            last = self._files[-1]
+            if last.index_count <= 1 or last.end_phy_offset < commit_log_offset:
+                break
+            if last.first_entry_at_or_after(commit_log_offset) <= 1:
+                dropped += last.index_count - 1
+                log.warning("destroy index file %s: it starts past the recovered "
+                            "commitlog end %d", last.file_name, commit_log_offset)
+                last.destroy()
+                self._files.pop()
+                continue
+            dropped += last.truncate(commit_log_offset, store_timestamp_of)
+            break
+        return dropped
+
     def close(self) -> None:
         """Close every file, keeping them on disk. Raises nothing."""
         files, self._files = self._files, []

@@ -43,6 +43,7 @@ import types
 from storage.errors import StoreClosedError, StoreFileError
 
 OS_PAGE_SIZE = 4096
+_INSPECT_LIMIT = 4 << 20
 FILE_NAME_DIGITS = 20
 
 FILE_OPS = types.SimpleNamespace(fallocate=os.posix_fallocate, fdatasync=os.fdatasync)
@@ -195,6 +196,27 @@ class MappedFile:
             if self.buf[pos:pos + n] == zero[:n]:
                 break
             self.buf[pos:pos + n] = zero[:n]
+
+    def may_hold_data(self) -> bool:
+        """False only when the file was provably never written.
+
+        The file system names the regions that may hold data (SEEK_DATA/SEEK_HOLE:
+        written extents, and pages a read pulled into the cache); each is checked for a
+        non-zero byte. Past ``_INSPECT_LIMIT`` bytes of regions the answer is True, so
+        file systems that cannot tell cost little and err on the safe side.
+        """
+        pos, inspected = 0, 0
+        while pos < self.file_size:
+            try:
+                start = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                return e.errno != errno.ENXIO
+            end = min(os.lseek(self.fd, start, os.SEEK_HOLE), self.file_size)
+            inspected += end - start
+            if inspected > _INSPECT_LIMIT or self.buf[start:end].count(0) != end - start:
+                return True
+            pos = end
+        return False
 
     # ------------------------------------------------------------------- flush
     def is_able_to_flush(self, flush_least_pages: int) -> bool:

@@ -20,7 +20,8 @@ file that may not go.
 
 Crash story: at load every file's positions are set to its size; recovery then calls
 ``truncate_dirty_files(offset)``, which sets the file holding ``offset`` back to it,
-zeroes that file's bytes after it, and unlinks every later file.
+zeroes that file's bytes after it, and unlinks every later file (a never-written,
+preallocated next file stays on disk, out of the list, until it is needed).
 """
 
 from __future__ import annotations
@@ -49,37 +50,45 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0
-        self.first_short_file_index: int | None = None
 
     # ------------------------------------------------------------------ load
-    def load(self, *, extend_short_last: bool = False) -> None:
+    def load(self, *, extend_short: bool = False) -> None:
         """Map every file of the directory in name order; positions set to the size.
 
-        A file whose size differs from the configuration fails the load with
-        ``StoreFileError``, except a short file when ``extend_short_last``: it is grown
-        back to size (zero-filled, so recovery finds where its valid data ends) and
-        remembered in ``first_short_file_index``.
+        Every check runs before any file is touched: files must follow one another and
+        have the configured size, else ``StoreFileError`` names the first that does not.
+        Only the last file may be shorter (a truncated tail), and only when
+        ``extend_short`` (the caller knows the configured size is the store's own): it
+        is grown back, zero-filled, so recovery finds where its valid data ends. A short
+        file followed by others is damage an operator must look at: the load fails.
         """
         if not os.path.isdir(self.store_path):
             return
         names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
-        for name in names:
+        self._check_files(names, extend_short)
+        for i, name in enumerate(names):
             mf = MappedFile(os.path.join(self.store_path, name), self.mapped_file_size,
                             read_only=self.read_only, create=False,
-                            extend_short=extend_short_last)
-            if mf.was_extended and self.first_short_file_index is None:
+                            extend_short=extend_short and i == len(names) - 1)
+            if mf.was_extended:
                 log.warning("%s was shorter than %d bytes; grown back for recovery",
                             mf.path, self.mapped_file_size)
-                self.first_short_file_index = len(self.mapped_files)
             mf.set_positions(self.mapped_file_size)
             self.mapped_files.append(mf)
-        self._check_contiguous()
 
-    def _check_contiguous(self) -> None:
-        for prev, cur in zip(self.mapped_files, self.mapped_files[1:]):
-            if cur.file_from_offset != prev.file_from_offset + self.mapped_file_size:
-                raise StoreFileError(cur.path, f"does not follow {prev.file_name}: a file "
-                                     "is missing in the middle; check it manually")
+    def _check_files(self, names: list[str], extend_short: bool) -> None:
+        for i, name in enumerate(names):
+            path = os.path.join(self.store_path, name)
+            if i and int(name) != int(names[i - 1]) + self.mapped_file_size:
+                raise StoreFileError(path, f"does not follow {names[i - 1]} at a distance of "
+                                     f"{self.mapped_file_size} bytes: a file is missing or the "
+                                     "file size differs from the configuration")
+            size = os.path.getsize(path)
+            last = i == len(names) - 1
+            if size != self.mapped_file_size and not (extend_short and last
+                                                      and size < self.mapped_file_size):
+                raise StoreFileError(path, f"length {size} does not match the configured file "
+                                     f"size {self.mapped_file_size}; check it manually")
 
     # ------------------------------------------------------------------ lookup
     def get_first_mapped_file(self) -> MappedFile | None:
@@ -181,29 +190,48 @@ class MappedFileQueue:
         return result
 
     def flush_all(self) -> None:
-        """Flush until everything written is durable (shutdown, sync flush)."""
+        """Flush until everything written is durable (shutdown, sync flush); always
+        flushes once, which also brings ``store_timestamp`` up to date."""
         target = self.get_max_wrote_position()
         for _ in range(len(self.mapped_files) + 2):
+            self.flush(0)
             if self.flushed_where >= target:
                 break
-            self.flush(0)
 
     # ------------------------------------------------------------------ truncation
-    def truncate_dirty_files(self, offset: int) -> None:
+    def truncate_dirty_files(self, offset: int, quarantine_dir: str | None = None) -> None:
         """Cut the queue back to ``offset``: the file holding it is reset and zeroed past
-        it; every later file is unlinked."""
+        it; every later file goes, except a never-written file right after it (the
+        preallocated next file), which is only closed and stays on disk for later use.
+
+        With ``quarantine_dir``, nothing that holds data is destroyed: the non-zero bytes
+        cut from the holding file are copied there first, and later files that hold data
+        are moved there instead of unlinked.
+        """
         remove = []
+        holder = None
         for mf in self.mapped_files:
             tail = mf.file_from_offset + self.mapped_file_size
             if tail <= offset:
                 continue
             if offset >= mf.file_from_offset:
+                holder = mf
                 pos = offset % self.mapped_file_size
+                if quarantine_dir:
+                    _quarantine_tail(mf, pos, quarantine_dir)
                 mf.zero_tail(pos)
                 mf.set_positions(pos)
+                continue
+            never_written = not mf.may_hold_data()
+            next_to_holder = holder is not None and \
+                mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
+            if never_written and next_to_holder:
+                mf.close()
+            elif quarantine_dir and not never_written:
+                _quarantine_file(mf, quarantine_dir)
             else:
                 mf.destroy(1000)
-                remove.append(mf)
+            remove.append(mf)
         self.delete_expired_file(remove)
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
@@ -279,3 +307,33 @@ class MappedFileQueue:
                 os.rmdir(self.store_path)
             except OSError:
                 pass
+
+
+def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:
+    """Copy the non-zero run of ``mf`` after ``pos`` to ``{name}.from-{pos}``."""
+    step, end = 1 << 16, pos
+    zero = bytes(step)
+    while end < mf.file_size:
+        n = min(step, mf.file_size - end)
+        if mf.buf[end:end + n] == zero[:n]:
+            break
+        end += n
+    if end == pos:
+        return
+    os.makedirs(quarantine_dir, exist_ok=True)
+    dest = os.path.join(quarantine_dir, f"{mf.file_name}.from-{pos}")
+    with open(dest, "wb") as f:
+        f.write(mf.buf[pos:end])
+        os.fsync(f.fileno())
+    log.warning("recovery cut %s at %d; the %d bytes after it are kept in %s",
+                mf.path, pos, end - pos, dest)
+
+
+def _quarantine_file(mf: MappedFile, quarantine_dir: str) -> None:
+    """Move a cut-away file that holds data into ``quarantine_dir`` (never unlinked)."""
+    os.makedirs(quarantine_dir, exist_ok=True)
+    mf.close()
+    dest = os.path.join(quarantine_dir, mf.file_name)
+    os.replace(mf.path, dest)
+    fsync_dir(os.path.dirname(mf.path))
+    log.warning("recovery cut away %s; kept as %s", mf.path, dest)

@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Sequence
 from storage import expiry
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
-from storage.config import StoreConfig
+from storage.config import StoreConfig, check_geometry, record_geometry
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
 from storage.errors import CorruptRecordError, StoreClosedError, StoreError
 from storage.index_service import IndexService
@@ -130,12 +130,15 @@ class MessageStore:
             try:
                 self.last_exit_ok = not abort_exists(self.root_dir)
                 log.info("last shutdown %s", "normally" if self.last_exit_ok else "abnormally")
-                self.commit_log.load()
+                sizes_recorded = check_geometry(self.config)
+                self.commit_log.load(sizes_confirmed=sizes_recorded)
                 self._load_consume_queues()
                 self.checkpoint = StoreCheckpoint(os.path.join(self.root_dir, "checkpoint"))
                 self._load_index()
                 self._recover()
                 self.schedule_message_service.load()
+                if not sizes_recorded:
+                    record_geometry(self.config)
                 create_abort(self.root_dir)
             except BaseException:
                 self._close_files()
@@ -233,7 +236,10 @@ class MessageStore:
             if self.consume_queue_table or self.index_service.files:
                 log.warning("no commitlog files: destroying consume queues and index")
             self._destroy_logics()
-        elif max_cq_end > result.process_offset:
+        else:
+            self.index_service.truncate(result.process_offset,
+                                        lambda phy: self.commit_log.pickup_store_timestamp(phy, 80))
+        if max_cq_end > result.process_offset:
             log.warning("consume queues reach %d past the commitlog end %d: truncating",
                         max_cq_end, result.process_offset)
             for cq in self.all_consume_queues():

@@ -44,6 +44,7 @@ class ScheduleMessageService:
         self.delay_level_ms = store.commit_log.delay_level_ms
         self.max_delay_level = len(self.delay_level_ms) - 1
         self.offset_table: dict[int, int] = {}
+        self._persisted: dict[int, int] = {}
         self.path = os.path.join(store.config.config_dir, DELAY_OFFSET_FILE)
 
     def load(self) -> None:
@@ -52,10 +53,15 @@ class ScheduleMessageService:
         table = doc.get("offsetTable", {})
         self.offset_table = {int(level): int(offset) for level, offset in table.items()
                              if str(level).isdigit() and 1 <= int(level) <= self.max_delay_level}
+        self._persisted = dict(self.offset_table)
 
     def persist(self) -> None:
+        """Write the offset table if it changed since it was last read or written."""
+        if self.offset_table == self._persisted:
+            return
         json_file.persist(self.path, {"offsetTable": {str(k): v for k, v in
                                                       sorted(self.offset_table.items())}})
+        self._persisted = dict(self.offset_table)
 
     def deliver_due(self, now: int | None = None) -> int:
         """Re-put every delayed message due at ``now``; returns how many went out."""

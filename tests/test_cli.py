@@ -1,0 +1,313 @@
+"""The ``rocketstore`` command line, run as a real subprocess.
+
+Every test runs ``python -m procs.cli ...`` with the project root as working directory
+and on PYTHONPATH, against store directories under ``tmp_path``; outputs are parsed
+from stdout and exit codes checked (0 ok, 1 failed, 2 usage, 3 store unusable). The
+lock test starts a second real process that holds a store open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import refcodec
+from storage import StoreConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+ZERO_NAME = "0" * 20
+
+# a small geometry, passed with --config to every command that opens the store
+SMALL_TOML = """
+[store]
+mapped_file_size_commit_log = 65536
+mapped_file_size_consume_queue = 20000
+max_hash_slot_num = 1000
+max_index_num = 4000
+"""
+
+HOLDER = r"""
+import sys
+from storage import MessageStore, StoreConfig
+store = MessageStore(StoreConfig.from_toml(sys.argv[1], store_path_root_dir=sys.argv[2]))
+store.load()
+print("ready", flush=True)
+sys.stdin.readline()
+store.close()
+print("closed", flush=True)
+"""
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def sizes(directory: str) -> dict[str, int]:
+    out = {}
+    for dirpath, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, directory)] = os.path.getsize(path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    """A store after two ``demo`` runs with the default (demo) geometry."""
+    d = str(tmp_path_factory.mktemp("cli") / "store")
+    first = run("demo", "--store", d, "--json")
+    second = run("demo", "--store", d, "--json")
+    return d, first, second
+
+
+@pytest.fixture
+def small_toml(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL_TOML)
+    return str(path)
+
+
+# ------------------------------------------------------------------ demo
+def test_demo_writes_reads_back_and_checks(demo_store):
+    d, first, _ = demo_store
+    assert first.returncode == 0, first.stderr
+    s = json.loads(first.stdout)
+    assert s["sent"] == 2000 and s["read_back"] == 2000
+    assert s["check"] == []
+    assert s["store"] == os.path.abspath(d)
+    assert s["by_msg_id"] is not None
+    assert [m["keys"] for m in s["query_by_key"]] == [["order-1999"]]
+    assert s["status"]["queues"] == {f"DemoTopic/{q}": [0, 500] for q in range(4)}
+    pos = s["status"]["positions"]
+    assert pos["written"] == pos["dispatched"] > 0
+
+
+def test_second_demo_run_continues_the_queues(demo_store):
+    d, first, second = demo_store
+    assert second.returncode == 0, second.stderr
+    s1, s2 = json.loads(first.stdout), json.loads(second.stdout)
+    assert s2["sent"] == 2000 and s2["read_back"] == 2000 and s2["check"] == []
+    assert s2["status"]["last_exit_ok"] is True
+    assert s2["status"]["queues"] == {f"DemoTopic/{q}": [0, 1000] for q in range(4)}
+    assert s2["status"]["positions"]["written"] == 2 * s1["status"]["positions"]["written"]
+    # keys restart at order-0 each run: the last key now names one message per run
+    assert [m["queue_offset"] for m in s2["query_by_key"]] == [499, 999]
+
+
+def test_demo_text_output(tmp_path):
+    r = run("demo", "--store", str(tmp_path / "s"), "--count", "40")
+    assert r.returncode == 0, r.stderr
+    assert "sent        40 messages" in r.stdout
+    assert "read back   40" in r.stdout
+    assert "consistent" in r.stdout
+
+
+# ------------------------------------------------------------------ dump
+def test_dump_commit_log_text_json_and_limit(demo_store):
+    d = demo_store[0]
+    path = os.path.join(d, "commitlog", ZERO_NAME)
+    text = run("dump", path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 4001
+    assert lines[0].startswith("@0 size=") and "DemoTopic/0#0" in lines[0]
+    assert "records=4000" in lines[-1]
+
+    js = run("dump", path, "--json")
+    assert js.returncode == 0, js.stderr
+    items = json_lines(js.stdout)
+    msgs = [i for i in items if i["kind"] == "message"]
+    assert len(msgs) == 4000 and items[-1]["kind"] == "summary"
+    assert items[-1]["records"] == 4000 and items[-1]["end"] == sum(m["store_size"] for m in msgs)
+    assert msgs[0]["commit_log_offset"] == 0 and msgs[0]["topic"] == "DemoTopic"
+    assert msgs[1]["commit_log_offset"] == msgs[0]["store_size"]
+    with open(path, "rb") as f:
+        data = f.read(items[-1]["end"])
+    ref = refcodec.decode_commitlog_file(data)["records"]
+    assert [m["msg_id"] for m in msgs] == [r["msg_id"] for r in ref]
+
+    limited = run("dump", path, "--json", "--limit", "3")
+    items = json_lines(limited.stdout)
+    assert [i["kind"] for i in items] == ["message"] * 3 + ["summary"]
+    assert items[-1]["records"] == 3
+
+
+def test_dump_consume_queue(demo_store):
+    d = demo_store[0]
+    path = os.path.join(d, "consumequeue", "DemoTopic", "0", ZERO_NAME)
+    text = run("dump", path, "--limit", "2")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0].startswith("#0 -> @0 size=")
+    items = json_lines(run("dump", path, "--json").stdout)
+    units = [i for i in items if i["kind"] == "unit"]
+    assert len(units) == 1000 and items[-1] == {"kind": "summary", "file": path, "units": 1000}
+    with open(path, "rb") as f:
+        ref = refcodec.decode_cq_file(f.read())
+    assert [(u["commit_log_offset"], u["size"], u["tags_code"]) for u in units] == ref
+    assert [u["queue_offset"] for u in units] == list(range(1000))
+    assert {u["tags_code"] for u in units} == {refcodec.java_hash("TagA")}
+    limited = json_lines(run("dump", path, "--json", "--limit", "5").stdout)
+    assert len(limited) == 6 and limited[-1]["units"] == 5
+
+
+def test_dump_index(demo_store):
+    d = demo_store[0]
+    names = sorted(os.listdir(os.path.join(d, "index")))
+    assert len(names) == 1
+    path = os.path.join(d, "index", names[0])
+    items = json_lines(run("dump", path, "--json", "--limit", "5").stdout)
+    header, entries = items[0], items[1:]
+    assert header["kind"] == "header" and len(entries) == 5
+    assert header["index_count"] >= 4001
+    slots, index_num = header["hash_slot_num"], header["index_num"]
+    with open(path, "rb") as f:
+        ref = refcodec.decode_index_file(f.read(), slots, index_num)
+    assert {k: header[k] for k in ref["header"]} == ref["header"]
+    assert [(e["entry"], e["key_hash"], e["phy_offset"], e["time_diff_s"], e["pre_index_no"])
+            for e in entries] == ref["entries"][:5]
+    assert entries[0]["key_hash"] == refcodec.index_key_hash("DemoTopic#order-0")
+    text = run("dump", path, "--limit", "2")
+    assert text.returncode == 0, text.stderr
+    assert len(text.stdout.splitlines()) == 3
+    assert text.stdout.splitlines()[1].startswith("entry 1: hash=")
+
+
+def test_dump_checkpoint(demo_store):
+    d = demo_store[0]
+    path = os.path.join(d, "checkpoint")
+    with open(path, "rb") as f:
+        ref = refcodec.decode_checkpoint(f.read())
+    items = json_lines(run("dump", path, "--json").stdout)
+    assert items == [{"kind": "checkpoint", "file": path,
+                      "physic_msg_timestamp": ref["physic"],
+                      "logics_msg_timestamp": ref["logics"],
+                      "index_msg_timestamp": ref["index"]}]
+    assert ref["physic"] > 0 and ref["logics"] > 0 and ref["index"] > 0
+    text = run("dump", path)
+    assert text.returncode == 0 and f"physic_msg_timestamp={ref['physic']}" in text.stdout
+
+
+def test_dump_type_override_and_a_path_that_says_nothing(demo_store, tmp_path):
+    d = demo_store[0]
+    src = os.path.join(d, "consumequeue", "DemoTopic", "1", ZERO_NAME)
+    blob = str(tmp_path / "blob.bin")
+    shutil.copyfile(src, blob)
+    r = run("dump", blob)
+    assert r.returncode == 3
+    assert "--type" in r.stderr and "blob.bin" in r.stderr
+    assert r.stdout == ""
+    r = run("dump", blob, "--type", "consumequeue", "--json")
+    assert r.returncode == 0, r.stderr
+    units = [i for i in json_lines(r.stdout) if i["kind"] == "unit"]
+    assert len(units) == 1000
+    cp = str(tmp_path / "cp.bin")
+    shutil.copyfile(os.path.join(d, "checkpoint"), cp)
+    r = run("dump", cp, "--type", "checkpoint", "--json")
+    assert r.returncode == 0 and json_lines(r.stdout)[0]["kind"] == "checkpoint"
+    r = run("dump", blob, "--type", "nonsense")
+    assert r.returncode == 2
+
+
+# ------------------------------------------------------------------ check
+def test_check_exits_0_on_a_consistent_store_and_3_on_a_missing_one(tmp_path, small_toml):
+    d = str(tmp_path / "store")
+    r = run("demo", "--config", small_toml, "--store", d, "--count", "300", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["check"] == []
+    r = run("check", "--config", small_toml, "--store", d)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "consistent"
+    r = run("check", "--config", small_toml, "--store", d, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["problems"] == []
+    assert out["status"]["queues"] == {f"DemoTopic/{q}": [0, 75] for q in range(4)}
+    missing = str(tmp_path / "missing")
+    r = run("check", "--config", small_toml, "--store", missing)
+    assert r.returncode == 3
+    assert "missing" in r.stderr
+    assert not os.path.exists(missing)
+
+
+def test_check_of_a_demo_store_exits_0_and_leaves_it_usable(tmp_path):
+    """The documented flow with default settings: ``demo``, ``check``, ``demo`` again.
+    The check must pass and must not resize, rebuild or otherwise spoil the store."""
+    d = str(tmp_path / "store")
+    assert run("demo", "--store", d, "--count", "100").returncode == 0
+    before = sizes(d)
+    r = run("check", "--store", d)
+    after = sizes(d)
+    if after != before:
+        shutil.rmtree(d)        # do not keep gigabytes of grown files in pytest's tmp
+    assert {k: v for k, v in after.items() if k != "lock"} == \
+        {k: v for k, v in before.items() if k != "lock"}, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "consistent"
+    r = run("demo", "--store", d, "--count", "100", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["read_back"] == 100
+
+
+def test_a_store_held_by_another_process_cannot_be_opened(tmp_path, small_toml):
+    d = str(tmp_path / "store")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, small_toml, d], cwd=ROOT,
+                              env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        for args in (("check",), ("demo", "--count", "10")):
+            r = run(*args, "--config", small_toml, "--store", d)
+            assert r.returncode == 3, (args, r.stdout, r.stderr)
+            assert "lock" in r.stderr
+            assert os.path.join(d, "lock") in r.stderr
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "closed"
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    r = run("check", "--config", small_toml, "--store", d)
+    assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------ config
+def test_config_json_prints_every_setting(tmp_path):
+    r = run("config", "--json")
+    assert r.returncode == 0, r.stderr
+    settings = json.loads(r.stdout)
+    assert list(settings) == StoreConfig.field_names()
+    assert settings == StoreConfig().to_dict()
+    r = run("config", "--json", "--store", str(tmp_path / "x"))
+    assert json.loads(r.stdout)["store_path_root_dir"] == str(tmp_path / "x")
+
+
+def test_config_text_and_a_bad_config_file(tmp_path):
+    r = run("config")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(StoreConfig.field_names())
+    assert "flush_disk_type = 'ASYNC_FLUSH'" in lines
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[store]\nflush_disk_tipe = 'SYNC_FLUSH'\n")
+    r = run("config", "--config", str(bad))
+    assert r.returncode == 3
+    assert "flush_disk_tipe" in r.stderr
+
+
+def test_usage_errors_exit_2():
+    assert run().returncode == 2
+    assert run("nonsense").returncode == 2
+    assert run("dump").returncode == 2

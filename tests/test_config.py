@@ -1,0 +1,205 @@
+"""StoreConfig: supervisor.toml's [store] table against the dataclass, loading from
+TOML with overrides, unknown keys, and validate()'s refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+
+import pytest
+
+from storage import StoreConfig, StoreConfigError
+from storage.config import ASYNC_FLUSH, SYNC_FLUSH
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOML_FILES = [p for p in (os.path.join(ROOT, "procs", "supervisor.toml"),
+                          os.path.join(ROOT, "supervisor.toml")) if os.path.exists(p)]
+OPTIONAL_IN_TOML = {"store_path_commit_log"}
+
+
+def store_table(path: str) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)["store"]
+
+
+def write_toml(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def defaults() -> dict:
+    return {f.name: f.default for f in dataclasses.fields(StoreConfig)}
+
+
+# ------------------------------------------------------------------ supervisor.toml
+def test_embedded_supervisor_toml_exists():
+    assert os.path.join(ROOT, "procs", "supervisor.toml") in TOML_FILES
+
+
+@pytest.mark.parametrize("path", TOML_FILES, ids=os.path.relpath)
+def test_toml_store_table_has_exactly_the_store_config_fields(path):
+    table = store_table(path)
+    fields = set(StoreConfig.field_names())
+    assert set(table) - fields == set(), "keys that StoreConfig does not know"
+    assert fields - set(table) <= OPTIONAL_IN_TOML, "settings missing from the table"
+
+
+@pytest.mark.parametrize("path", TOML_FILES, ids=os.path.relpath)
+def test_toml_store_table_holds_the_store_config_defaults(path):
+    table = store_table(path)
+    want = defaults()
+    for key, value in table.items():
+        assert value == want[key], f"{key}: toml {value!r} != default {want[key]!r}"
+        assert type(value) is type(want[key]) or want[key] is None, key
+
+
+@pytest.mark.parametrize("path", TOML_FILES, ids=os.path.relpath)
+def test_from_toml_of_the_shipped_file_equals_the_defaults(path):
+    assert StoreConfig.from_toml(path) == StoreConfig()
+
+
+def test_defaults_are_rocketmqs():
+    c = StoreConfig()
+    assert c.mapped_file_size_commit_log == 1_073_741_824
+    assert c.mapped_file_size_consume_queue == 6_000_000 == c.consume_queue_file_size
+    assert c.index_file_size == 420_000_040
+    assert (c.max_hash_slot_num, c.max_index_num) == (5_000_000, 20_000_000)
+    assert c.flush_disk_type == ASYNC_FLUSH and not c.sync_flush
+    assert (c.flush_interval_commit_log, c.flush_commit_log_least_pages,
+            c.flush_commit_log_thorough_interval) == (500, 4, 10_000)
+    assert (c.file_reserved_time, c.delete_when, c.disk_max_used_space_ratio) == (72, "04", 75)
+    assert (c.disk_space_warning_level_ratio, c.disk_space_clean_forcibly_ratio) == (0.90, 0.85)
+    assert c.destroy_maped_file_interval_forcibly == 120_000
+    assert c.max_message_size == 4 * 1024 * 1024
+    assert c.store_path_commit_log is None
+    assert c.commit_log_dir == os.path.join("store", "commitlog")
+
+
+# ------------------------------------------------------------------ from_toml
+def test_from_toml_reads_the_table_and_applies_overrides(tmp_path):
+    path = write_toml(tmp_path / "s.toml", """
+[other]
+ignored = 1
+
+[store]
+store_path_root_dir = "/data/rs"
+mapped_file_size_commit_log = 8192
+flush_disk_type = "SYNC_FLUSH"
+file_reserved_time = 48
+delete_when = "03;04"
+""")
+    c = StoreConfig.from_toml(path)
+    assert c.store_path_root_dir == "/data/rs"
+    assert c.mapped_file_size_commit_log == 8192
+    assert c.flush_disk_type == SYNC_FLUSH and c.sync_flush
+    assert (c.file_reserved_time, c.delete_when) == (48, "03;04")
+    assert c.max_message_size == StoreConfig().max_message_size           # untouched
+    c = StoreConfig.from_toml(path, store_path_root_dir="/elsewhere", file_reserved_time=1,
+                              max_message_size=None)
+    assert c.store_path_root_dir == "/elsewhere"                         # override wins
+    assert c.file_reserved_time == 1
+    assert c.max_message_size == StoreConfig().max_message_size           # None: ignored
+    assert c.mapped_file_size_commit_log == 8192
+
+
+def test_from_toml_without_a_store_table_gives_the_defaults(tmp_path):
+    path = write_toml(tmp_path / "s.toml", "[other]\nx = 1\n")
+    assert StoreConfig.from_toml(path) == StoreConfig()
+
+
+def test_store_path_commit_log_may_be_set(tmp_path):
+    path = write_toml(tmp_path / "s.toml",
+                      '[store]\nstore_path_root_dir = "r"\nstore_path_commit_log = "/cl"\n')
+    c = StoreConfig.from_toml(path)
+    assert c.commit_log_dir == "/cl"
+    assert c.consume_queue_dir == os.path.join("r", "consumequeue")
+
+
+def test_unknown_key_raises_naming_it(tmp_path):
+    path = write_toml(tmp_path / "s.toml",
+                      '[store]\nflush_disk_type = "ASYNC_FLUSH"\nflushDiskTypo = 1\n')
+    with pytest.raises(StoreConfigError) as e:
+        StoreConfig.from_toml(path)
+    assert "flushDiskTypo" in str(e.value)
+    with pytest.raises(StoreConfigError) as e:
+        StoreConfig.from_mapping({}, no_such_setting=3)
+    assert "no_such_setting" in str(e.value)
+
+
+def test_bad_value_in_toml_raises_store_config_error(tmp_path):
+    path = write_toml(tmp_path / "s.toml", '[store]\nflush_disk_type = "FAST"\n')
+    with pytest.raises(StoreConfigError) as e:
+        StoreConfig.from_toml(path)
+    assert "flush_disk_type" in str(e.value)
+
+
+def test_wrong_type_in_toml_raises_store_config_error_naming_it(tmp_path):
+    """A string where a number belongs is a configuration fault, not a TypeError."""
+    path = write_toml(tmp_path / "s.toml", '[store]\nmapped_file_size_commit_log = "1g"\n')
+    with pytest.raises(StoreConfigError) as e:
+        StoreConfig.from_toml(path)
+    assert "mapped_file_size_commit_log" in str(e.value)
+
+
+def test_malformed_toml_raises(tmp_path):
+    path = write_toml(tmp_path / "s.toml", "[store\nx = \n")
+    with pytest.raises(tomllib.TOMLDecodeError):
+        StoreConfig.from_toml(path)
+
+
+# ------------------------------------------------------------------ validate
+@pytest.mark.parametrize("field, value", [
+    ("flush_disk_type", "FAST_FLUSH"),
+    ("flush_disk_type", "sync_flush"),
+    ("flush_disk_type", ""),
+    ("mapped_file_size_commit_log", 4095),
+    ("mapped_file_size_commit_log", 0),
+    ("mapped_file_size_commit_log", -1),
+    ("mapped_file_size_consume_queue", 19),
+    ("mapped_file_size_consume_queue", 0),
+    ("broker_role", "MASTER"),
+    ("max_hash_slot_num", 0),
+    ("max_index_num", 1),
+    ("max_message_size", 0),
+    ("default_topic_queue_nums", 0),
+    ("sync_flush_timeout", -5),
+    ("disk_max_used_space_ratio", 0),
+    ("disk_max_used_space_ratio", 101),
+    ("disk_max_used_space_ratio", -75),
+    ("disk_space_warning_level_ratio", 90),      # a percent where a fraction belongs
+    ("disk_space_warning_level_ratio", 1.5),
+    ("disk_space_clean_forcibly_ratio", 85),
+    ("disk_space_clean_forcibly_ratio", -0.1),
+])
+def test_validate_rejects_bad_values(field, value):
+    with pytest.raises(StoreConfigError) as e:
+        StoreConfig(**{field: value})
+    assert field in str(e.value)
+    c = StoreConfig()
+    setattr(c, field, value)
+    with pytest.raises(StoreConfigError):
+        c.validate()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("flush_disk_type", SYNC_FLUSH),
+    ("mapped_file_size_commit_log", 4096),
+    ("mapped_file_size_consume_queue", 20),
+    ("mapped_file_size_consume_queue", 1001),
+    ("broker_role", "SLAVE"),
+    ("broker_role", "SYNC_MASTER"),
+    ("max_index_num", 2),
+    ("disk_max_used_space_ratio", 1),
+    ("disk_max_used_space_ratio", 100),
+    ("disk_space_warning_level_ratio", 1.0),
+    ("disk_space_clean_forcibly_ratio", 0.5),
+])
+def test_validate_accepts_edge_values(field, value):
+    assert getattr(StoreConfig(**{field: value}), field) == value
+
+
+def test_to_dict_has_every_field():
+    d = StoreConfig().to_dict()
+    assert list(d) == StoreConfig.field_names()
+    assert d == defaults()
