@@ -67,7 +67,7 @@ from typing import Callable, Iterator
 
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
-from storage.mapped_file import FILE_OPS, fsync_dir
+from storage.mapped_file import FILE_OPS, fsync_dir, unlink_quietly
 
 # --------------------------------------------------------------------- IndexHeader
 BEGIN_TIMESTAMP_POS = 0
@@ -234,7 +234,7 @@ class IndexFile:
             fsync_dir(directory)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(self.path)
+            unlink_quietly(self.path)
             raise
         return fd
 
@@ -532,16 +532,9 @@ class IndexFile:
         is already gone.
         """
         self.close()
-        _unlink_quietly(self.path)
+        unlink_quietly(self.path)
 
     def __repr__(self) -> str:
         return (f"IndexFile({self.file_name}, index_count={self._index_count}, "
                 f"phy=[{self._begin_phy_offset}, {self._end_phy_offset}], "
                 f"time=[{self._begin_timestamp}, {self._end_timestamp}])")
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -40,7 +40,7 @@ import os
 import time
 import types
 
-from storage.errors import StoreClosedError, StoreFileError
+from storage.errors import StoreFileError
 
 OS_PAGE_SIZE = 4096
 _INSPECT_LIMIT = 4 << 20
@@ -132,7 +132,7 @@ class MappedFile:
         except BaseException:
             os.close(fd)
             if not exists:
-                _unlink_quietly(self.path)
+                unlink_quietly(self.path)
             raise
         return fd
 
@@ -319,19 +319,16 @@ class MappedFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        _unlink_quietly(self.path)
+        unlink_quietly(self.path)
         return True
-
-    def check_open(self) -> None:
-        if self.cleanup_over:
-            raise StoreClosedError(f"{self.path} is closed")
 
     def __repr__(self) -> str:
         return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
                 f"flushed={self.flushed_position}, size={self.file_size})")
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
+    """Unlink ``path``; a file already gone is not an error."""
     try:
         os.unlink(path)
     except FileNotFoundError:

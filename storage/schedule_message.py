@@ -79,21 +79,13 @@ class ScheduleMessageService:
         if cq is None:
             return 0
         offset = max(self.offset_table.get(level, 0), cq.get_min_offset_in_queue())
-        end = cq.get_max_offset_in_queue()
         delivered = 0
-        while offset < end:
-            unit = cq.get_unit(offset)
-            if unit is None:
-                offset = cq.roll_next_file(offset)
-                continue
-            phy, size, deliver_at = unit
+        for index, phy, _, deliver_at in cq.iter_units(offset):
             if deliver_at > now + self.delay_level_ms[level]:
                 deliver_at = now
-            if deliver_at > now:
+            if deliver_at > now or not self._redeliver(phy):
                 break
-            if not self._redeliver(phy):
-                break
-            offset += 1
+            offset = index + 1
             delivered += 1
         self.offset_table[level] = offset
         return delivered
