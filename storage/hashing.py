@@ -12,7 +12,8 @@ units, wrapped to a signed 32-bit int. Characters outside the BMP count as two c
 units (a surrogate pair), exactly as in Java.
 
 The sum is computed with ``map(operator.mul, ...)`` against a table of powers of 31 so
-the per-character work stays in C; results are cached because tags repeat heavily.
+the per-character work stays in C. Tag hashes are cached (tags repeat heavily); index
+keys (unique keys above all) are not, since a cache would only churn.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ import operator
 
 _MASK32 = 0xFFFFFFFF
 _POWERS: list[int] = [1]
+_REVERSED_POWERS: dict[int, tuple[int, ...]] = {}
 
 
-def _powers(n: int) -> list[int]:
-    """The last ``n`` entries of 31^(n-1) .. 31^0, each reduced mod 2^32."""
-    while len(_POWERS) < n:
-        _POWERS.append((_POWERS[-1] * 31) & _MASK32)
-    return _POWERS[n - 1 :: -1] if n else []
+def _powers(n: int) -> tuple[int, ...]:
+    """31^(n-1) .. 31^0, each reduced mod 2^32 (built once per length)."""
+    found = _REVERSED_POWERS.get(n)
+    if found is None:
+        while len(_POWERS) < n:
+            _POWERS.append((_POWERS[-1] * 31) & _MASK32)
+        found = _REVERSED_POWERS[n] = tuple(_POWERS[n - 1::-1]) if n else ()
+    return found
 
 
 def _code_units(s: str) -> bytes | list[int]:
@@ -38,16 +43,19 @@ def _code_units(s: str) -> bytes | list[int]:
     return [int.from_bytes(raw[i : i + 2], "big") for i in range(0, len(raw), 2)]
 
 
-@functools.lru_cache(maxsize=65536)
-def java_string_hash(s: str) -> int:
+def java_string_hash_uncached(s: str) -> int:
     """Java ``String.hashCode()``: a signed 32-bit int.
 
-    >>> java_string_hash("TAG1"), java_string_hash("TagA")
+    >>> java_string_hash_uncached("TAG1"), java_string_hash_uncached("TagA")
     (2567159, 2598919)
     """
     units = _code_units(s)
     h = sum(map(operator.mul, units, _powers(len(units)))) & _MASK32
     return h - 0x1_0000_0000 if h & 0x8000_0000 else h
+
+
+# Tags repeat from message to message: their hashes are cached.
+java_string_hash = functools.lru_cache(maxsize=65536)(java_string_hash_uncached)
 
 
 def tags_code(tags: str | None) -> int:
@@ -57,5 +65,5 @@ def tags_code(tags: str | None) -> int:
 
 def index_key_hash(key: str) -> int:
     """IndexFile ``indexKeyHashMethod``: ``abs(key.hashCode())``, 0 if still negative."""
-    h = abs(java_string_hash(key))
+    h = abs(java_string_hash_uncached(key))
     return 0 if h > 0x7FFF_FFFF else h

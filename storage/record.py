@@ -40,15 +40,14 @@ fails one of these checks. The first record that fails ends the valid data
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from typing import NamedTuple, Sequence
 
 from storage.hashing import java_string_hash
 from storage.message import (
-    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
-    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, STOREHOSTADDRESS_V6_FLAG, MessageExt,
-    decode_host, decode_properties)
+    BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, MessageExt, decode_host, decode_properties)
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB
@@ -238,7 +237,6 @@ class DispatchRequest(NamedTuple):
     uniq_key: str | None = None
     sys_flag: int = 0
     prepared_transaction_offset: int = 0
-    properties: dict | None = None
 
 
 _FAILED = DispatchRequest(-1, False)
@@ -293,18 +291,35 @@ def check_message_and_return_size(buf, pos: int, limit: int, expected_offset: in
     props_raw = bytes(buf[p:p + props_len])
     if 0 in topic_raw or 0 in props_raw:  # a tear left zeros where no NUL may stand
         return DispatchRequest(total, False)
-    topic = topic_raw.decode("utf-8", "replace")
-    props = decode_properties(props_raw.decode("utf-8", "replace")) if props_len else {}
-    tags = props.get(PROPERTY_TAGS)
+    topic = _decode_topic(topic_raw)
+    tags = _property(props_raw, b"TAGS\x01")
     code = java_string_hash(tags) if tags else 0
     if topic == SCHEDULE_TOPIC and delay_level_ms:
-        level = _int_or_zero(props.get(PROPERTY_DELAY_TIME_LEVEL))
+        level = _int_or_zero(_property(props_raw, b"DELAY\x01"))
         if level > 0:
             code = store_ts + delay_level_ms[min(level, len(delay_level_ms) - 1)]
     return DispatchRequest(total, True, topic, queue_id, physical_offset, code, store_ts,
-                           queue_offset, props.get(PROPERTY_KEYS),
-                           props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), sys_flag,
-                           prepared, props)
+                           queue_offset, _property(props_raw, b"KEYS\x01"),
+                           _property(props_raw, b"UNIQ_KEY\x01"), sys_flag, prepared)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_topic(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _property(props: bytes, name_sep: bytes) -> str | None:
+    """The value of one property (``name_sep`` is ``b"NAME\\x01"``) in an encoded
+    properties string, found without building the whole map: dispatch needs only
+    TAGS, KEYS, UNIQ_KEY and DELAY."""
+    i = props.find(name_sep)
+    while i > 0 and props[i - 1] != 2:  # a match must start a name/value pair
+        i = props.find(name_sep, i + 1)
+    if i < 0:
+        return None
+    start = i + len(name_sep)
+    end = props.find(b"\x02", start)
+    return props[start:end if end >= 0 else len(props)].decode("utf-8", "replace")
 
 
 def _int_or_zero(text: str | None) -> int:
