@@ -29,10 +29,11 @@ Recovery, decided by the ``abort`` file (the caller checks it):
     abnormal  | newest file whose first store time <= checkpoint | cut there; re-dispatch from
               | min (index-aware if message_index_safe); else    | the start file
               | the first file                                   |
-    either    | a last file shorter than its size is grown back  | truncated-tail repair
-              | and scanned (only when the store recorded that   |
-              | size: see config.check_geometry); a short file   |
-              | followed by others fails the load                |
+    either    | no later than a file shorter than its size that  | truncated-tail repair
+              | only never-written files follow: it is grown     |
+              | back (only when the store recorded that size:    |
+              | see config.check_geometry); a short file         |
+              | followed by data fails the load                  |
     either    | no files at all                                  | destroy every consume queue
 
 "Bad record": wrong magic, a size that runs past the file or disagrees with the fields,
@@ -149,8 +150,9 @@ class CommitLog:
     # ================================================================== load
     def load(self, *, sizes_confirmed: bool = False) -> None:
         """Map the files. When the store's recorded file size confirms the configured
-        one, a short last file (a truncated tail) is grown back so recovery can find
-        where its valid data ends; any other file of another size fails the load."""
+        one, a short file that only never-written files follow (a truncated tail) is
+        grown back so recovery can find where its valid data ends; any other file of
+        another size fails the load."""
         self.mapped_file_queue.load(extend_short=sizes_confirmed)
 
     # ================================================================== put
@@ -307,7 +309,7 @@ class CommitLog:
         files = self.mapped_file_queue.mapped_files
         if not files:
             return RecoveryResult(0, 0)
-        end = self._scan_and_truncate(max(0, len(files) - 3))
+        end = self._scan_and_truncate(self._no_later_than_short_file(max(0, len(files) - 3)))
         return RecoveryResult(end, end)
 
     def recover_abnormally(self, min_timestamp: int) -> RecoveryResult:
@@ -320,8 +322,13 @@ class CommitLog:
             if self._is_mapped_file_matched_recover(files[index], min_timestamp):
                 start = index
                 break
+        start = self._no_later_than_short_file(start)
         start_offset = files[start].file_from_offset
         return RecoveryResult(self._scan_and_truncate(start), start_offset)
+
+    def _no_later_than_short_file(self, start: int) -> int:
+        short = self.mapped_file_queue.short_file_index
+        return start if short is None else min(start, short)
 
     @staticmethod
     def _is_mapped_file_matched_recover(mf: MappedFile, min_timestamp: int) -> bool:

@@ -198,25 +198,8 @@ class MappedFile:
             self.buf[pos:pos + n] = zero[:n]
 
     def may_hold_data(self) -> bool:
-        """False only when the file was provably never written.
-
-        The file system names the regions that may hold data (SEEK_DATA/SEEK_HOLE:
-        written extents, and pages a read pulled into the cache); each is checked for a
-        non-zero byte. Past ``_INSPECT_LIMIT`` bytes of regions the answer is True, so
-        file systems that cannot tell cost little and err on the safe side.
-        """
-        pos, inspected = 0, 0
-        while pos < self.file_size:
-            try:
-                start = os.lseek(self.fd, pos, os.SEEK_DATA)
-            except OSError as e:
-                return e.errno != errno.ENXIO
-            end = min(os.lseek(self.fd, start, os.SEEK_HOLE), self.file_size)
-            inspected += end - start
-            if inspected > _INSPECT_LIMIT or self.buf[start:end].count(0) != end - start:
-                return True
-            pos = end
-        return False
+        """False only when the file was provably never written (``file_may_hold_data``)."""
+        return file_may_hold_data(self.fd, self.file_size)
 
     # ------------------------------------------------------------------- flush
     def is_able_to_flush(self, flush_least_pages: int) -> bool:
@@ -325,6 +308,29 @@ class MappedFile:
     def __repr__(self) -> str:
         return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
                 f"flushed={self.flushed_position}, size={self.file_size})")
+
+
+def file_may_hold_data(fd: int, size: int) -> bool:
+    """False only when the file behind ``fd`` was provably never written.
+
+    The file system names the regions that may hold data (SEEK_DATA/SEEK_HOLE:
+    written extents, and pages a read pulled into the cache); each is read and
+    checked for a non-zero byte. Past ``_INSPECT_LIMIT`` bytes of such regions the
+    answer is True, so file systems that cannot tell cost little and err on the
+    safe side.
+    """
+    pos, inspected = 0, 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            return e.errno != errno.ENXIO
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        inspected += end - start
+        if inspected > _INSPECT_LIMIT or os.pread(fd, end - start, start).count(0) != end - start:
+            return True
+        pos = end
+    return False
 
 
 def unlink_quietly(path: str) -> None:

@@ -32,7 +32,8 @@ import time
 from typing import Callable
 
 from storage.errors import StoreFileError
-from storage.mapped_file import MappedFile, fsync_dir, now_ms, offset_to_file_name
+from storage.mapped_file import (
+    MappedFile, file_may_hold_data, fsync_dir, now_ms, offset_to_file_name)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class MappedFileQueue:
         self.flushed_where = 0
         self.committed_where = 0
         self.store_timestamp = 0
+        self.short_file_index: int | None = None
 
     # ------------------------------------------------------------------ load
     def load(self, *, extend_short: bool = False) -> None:
@@ -57,26 +59,30 @@ class MappedFileQueue:
 
         Every check runs before any file is touched: files must follow one another and
         have the configured size, else ``StoreFileError`` names the first that does not.
-        Only the last file may be shorter (a truncated tail), and only when
-        ``extend_short`` (the caller knows the configured size is the store's own): it
-        is grown back, zero-filled, so recovery finds where its valid data ends. A short
-        file followed by others is damage an operator must look at: the load fails.
+        One file may be shorter (a truncated tail), only when ``extend_short`` (the
+        caller knows the configured size is the store's own) and only if every file
+        after it was never written (a preallocated next file): it is grown back,
+        zero-filled, so recovery finds where its valid data ends, and
+        ``short_file_index`` names it. A short file followed by data is damage an
+        operator must look at: the load fails.
         """
         if not os.path.isdir(self.store_path):
             return
         names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
-        self._check_files(names, extend_short)
+        self.short_file_index = self._check_files(names, extend_short)
         for i, name in enumerate(names):
             mf = MappedFile(os.path.join(self.store_path, name), self.mapped_file_size,
                             read_only=self.read_only, create=False,
-                            extend_short=extend_short and i == len(names) - 1)
+                            extend_short=i == self.short_file_index)
             if mf.was_extended:
                 log.warning("%s was shorter than %d bytes; grown back for recovery",
                             mf.path, self.mapped_file_size)
             mf.set_positions(self.mapped_file_size)
             self.mapped_files.append(mf)
 
-    def _check_files(self, names: list[str], extend_short: bool) -> None:
+    def _check_files(self, names: list[str], extend_short: bool) -> int | None:
+        """Raise ``StoreFileError`` for a gap or a wrong size; the short file's index."""
+        short = None
         for i, name in enumerate(names):
             path = os.path.join(self.store_path, name)
             if i and int(name) != int(names[i - 1]) + self.mapped_file_size:
@@ -84,11 +90,17 @@ class MappedFileQueue:
                                      f"{self.mapped_file_size} bytes: a file is missing or the "
                                      "file size differs from the configuration")
             size = os.path.getsize(path)
-            last = i == len(names) - 1
-            if size != self.mapped_file_size and not (extend_short and last
-                                                      and size < self.mapped_file_size):
+            if size == self.mapped_file_size:
+                if short is not None and _path_may_hold_data(path, size):
+                    raise StoreFileError(os.path.join(self.store_path, names[short]),
+                                         "is shorter than the configured file size and later "
+                                         "files hold data; check it manually")
+            elif extend_short and short is None and size < self.mapped_file_size:
+                short = i
+            else:
                 raise StoreFileError(path, f"length {size} does not match the configured file "
                                      f"size {self.mapped_file_size}; check it manually")
+        return short
 
     # ------------------------------------------------------------------ lookup
     def get_first_mapped_file(self) -> MappedFile | None:
@@ -337,3 +349,11 @@ def _quarantine_file(mf: MappedFile, quarantine_dir: str) -> None:
     os.replace(mf.path, dest)
     fsync_dir(os.path.dirname(mf.path))
     log.warning("recovery cut away %s; kept as %s", mf.path, dest)
+
+
+def _path_may_hold_data(path: str, size: int) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return file_may_hold_data(fd, size)
+    finally:
+        os.close(fd)

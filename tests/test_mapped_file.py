@@ -565,16 +565,30 @@ def test_load_refuses_a_short_file_and_leaves_it_alone(tmp_path):
     assert os.path.getsize(path) == 1000
 
 
-def test_load_refuses_a_short_middle_file_even_when_sizes_are_confirmed(tmp_path):
-    """Only the last file can be short after a crash (files are preallocated before
-    use); a short file in the middle is damage to report, not to grow."""
+def test_load_refuses_a_short_file_followed_by_data(tmp_path):
+    """Files are preallocated before use, so only the last written file can be short
+    after a crash; a short file that data follows is damage to report, not to grow."""
     make_files(tmp_path, [0, 2 * SIZE])
+    with open(path_of(tmp_path, 2 * SIZE), "r+b") as f:
+        f.write(b"\x01")
     path = write_short(tmp_path, SIZE)
     q = MappedFileQueue(str(tmp_path), SIZE)
     with pytest.raises(StoreFileError):
         q.load(extend_short=True)
     q.close()
     assert os.path.getsize(path) == 1000
+
+
+def test_load_grows_a_short_file_followed_only_by_a_preallocated_one(tmp_path):
+    make_files(tmp_path, [0, 2 * SIZE])
+    write_short(tmp_path, SIZE)
+    q = MappedFileQueue(str(tmp_path), SIZE)
+    q.load(extend_short=True)
+    try:
+        assert q.short_file_index == 1
+        assert [os.path.getsize(m.path) for m in q.mapped_files] == [SIZE] * 3
+    finally:
+        q.close()
 
 
 def test_load_ignores_names_that_are_not_offsets(tmp_path):
