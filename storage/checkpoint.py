@@ -29,6 +29,7 @@ PHYSIC_POS = 0
 LOGICS_POS = PHYSIC_POS + 8
 INDEX_POS = LOGICS_POS + 8
 TIMESTAMPS = struct.Struct(">qqq")
+_LONG = struct.Struct(">q")
 assert TIMESTAMPS.size == INDEX_POS + 8
 RECOVERY_SLACK_MS = 3000
 
@@ -75,6 +76,22 @@ class StoreCheckpoint:
         TIMESTAMPS.pack_into(self.buf, 0, self.physic_msg_timestamp,
                              self.logics_msg_timestamp, self.index_msg_timestamp)
         FILE_OPS.fdatasync(self.fd)
+
+    def flush_one(self, field: str) -> None:
+        """Write one timestamp (``"physic"``, ``"logics"`` or ``"index"``) and fdatasync.
+
+        Each field has one writing process in the multiprocess store (the flusher owns
+        physic, the dispatcher logics and index); writing only its own 8 bytes keeps
+        them from overwriting each other. Raises ``OSError`` on failure.
+        """
+        pos = {"physic": PHYSIC_POS, "logics": LOGICS_POS, "index": INDEX_POS}[field]
+        _LONG.pack_into(self.buf, pos, getattr(self, f"{field}_msg_timestamp"))
+        FILE_OPS.fdatasync(self.fd)
+
+    def reload(self) -> None:
+        """Re-read all three timestamps from the mapping (another process writes some)."""
+        self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = \
+            decode(self.buf)
 
     def close(self) -> None:
         if self.buf is not None:

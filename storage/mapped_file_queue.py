@@ -80,6 +80,37 @@ class MappedFileQueue:
             mf.set_positions(self.mapped_file_size)
             self.mapped_files.append(mf)
 
+    def refresh(self, min_offset: int = -1) -> None:
+        """Read-only views only: map files another process created after the last file
+        mapped here, and unmap files wholly below ``min_offset`` (deleted by the
+        cleaner, or about to be). A file not yet allocated to full size is left for a
+        later call."""
+        while self.mapped_files and \
+                self.mapped_files[0].file_from_offset + self.mapped_file_size <= min_offset \
+                and len(self.mapped_files) > 1:
+            self.mapped_files.pop(0).close()
+        last = self.get_last_mapped_file()
+        next_offset = last.file_from_offset + self.mapped_file_size if last else None
+        try:
+            names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
+        except FileNotFoundError:
+            return
+        for name in names:
+            offset = int(name)
+            if next_offset is not None and offset != next_offset:
+                continue
+            path = os.path.join(self.store_path, name)
+            try:
+                if os.path.getsize(path) != self.mapped_file_size:
+                    return
+                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
+                                create=False)
+            except (FileNotFoundError, StoreFileError):
+                return
+            mf.set_positions(self.mapped_file_size)
+            self.mapped_files.append(mf)
+            next_offset = offset + self.mapped_file_size
+
     def _check_files(self, names: list[str], extend_short: bool) -> int | None:
         """Raise ``StoreFileError`` for a gap or a wrong size; the short file's index."""
         short = None

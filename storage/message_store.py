@@ -49,8 +49,9 @@ from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
 from storage.errors import CorruptRecordError, StoreClosedError, StoreError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
-from storage.message import Message, MessageExt, decode_message_id, is_consumable
-from storage.record import DispatchRequest, RecordFormatError, decode_at
+from storage.message import Message, MessageExt, decode_message_id
+from storage.record import RecordFormatError, decode_at
+from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
 from storage.status import GetMessageStatus, PutMessageStatus
@@ -88,9 +89,6 @@ class CleanResult:
     ratios: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-ArrivingListener = Callable[[str, int, int, int, int], None]
-
-
 class MessageStore:
     def __init__(self, config: StoreConfig):
         self.config = config
@@ -102,9 +100,12 @@ class MessageStore:
         self.checkpoint: StoreCheckpoint | None = None
         self.schedule_message_service = ScheduleMessageService(self)
         self.running_flags = RunningFlags()
-        self.reput_from_offset = 0
+        self.reput = ReputMessageService(
+            self.commit_log, self.find_consume_queue,
+            self.index_service if config.message_index_enable else None,
+            lambda: self.running_flags.set(Flag.WRITE_INDEX_FILE_ERROR,
+                                           "cannot create an index file"))
         self.last_exit_ok = True
-        self.message_arriving_listener: ArrivingListener | None = None
         self.disk_used_ratio: Callable[[str], float] = expiry.disk_partition_used_ratio
         self._lock_file = StoreLock(self.root_dir)
         self._mutex = threading.RLock()
@@ -112,7 +113,6 @@ class MessageStore:
         self._queue_round_robin: dict[str, int] = {}
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
         self._last_cq_flush_ms = self._last_cq_thorough_ms = now_ms()
-        self._logics_timestamp = 0
         self._rebuild_logics = False
 
     # ================================================================== lifecycle
@@ -186,6 +186,24 @@ class MessageStore:
         self.index_service.close()
         if self.checkpoint is not None:
             self.checkpoint.close()
+
+    @property
+    def reput_from_offset(self) -> int:
+        return self.reput.reput_from_offset
+
+    @reput_from_offset.setter
+    def reput_from_offset(self, offset: int) -> None:
+        self.reput.reput_from_offset = offset
+
+    @property
+    def message_arriving_listener(self) -> ArrivingListener | None:
+        """Called with (topic, queue id, next offset, tagsCode, store time) per message
+        dispatched: RocketMQ's MessageArrivingListener, for long polling."""
+        return self.reput.arriving_listener
+
+    @message_arriving_listener.setter
+    def message_arriving_listener(self, listener: ArrivingListener | None) -> None:
+        self.reput.arriving_listener = listener
 
     def _check_running(self) -> None:
         if self._state != "running":
@@ -386,47 +404,7 @@ class MessageStore:
             return n
 
     def _dispatch_to(self, end: int) -> int:
-        count = 0
-        cl = self.commit_log
-        while self.reput_from_offset < end:
-            if self.reput_from_offset < cl.get_min_offset():
-                self.reput_from_offset = cl.get_min_offset()
-                continue
-            data = cl.get_data(self.reput_from_offset)
-            if data is None:
-                break
-            mf, pos, limit = data
-            limit = min(limit, pos + end - self.reput_from_offset)
-            while pos < limit:
-                req = cl.check_message_and_return_size(mf, pos, limit, False)
-                if req.success and req.msg_size > 0:
-                    self._do_dispatch(req)
-                    pos += req.msg_size
-                    count += 1
-                elif req.success:
-                    pos = mf.file_size
-                    break
-                else:
-                    raise CorruptRecordError(mf.path, mf.file_from_offset + pos,
-                                             "unreadable record below the written position")
-            self.reput_from_offset = mf.file_from_offset + pos
-        return count
-
-    def _do_dispatch(self, req: DispatchRequest) -> None:
-        if is_consumable(req.sys_flag):
-            cq = self.find_consume_queue(req.topic, req.queue_id)
-            cq.put_message_position_info(req.commit_log_offset, req.msg_size, req.tags_code,
-                                         req.consume_queue_offset)
-            self._logics_timestamp = req.store_timestamp
-            if self.message_arriving_listener is not None:
-                self.message_arriving_listener(req.topic, req.queue_id,
-                                               req.consume_queue_offset + 1, req.tags_code,
-                                               req.store_timestamp)
-        if self.config.message_index_enable:
-            if not self.index_service.build_index(req.topic, req.commit_log_offset,
-                                                  req.store_timestamp, req.sys_flag,
-                                                  req.uniq_key, req.keys):
-                self.running_flags.set(Flag.WRITE_INDEX_FILE_ERROR, "cannot create an index file")
+        return self.reput.do_reput(end)
 
     def find_consume_queue(self, topic: str, queue_id: int, *, create: bool = True) -> ConsumeQueue | None:
         queues = self.consume_queue_table.get(topic)
@@ -467,7 +445,7 @@ class MessageStore:
 
     def _flush_logics(self, least_pages: int) -> None:
         """FlushConsumeQueueService.doFlush: queues, index, then the checkpoint."""
-        logics_ts = self._logics_timestamp
+        logics_ts = self.reput.logics_timestamp
         for cq in self.all_consume_queues():
             for _ in range(3):
                 if cq.flush(least_pages):

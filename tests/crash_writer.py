@@ -109,14 +109,14 @@ def _put_all(store: MessageStore, seed: int, count: int, dispatch_now_and_then: 
 def _arm_pause(store: MessageStore, where: str, k: int) -> None:
     """Make the store stop inside ``dispatch()``/``close()`` at ``where``."""
     if where in ("dispatch", "close_dispatch"):
-        do_dispatch, calls = store._do_dispatch, [0]
+        do_dispatch, calls = store.reput.dispatch, [0]
 
         def paused_dispatch(req):
             calls[0] += 1
             if calls[0] == k:
                 _stop_here(where)
             do_dispatch(req)
-        store._do_dispatch = paused_dispatch
+        store.reput.dispatch = paused_dispatch
     elif where in ("close_before_checkpoint", "close_after_checkpoint"):
         flush = store.checkpoint.flush
 

@@ -632,3 +632,23 @@ def test_queue_creation_under_enospc_raises_and_leaves_the_queue_unchanged(tmp_p
         assert q.get_or_create_last_mapped_file(0).file_from_offset == SIZE
     finally:
         q.close()
+
+
+def test_refresh_maps_new_files_and_drops_deleted_ones(tmp_path):
+    writer = MappedFileQueue(str(tmp_path), SIZE, preallocate_next=True)
+    writer.get_or_create_last_mapped_file(0)
+    reader = MappedFileQueue(str(tmp_path), SIZE, read_only=True)
+    reader.load()
+    try:
+        assert [m.file_from_offset for m in reader.mapped_files] == [0, SIZE]
+        fill(writer.mapped_files[0])
+        writer.get_or_create_last_mapped_file(0)  # maps SIZE, preallocates 2*SIZE
+        reader.refresh()
+        assert [m.file_from_offset for m in reader.mapped_files] == [0, SIZE, 2 * SIZE]
+        with open(path_of(tmp_path, 3 * SIZE), "wb"):  # being created: not full size yet
+            pass
+        reader.refresh(min_offset=SIZE)
+        assert [m.file_from_offset for m in reader.mapped_files] == [SIZE, 2 * SIZE]
+    finally:
+        reader.close()
+        writer.close()

@@ -1,0 +1,121 @@
+"""The notification bus: ZeroMQ PUB/SUB wake-ups between the store's processes.
+
+Each announcing process binds one PUB socket, ``ipc://{run_dir}/bus-{process}.sock``;
+listeners connect a SUB socket to the ones they care about. A message is two frames,
+``[topic, payload]``:
+
+    topic          publisher    payload                         meaning
+    -------------  -----------  ------------------------------  ------------------------------
+    b"appended"    writer       int64 WRITTEN                   new bytes in the CommitLog
+    b"flushed"     flusher      int64 FLUSHED                   new bytes are durable
+    b"dispatched"  dispatcher   int64 DISPATCHED                consume queues grew
+    b"arrival"     dispatcher   topic, queue id, next offset    a queue has new messages
+                                (``encode_arrival``)
+
+The bus carries wake-ups, never data that must arrive: PUB drops when a subscriber is
+slow, so every listener also wakes on its own interval and reads the position table (the
+truth) when it wakes. Sockets are created in the process that uses them, after it
+started (never before a fork).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import zmq
+
+APPENDED = b"appended"
+FLUSHED = b"flushed"
+DISPATCHED = b"dispatched"
+ARRIVAL = b"arrival"
+
+_OFFSET = struct.Struct(">q")
+_ARRIVAL_HEAD = struct.Struct(">H")
+_ARRIVAL_TAIL = struct.Struct(">iq")
+_MAX_IPC_PATH = 100  # sun_path holds 108 bytes on Linux
+
+
+def run_dir(store_dir: str) -> str:
+    """Where the store's sockets live: ``{store}/run`` (mode 0700), or a short private
+    directory under /tmp when that path is too long for a Unix socket name."""
+    path = os.path.join(os.path.realpath(store_dir), "run")
+    if len(path) + 24 > _MAX_IPC_PATH:
+        digest = hashlib.sha1(path.encode()).hexdigest()[:16]
+        path = f"/tmp/rocketstore-{digest}"
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def endpoint(store_dir: str, name: str) -> str:
+    return f"ipc://{run_dir(store_dir)}/{name}.sock"
+
+
+def encode_offset(offset: int) -> bytes:
+    return _OFFSET.pack(offset)
+
+
+def decode_offset(payload: bytes) -> int:
+    return _OFFSET.unpack(payload)[0]
+
+
+def encode_arrival(topic: str, queue_id: int, next_offset: int) -> bytes:
+    raw = topic.encode()
+    return _ARRIVAL_HEAD.pack(len(raw)) + raw + _ARRIVAL_TAIL.pack(queue_id, next_offset)
+
+
+def decode_arrival(payload: bytes) -> tuple[str, int, int]:
+    (n,) = _ARRIVAL_HEAD.unpack_from(payload)
+    topic = payload[2:2 + n].decode()
+    queue_id, next_offset = _ARRIVAL_TAIL.unpack_from(payload, 2 + n)
+    return topic, queue_id, next_offset
+
+
+class Publisher:
+    """One process's announcements. Sends never block: a full subscriber drops."""
+
+    def __init__(self, context: zmq.Context, store_dir: str, process: str):
+        self.socket = context.socket(zmq.PUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 10_000)
+        self.socket.bind(endpoint(store_dir, f"bus-{process}"))
+
+    def publish(self, topic: bytes, payload: bytes = b"") -> None:
+        try:
+            self.socket.send_multipart((topic, payload), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+class Subscriber:
+    """Wake-ups from some processes' announcements."""
+
+    def __init__(self, context: zmq.Context, store_dir: str, processes: list[str],
+                 topics: list[bytes]):
+        self.socket = context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        for topic in topics:
+            self.socket.setsockopt(zmq.SUBSCRIBE, topic)
+        for process in processes:
+            self.socket.connect(endpoint(store_dir, f"bus-{process}"))
+
+    def wait(self, timeout_ms: int) -> list[tuple[bytes, bytes]]:
+        """Messages that arrive within ``timeout_ms`` (all that are queued once one
+        does); an empty list on timeout."""
+        if not self.socket.poll(max(0, timeout_ms)):
+            return []
+        out = []
+        while True:
+            try:
+                topic, payload = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.append((topic, payload))
+
+    def close(self) -> None:
+        self.socket.close(0)
