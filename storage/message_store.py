@@ -90,8 +90,11 @@ class CleanResult:
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: StoreConfig, *, take_lock: bool = True):
+        """``take_lock=False`` is for a caller that holds the store's ``lock`` file
+        itself (the supervisor, which recovers the store before its processes start)."""
         self.config = config
+        self._take_lock = take_lock
         self.root_dir = config.store_path_root_dir
         self.commit_log = CommitLog(config)
         self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
@@ -126,7 +129,8 @@ class MessageStore:
             if self._state != "new":
                 raise StoreClosedError("load() may be called once per MessageStore")
             os.makedirs(self.root_dir, exist_ok=True)
-            self._lock_file.acquire()
+            if self._take_lock:
+                self._lock_file.acquire()
             try:
                 self.last_exit_ok = not abort_exists(self.root_dir)
                 log.info("last shutdown %s", "normally" if self.last_exit_ok else "abnormally")
@@ -147,11 +151,12 @@ class MessageStore:
                 raise
             self._state = "running"
 
-    def close(self) -> None:
+    def close(self, *, remove_abort_file: bool = True) -> None:
         """Clean shutdown: dispatch, flush everything, then remove ``abort``.
 
         ``abort`` stays when the store was not writeable or a flush failed, so the next
-        load runs abnormal recovery.
+        load runs abnormal recovery, and when ``remove_abort_file`` is False (the
+        supervisor hands the recovered files over to its processes: the run goes on).
         """
         with self._mutex:
             if self._state != "running":
@@ -164,7 +169,7 @@ class MessageStore:
             except OSError as e:
                 log.error("shutdown flush failed, abort file kept: %s", e)
             finally:
-                if clean:
+                if clean and remove_abort_file:
                     remove_abort(self.root_dir)
                 self._close_files()
                 self._lock_file.release()

@@ -1,0 +1,108 @@
+"""What every store process shares: how it starts, loops, notices it must stop, and dies.
+
+A service is started by the supervisor with ``run_service(module, store_dir,
+config_dict)`` in a fresh interpreter (the spawn start method: no ZeroMQ context, lock
+or mapping is inherited across a fork). Then:
+
+1. it asks the kernel to kill it when the supervisor dies (``PR_SET_PDEATHSIG``), and
+   exits at once if the supervisor is already gone;
+2. SIGTERM and SIGINT only set ``stopping``; the loop finishes its turn and the service
+   tears down cleanly (flushes, replies, closes);
+3. it attaches the position table, builds its ZeroMQ context, and calls ``setup``;
+4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
+   ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
+   spin, never sleep in place of waiting for a condition);
+5. ``teardown`` runs on the way out, then the process exits 0. A crash exits non-zero
+   and the supervisor restarts the service with back-off.
+
+Each service module defines one ``Service`` subclass named ``SERVICE``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+
+import zmq
+
+from shm.positions import PositionTable
+from storage.config import StoreConfig
+
+MAX_TURN_MS = 200
+_PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """Base of the store's processes; subclasses set ``name`` and override the hooks."""
+
+    name = "service"
+
+    def __init__(self, store_dir: str, config: StoreConfig):
+        self.store_dir = store_dir
+        self.config = config
+        self.stopping = False
+        self.table: PositionTable | None = None
+        self.context: zmq.Context | None = None
+
+    def setup(self) -> None:
+        """Open files and sockets (after the table and context exist)."""
+
+    def turn(self) -> None:
+        """One turn of the loop: wait (at most MAX_TURN_MS) for work, then do it."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Finish cleanly: the last flush, the last replies, close everything."""
+
+    # ---------------------------------------------------------------- the loop
+    def serve(self) -> None:
+        self.table = PositionTable.attach(self.store_dir)
+        self.context = zmq.Context()
+        try:
+            self.setup()
+            while not self.stopping:
+                self.turn()
+                self.table.heartbeat(self.name)
+            self.teardown()
+        finally:
+            self.context.destroy(linger=0)
+            self.table.close()
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (the supervisor) dies."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.warning("PR_SET_PDEATHSIG unavailable: this process may outlive the supervisor")
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+
+
+def configure_logging(store_dir: str, name: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("ROCKETSTORE_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {name}[%(process)d] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr)
+
+
+def run_service(module: str, store_dir: str, config: dict) -> None:
+    """Entry point of a service process (the supervisor's spawn target)."""
+    die_with_parent()
+    service_class = importlib.import_module(module).SERVICE
+    configure_logging(store_dir, service_class.name)
+    service = service_class(store_dir, StoreConfig(**config))
+    signal.signal(signal.SIGTERM, service.request_stop)
+    signal.signal(signal.SIGINT, service.request_stop)
+    service.serve()
