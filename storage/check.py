@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from storage import record
+from storage.consume_queue import BLANK_UNIT_SIZE
 from storage.hashing import index_key_hash
 from storage.message import TRANSACTION_ROLLBACK_TYPE, is_consumable, transaction_value
 
@@ -101,7 +102,7 @@ def _check_consume_queues(store, records: dict, report: _Report) -> None:
     for cq in store.all_consume_queues():
         where = f"consumequeue/{cq.topic}/{cq.queue_id}"
         for index, phy, size, tags_code in cq.iter_units():
-            if size == 0x7FFFFFFF or phy < min_phy:
+            if size == BLANK_UNIT_SIZE or phy < min_phy:
                 continue
             req = records.get(phy)
             if req is None:

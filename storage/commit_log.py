@@ -375,9 +375,11 @@ class CommitLog:
         return self.mapped_file_queue.flush(flush_least_pages)
 
     def delete_expired_file(self, expired_time_ms: int, delete_files_interval_ms: int,
-                            interval_forcibly_ms: int, clean_immediately: bool) -> int:
+                            interval_forcibly_ms: int, clean_immediately: bool,
+                            below_offset: int | None = None) -> int:
         return self.mapped_file_queue.delete_expired_file_by_time(
-            expired_time_ms, delete_files_interval_ms, interval_forcibly_ms, clean_immediately)
+            expired_time_ms, delete_files_interval_ms, interval_forcibly_ms, clean_immediately,
+            below_offset=below_offset)
 
     def close(self) -> None:
         self.mapped_file_queue.close()

@@ -19,9 +19,9 @@ import os
 import tomllib
 from typing import Any
 
+from storage.consume_queue import CQ_STORE_UNIT_SIZE
 from storage.errors import StoreConfigError
 
-CQ_STORE_UNIT_SIZE = 20
 MIN_COMMIT_LOG_FILE_SIZE = 4096
 
 ASYNC_FLUSH = "ASYNC_FLUSH"

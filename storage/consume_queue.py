@@ -39,7 +39,8 @@ CQ_STORE_UNIT_SIZE = 20
 CQ_UNIT = struct.Struct(">qiq")
 assert CQ_UNIT.size == CQ_STORE_UNIT_SIZE
 CQ_PHY_OFFSET = struct.Struct(">q")
-BLANK_UNIT = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+BLANK_UNIT_SIZE = 0x7FFFFFFF  # the size field of a pre-blank filler unit
+BLANK_UNIT = CQ_UNIT.pack(0, BLANK_UNIT_SIZE, 0)
 
 
 def encode_unit(commit_log_offset: int, size: int, tags_code: int) -> bytes:
@@ -59,7 +60,11 @@ class ConsumeQueue:
                  *, read_only: bool = False):
         self.topic = topic
         self.queue_id = queue_id
-        self.mapped_file_size = mapped_file_size - mapped_file_size % CQ_STORE_UNIT_SIZE
+        if mapped_file_size % CQ_STORE_UNIT_SIZE:
+            raise ValueError(f"a consume queue file size must be a multiple of "
+                             f"{CQ_STORE_UNIT_SIZE}, not {mapped_file_size} "
+                             "(StoreConfig.consume_queue_file_size rounds it up)")
+        self.mapped_file_size = mapped_file_size
         self.store_path = os.path.join(root_dir, topic, str(queue_id))
         self.mapped_file_queue = MappedFileQueue(self.store_path, self.mapped_file_size,
                                                  read_only=read_only)
@@ -96,7 +101,7 @@ class ConsumeQueue:
             offset, size, _ = CQ_UNIT.unpack_from(buf, pos)
             if not is_valid_unit(offset, size):
                 return pos
-            if size != 0x7FFFFFFF:
+            if size != BLANK_UNIT_SIZE:
                 self.max_physic_offset = offset + size
         return self.mapped_file_size
 
@@ -117,10 +122,9 @@ class ConsumeQueue:
             self.min_logic_offset = expect
             mfq.flushed_where = mfq.committed_where = expect
             self._fill_pre_blank(mf, expect)
-        if cq_offset != 0:
-            current = mf.file_from_offset + mf.wrote_position
-            if expect < current:
-                return True
+        current = mf.file_from_offset + mf.wrote_position
+        if expect < current:  # built already (a repeat): never write a unit twice
+            return True
         mf.append(CQ_UNIT.pack(offset, size, tags_code))
         self.max_physic_offset = offset + size
         return True
@@ -231,8 +235,10 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         while (mf := mfq.get_last_mapped_file()) is not None:
             first_offset, first_size, _ = CQ_UNIT.unpack_from(mf.buf, 0)
-            if is_valid_unit(first_offset, first_size) and first_offset >= phy_offset:
-                mfq.delete_last_mapped_file()
+            empty = not is_valid_unit(first_offset, first_size)
+            if (empty and len(mfq.mapped_files) > 1) or \
+                    (not empty and first_offset >= phy_offset):
+                mfq.delete_last_mapped_file()  # the file before it may hold units to cut
                 continue
             keep = 0
             for pos in range(0, mf.wrote_position, CQ_STORE_UNIT_SIZE):
@@ -240,7 +246,7 @@ class ConsumeQueue:
                 if not is_valid_unit(offset, size) or offset >= phy_offset:
                     break
                 keep = pos + CQ_STORE_UNIT_SIZE
-                if size != 0x7FFFFFFF:
+                if size != BLANK_UNIT_SIZE:
                     self.max_physic_offset = offset + size
             mf.zero_tail(keep)
             mf.set_positions(keep)
@@ -256,7 +262,7 @@ class ConsumeQueue:
             return
         for pos in range(0, mf.read_position, CQ_STORE_UNIT_SIZE):
             offset, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
-            if size != 0x7FFFFFFF and offset >= min_phy_offset:
+            if size != BLANK_UNIT_SIZE and offset >= min_phy_offset:
                 self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + pos)
                 return
         self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + mf.read_position)

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from storage import checkpoint as checkpoint_codec
 from storage import record
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
 from storage.errors import StoreFileError
 from storage import index_file
 
@@ -90,7 +90,7 @@ def _walk_consume_queue(path: str, data, limit: int | None) -> Iterator[dict]:
             break
         yield {"kind": "unit", "queue_offset": (base + pos) // CQ_STORE_UNIT_SIZE,
                "commit_log_offset": offset, "size": size, "tags_code": tags_code,
-               "blank": size == 0x7FFFFFFF}
+               "blank": size == BLANK_UNIT_SIZE}
         count += 1
     yield {"kind": "summary", "file": path, "units": count}
 

@@ -281,7 +281,13 @@ class IndexService:
         dropped = 0
         while self._files:
             last = self._files[-1]
-            if last.index_count <= 1 or last.end_phy_offset < commit_log_offset:
+            if last.index_count <= 1:  # no entry: drop it if it claims to lie past the cut
+                if len(self._files) > 1 and last.end_phy_offset >= commit_log_offset:
+                    last.destroy()
+                    self._files.pop()
+                    continue
+                break
+            if last.end_phy_offset < commit_log_offset:
                 break
             if last.first_entry_at_or_after(commit_log_offset) <= 1:
                 dropped += last.index_count - 1

@@ -4,13 +4,15 @@
 is fsynced, the current file (if any) is kept as ``name.json.bak``, and the temporary
 file is renamed over ``name.json``; the directory is fsynced so the rename is durable.
 ``load`` reads ``name.json`` and falls back to ``name.json.bak`` when the main file is
-missing or unreadable, as RocketMQ does.
+missing or unreadable, as RocketMQ does; files RocketMQ wrote (fastjson: integer map
+keys without quotes) read too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import os
 import shutil
 
@@ -34,6 +36,20 @@ def persist(path: str, document: dict) -> None:
     fsync_dir(directory)
 
 
+_BARE_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+
+
+def _load_fastjson(path: str) -> dict | None:
+    """RocketMQ writes its config files with fastjson, which leaves integer map keys
+    unquoted (``{"offsetTable":{1:0}}``); quote them and try again."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.loads(_BARE_INT_KEY.sub(r'\1"\2"\3', f.read()))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def load(path: str) -> dict | None:
     """The document at ``path`` (or its ``.bak``), None when neither can be read."""
     for candidate in (path, path + ".bak"):
@@ -45,6 +61,11 @@ def load(path: str) -> dict | None:
             log.warning("%s does not hold a JSON object", candidate)
         except FileNotFoundError:
             continue
-        except (OSError, ValueError) as e:
+        except ValueError:
+            doc = _load_fastjson(candidate)
+            if doc is not None:
+                return doc
+            log.warning("cannot read %s: not JSON", candidate)
+        except OSError as e:
             log.warning("cannot read %s: %s", candidate, e)
     return None

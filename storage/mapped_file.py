@@ -179,7 +179,7 @@ class MappedFile:
 
         Stale records after a truncation point must never be mistaken for new ones.
         Punching a hole is instant and touches no page; where the file system cannot,
-        the non-zero run after ``start`` is overwritten with zeros instead.
+        every region it reports as holding data (``data_regions``) is overwritten.
         """
         length = self.file_size - start
         if length <= 0:
@@ -189,13 +189,11 @@ class MappedFile:
         if rc == 0:
             self._allocate(self.fd, start, length)
             return
-        step = 1 << 16
-        zero = bytes(step)
-        for pos in range(start, self.file_size, step):
-            n = min(step, self.file_size - pos)
-            if self.buf[pos:pos + n] == zero[:n]:
-                break
-            self.buf[pos:pos + n] = zero[:n]
+        step = 1 << 20
+        for region_start, region_end in data_regions(self.fd, start, self.file_size):
+            for pos in range(region_start, region_end, step):
+                n = min(step, region_end - pos)
+                self.buf[pos:pos + n] = bytes(n)
 
     def may_hold_data(self) -> bool:
         """False only when the file was provably never written (``file_may_hold_data``)."""
@@ -310,6 +308,25 @@ class MappedFile:
                 f"flushed={self.flushed_position}, size={self.file_size})")
 
 
+def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` regions the file system says may hold data (SEEK_DATA /
+    SEEK_HOLE); the whole range where it cannot tell."""
+    regions, pos = [], start
+    while pos < end:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                break
+            return [(start, end)]
+        if data >= end:
+            break
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        regions.append((data, hole))
+        pos = hole
+    return regions
+
+
 def file_may_hold_data(fd: int, size: int) -> bool:
     """False only when the file behind ``fd`` was provably never written.
 
@@ -319,17 +336,11 @@ def file_may_hold_data(fd: int, size: int) -> bool:
     answer is True, so file systems that cannot tell cost little and err on the
     safe side.
     """
-    pos, inspected = 0, 0
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            return e.errno != errno.ENXIO
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+    inspected = 0
+    for start, end in data_regions(fd, 0, size):
         inspected += end - start
         if inspected > _INSPECT_LIMIT or os.pread(fd, end - start, start).count(0) != end - start:
             return True
-        pos = end
     return False
 
 

@@ -33,7 +33,7 @@ from typing import Callable
 
 from storage.errors import StoreFileError
 from storage.mapped_file import (
-    MappedFile, file_may_hold_data, fsync_dir, now_ms, offset_to_file_name)
+    MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms, offset_to_file_name)
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,9 @@ class MappedFileQueue:
 
         Raises ``OSError`` from fdatasync: the caller must stop accepting writes.
         """
+        first = self.get_first_mapped_file()
+        if first is not None and self.flushed_where < first.file_from_offset:
+            self.flushed_where = first.file_from_offset  # older files were deleted
         mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
         if mf is None:
             return True
@@ -232,6 +235,12 @@ class MappedFileQueue:
             self.store_timestamp = tmp
         return result
 
+    def flush_dirty(self, flush_least_pages: int) -> None:
+        """Flush file after file while the least-pages rule lets one move."""
+        for _ in range(len(self.mapped_files) + 1):
+            if self.flush(flush_least_pages):
+                return
+
     def flush_all(self) -> None:
         """Flush until everything written is durable (shutdown, sync flush); always
         flushes once, which also brings ``store_timestamp`` up to date."""
@@ -239,7 +248,9 @@ class MappedFileQueue:
         for _ in range(len(self.mapped_files) + 2):
             self.flush(0)
             if self.flushed_where >= target:
-                break
+                return
+        raise StoreFileError(self.store_path, f"flush stopped at {self.flushed_where}, "
+                             f"short of {target}")
 
     # ------------------------------------------------------------------ truncation
     def truncate_dirty_files(self, offset: int, quarantine_dir: str | None = None) -> None:
@@ -293,11 +304,16 @@ class MappedFileQueue:
     # ------------------------------------------------------------------ expiry
     def delete_expired_file_by_time(self, expired_time_ms: int, delete_files_interval_ms: int,
                                     interval_forcibly_ms: int, clean_immediately: bool,
-                                    now: Callable[[], int] = now_ms) -> int:
+                                    now: Callable[[], int] = now_ms,
+                                    below_offset: int | None = None) -> int:
         """Delete files unmodified for ``expired_time_ms`` (any age when
         ``clean_immediately``), oldest first, never the last, stopping at the first that
-        may not go, at most ``DELETE_FILES_BATCH_MAX``. Returns how many went."""
-        candidates = self.mapped_files[:-1]
+        may not go, at most ``DELETE_FILES_BATCH_MAX``; with ``below_offset``, only files
+        that end at or below it (data not yet flushed and dispatched never expires).
+        Returns how many went."""
+        candidates = [mf for mf in self.mapped_files[:-1]
+                      if below_offset is None or
+                      mf.file_from_offset + self.mapped_file_size <= below_offset]
         deleted: list[MappedFile] = []
         for i, mf in enumerate(candidates):
             if not (now() >= mf.last_modified_timestamp() + expired_time_ms or clean_immediately):
@@ -353,23 +369,19 @@ class MappedFileQueue:
 
 
 def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:
-    """Copy the non-zero run of ``mf`` after ``pos`` to ``{name}.from-{pos}``."""
-    step, end = 1 << 16, pos
-    zero = bytes(step)
-    while end < mf.file_size:
-        n = min(step, mf.file_size - end)
-        if mf.buf[end:end + n] == zero[:n]:
-            break
-        end += n
-    if end == pos:
-        return
-    os.makedirs(quarantine_dir, exist_ok=True)
-    dest = os.path.join(quarantine_dir, f"{mf.file_name}.from-{pos}")
-    with open(dest, "wb") as f:
-        f.write(mf.buf[pos:end])
-        os.fsync(f.fileno())
-    log.warning("recovery cut %s at %d; the %d bytes after it are kept in %s",
-                mf.path, pos, end - pos, dest)
+    """Copy every region of ``mf`` after ``pos`` that holds a non-zero byte to
+    ``{name}.from-{region start}``."""
+    for start, end in data_regions(mf.fd, pos, mf.file_size):
+        data = mf.buf[start:end]
+        if data.count(0) == len(data):
+            continue
+        os.makedirs(quarantine_dir, exist_ok=True)
+        dest = os.path.join(quarantine_dir, f"{mf.file_name}.from-{start}")
+        with open(dest, "wb") as f:
+            f.write(data.rstrip(b"\0"))
+            os.fsync(f.fileno())
+        log.warning("recovery cut %s at %d; the bytes from %d are kept in %s",
+                    mf.path, pos, start, dest)
 
 
 def _quarantine_file(mf: MappedFile, quarantine_dir: str) -> None:

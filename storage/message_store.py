@@ -45,8 +45,8 @@ from storage import expiry
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.config import StoreConfig, check_geometry, record_geometry
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
-from storage.errors import CorruptRecordError, StoreClosedError, StoreError
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.errors import CorruptRecordError, StoreClosedError, StoreError, StoreFileError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt, decode_message_id
@@ -54,13 +54,12 @@ from storage.record import RecordFormatError, decode_at
 from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
-from storage.status import GetMessageStatus, PutMessageStatus
+from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
 from storage.validation import check_message, check_topic
 
 log = logging.getLogger(__name__)
 
-BLANK_UNIT_SIZE = 0x7FFFFFFF
 MAX_SCAN_UNITS = 16000 // CQ_STORE_UNIT_SIZE
 
 
@@ -117,6 +116,7 @@ class MessageStore:
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
         self._last_cq_flush_ms = self._last_cq_thorough_ms = now_ms()
         self._rebuild_logics = False
+        self._sizes_recorded = False
 
     # ================================================================== lifecycle
     def load(self) -> None:
@@ -134,7 +134,7 @@ class MessageStore:
             try:
                 self.last_exit_ok = not abort_exists(self.root_dir)
                 log.info("last shutdown %s", "normally" if self.last_exit_ok else "abnormally")
-                sizes_recorded = check_geometry(self.config)
+                sizes_recorded = self._sizes_recorded = check_geometry(self.config)
                 self.commit_log.load(sizes_confirmed=sizes_recorded)
                 self._load_consume_queues()
                 self.checkpoint = StoreCheckpoint(os.path.join(self.root_dir, "checkpoint"))
@@ -161,13 +161,19 @@ class MessageStore:
         with self._mutex:
             if self._state != "running":
                 return
-            clean = False
+            clean = True
             try:
                 self._dispatch_to(self._confirm_offset())
+            except StoreError as e:
+                log.error("shutdown dispatch failed, abort file kept: %s", e)
+                clean = False
+            try:
                 self.flush()
-                clean = self.running_flags.is_writeable() and self.dispatch_behind_bytes() == 0
-            except OSError as e:
+                clean = clean and self.running_flags.is_writeable() and \
+                    self.dispatch_behind_bytes() == 0
+            except (OSError, StoreError) as e:
                 log.error("shutdown flush failed, abort file kept: %s", e)
+                clean = False
             finally:
                 if clean and remove_abort_file:
                     remove_abort(self.root_dir)
@@ -216,8 +222,9 @@ class MessageStore:
 
     # ================================================================== recovery
     def _load_consume_queues(self) -> None:
-        """Load every queue; one that cannot be loaded (a file of the wrong size, say
-        after ``mapped_file_size_consume_queue`` changed) is rebuilt from the CommitLog."""
+        """Load every queue; in a store that recorded its file sizes, one that cannot be
+        loaded (a damaged file) is rebuilt from the CommitLog. Without that record a
+        wrong size may be a configuration mistake, and the load fails instead."""
         root = self.config.consume_queue_dir
         if not os.path.isdir(root):
             return
@@ -232,6 +239,8 @@ class MessageStore:
                 try:
                     cq.load()
                 except StoreError as e:
+                    if not self._sizes_recorded:  # maybe a misconfiguration: touch nothing
+                        raise
                     log.warning("consume queue %s/%s unusable, rebuilding it from the "
                                 "commitlog: %s", topic, name, e)
                     cq.destroy()
@@ -242,6 +251,8 @@ class MessageStore:
         try:
             self.index_service.load(self.last_exit_ok, self.checkpoint.index_msg_timestamp)
         except StoreError as e:
+            if not self._sizes_recorded:  # maybe a misconfiguration: touch nothing
+                raise
             log.warning("index unusable, rebuilding it from the commitlog: %s", e)
             self.index_service.destroy()
             self._rebuild_logics = True
@@ -329,7 +340,7 @@ class MessageStore:
                 slots.append(i)
             appended = self.commit_log.append(batch, now) if batch else []
             for i, r in zip(slots, appended):
-                results[i] = PutMessageResult.stored(r) if r.status.name == "PUT_OK" else \
+                results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK else \
                     PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                              "cannot create a commitlog file (disk full?)")
             if appended:
@@ -381,10 +392,12 @@ class MessageStore:
         if now - self._last_thorough_flush_ms >= self.config.flush_commit_log_thorough_interval:
             self._last_thorough_flush_ms = now
             least = 0
-        self.commit_log.flush(least)
+        self.commit_log.mapped_file_queue.flush_dirty(least)
 
     def _flush_failed(self, e: OSError) -> None:
-        log.error("commitlog flush failed, refusing writes: %s", e)
+        """A failed fdatasync is never retried into success: writes stop for good and
+        ``abort`` stays, so the next start recovers from what is really on disk."""
+        log.error("flush failed, refusing writes: %s", e)
         self.running_flags.set(Flag.FLUSH_ERROR, f"fdatasync failed: {e}")
 
     # ================================================================== dispatch
@@ -409,7 +422,16 @@ class MessageStore:
             return n
 
     def _dispatch_to(self, end: int) -> int:
-        return self.reput.do_reput(end)
+        """Dispatch up to ``end``. A consume queue or index file that cannot be created
+        (disk full) stops dispatch where it is and refuses puts until it can."""
+        try:
+            count = self.reput.do_reput(end)
+        except StoreFileError as e:
+            if self.running_flags.set(Flag.WRITE_LOGICS_QUEUE_ERROR, str(e)):
+                log.error("dispatch stopped, refusing writes: %s", e)
+            return 0
+        self.running_flags.clear(Flag.WRITE_LOGICS_QUEUE_ERROR)
+        return count
 
     def find_consume_queue(self, topic: str, queue_id: int, *, create: bool = True) -> ConsumeQueue | None:
         queues = self.consume_queue_table.get(topic)
@@ -451,20 +473,26 @@ class MessageStore:
     def _flush_logics(self, least_pages: int) -> None:
         """FlushConsumeQueueService.doFlush: queues, index, then the checkpoint."""
         logics_ts = self.reput.logics_timestamp
-        for cq in self.all_consume_queues():
-            for _ in range(3):
-                if cq.flush(least_pages):
-                    break
-        index_ts = self.index_service.flush()
+        try:
+            for cq in self.all_consume_queues():
+                cq.mapped_file_queue.flush_dirty(least_pages)
+            index_ts = self.index_service.flush()
+        except OSError as e:
+            self._flush_failed(e)
+            raise
         cp = self.checkpoint
         physic_ts = self.commit_log.mapped_file_queue.store_timestamp
         if physic_ts > 0:
             cp.physic_msg_timestamp = physic_ts
-        if logics_ts > 0:
+        if logics_ts > 0 and least_pages == 0:  # only a thorough flush covers every unit
             cp.logics_msg_timestamp = logics_ts
         if index_ts > 0:
             cp.index_msg_timestamp = index_ts
-        cp.flush()
+        try:
+            cp.flush()
+        except OSError as e:
+            self._flush_failed(e)
+            raise
 
     # ================================================================== reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int,
@@ -491,7 +519,8 @@ class MessageStore:
             if offset > hi:
                 return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
                                         lo if lo == 0 else hi, lo, hi)
-            return self._read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi)
+            wanted = {tags} if isinstance(tags, str) else set(tags or ())
+            return self._read_queue(cq, offset, max(1, max_msgs), wanted - {"*"}, lo, hi)
 
     def _read_queue(self, cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str],
                     lo: int, hi: int) -> GetMessageResult:
@@ -629,6 +658,7 @@ class MessageStore:
 
     def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, cq_offset: int) -> int:
         with self._mutex:
+            self._check_running()
             cq = self.find_consume_queue(topic, queue_id, create=False)
             unit = cq.get_unit(cq_offset) if cq else None
             return unit[0] if unit else 0
@@ -674,10 +704,14 @@ class MessageStore:
             self._apply_disk_decision(decision)
             result = CleanResult(disk_full=bool(decision.disk_full), ratios=decision.ratios)
             if expiry.is_time_to_delete(cfg.delete_when, now) or decision.space_to_delete or force:
+                self._dispatch_to(self._confirm_offset())
+                self.commit_log.mapped_file_queue.flush_all()
                 result.commit_log_files = self.commit_log.delete_expired_file(
                     cfg.file_reserved_time * 3_600_000, cfg.delete_commit_log_files_interval,
                     cfg.destroy_maped_file_interval_forcibly,
-                    cfg.clean_file_forcibly_enable and decision.clean_immediately)
+                    cfg.clean_file_forcibly_enable and decision.clean_immediately,
+                    below_offset=min(self.reput_from_offset,
+                                     self.commit_log.mapped_file_queue.flushed_where))
                 if result.commit_log_files == 0 and decision.space_to_delete:
                     log.warning("disk space will be full soon, but delete file failed")
             min_offset = self.commit_log.get_min_offset()

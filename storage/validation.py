@@ -25,6 +25,7 @@ and are stored with the v2 record layout.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from storage.config import StoreConfig
@@ -54,10 +55,12 @@ def _illegal(reason: str) -> Refusal:
     return PutMessageStatus.MESSAGE_ILLEGAL, reason
 
 
-_RESERVED_BYTES = re.compile("[\x00\x01\x02]")
+_RESERVED_BYTES = re.compile("[\x00\x01\x02\ud800-\udfff]")
 
 
 def _has_reserved(text: str) -> bool:
+    """NUL and the two separators may not stand in a property; nor may a lone
+    surrogate, which UTF-8 cannot encode."""
     return _RESERVED_BYTES.search(text) is not None
 
 
@@ -82,10 +85,25 @@ def _check_properties(msg: Message) -> Refusal | None:
             return _illegal(f"property {name!r} holds a reserved byte (\\x00, \\x01 or \\x02)")
     if msg.tags is not None and (not isinstance(msg.tags, str) or _has_reserved(msg.tags)):
         return _illegal("tags must be a str without \\x00, \\x01 or \\x02")
-    keys = msg.keys if isinstance(msg.keys, (list, tuple)) else ()
+    if msg.keys is not None and not isinstance(msg.keys, (str, list, tuple)):
+        return _illegal("keys must be a list of str (or one space-separated str)")
+    keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else msg.keys or ()
     for key in keys:
-        if not isinstance(key, str) or not key or KEY_SEPARATOR in key or _has_reserved(key):
+        if not isinstance(key, str) or (not key and not isinstance(msg.keys, str)) or \
+                (KEY_SEPARATOR in key) or _has_reserved(key):
             return _illegal(f"key {key!r} must be a non-empty str without spaces or separators")
+    return None
+
+
+def _check_born_host(msg: Message) -> str | None:
+    host = msg.born_host
+    if not (isinstance(host, tuple) and len(host) == 2 and isinstance(host[0], str)
+            and isinstance(host[1], int) and 0 <= host[1] <= 65535):
+        return f"born_host {host!r} must be an (ip, port) pair"
+    try:
+        ipaddress.ip_address(host[0])
+    except ValueError:
+        return f"born_host address {host[0]!r} is not an IPv4 or IPv6 address"
     return None
 
 
@@ -94,6 +112,8 @@ def check_message(msg: Message, config: StoreConfig, *, internal: bool = False) 
     if not isinstance(msg, Message):
         return _illegal(f"expected a Message, got {type(msg).__name__}")
     reason = check_topic(msg.topic, internal=internal)
+    if reason is None and msg.tags is not None and not isinstance(msg.tags, str):
+        reason = "tags must be a str"
     if reason:
         return _illegal(reason)
     if not isinstance(msg.body, (bytes, bytearray, memoryview)):
@@ -104,7 +124,7 @@ def check_message(msg: Message, config: StoreConfig, *, internal: bool = False) 
                         f"{config.default_topic_queue_nums - 1}")
     if not isinstance(msg.delay_level, int) or msg.delay_level < 0:
         return _illegal(f"delay level {msg.delay_level!r} must be a non-negative int")
-    reason = _check_ranges(msg)
+    reason = _check_ranges(msg) or _check_born_host(msg)
     if reason:
         return _illegal(reason)
     return _check_properties(msg)

@@ -436,3 +436,46 @@ def test_unit_pointing_at_the_wrong_record_raises(store):
     with pytest.raises(CorruptRecordError) as e:
         store.get_message("g", "TopicTest", 0, 1, 1)
     assert e.value.path == mf.path and e.value.offset == 20
+
+
+@pytest.mark.parametrize("fields", [
+    dict(keys="a\x00b"), dict(keys="k\x02UNIQ_KEY\x01forged"), dict(keys={"a"}),
+    dict(keys=["ok", 5]), dict(born_host=("not-an-ip", 1)), dict(born_host=("1.2.3.4", 2**40)),
+    dict(born_host="1.2.3.4:5"), dict(tags="\udc80"), dict(properties={"a": "\ud800"}),
+    dict(tags=7)])
+def test_more_bad_input_is_refused_without_stopping_the_batch(store, fields):
+    results = store.put_batch([msg(1), Message(topic="TopicTest", body=b"x", **fields), msg(2)])
+    assert results[1].status is PutMessageStatus.MESSAGE_ILLEGAL, results[1]
+    assert results[0].ok and results[2].ok
+    assert store.check() == []
+
+
+def test_keys_as_one_string_are_split(store):
+    store.put(Message(topic="Q", body=b"1", keys="a b"))
+    assert [m.keys for m in store.query_message("Q", "b").messages] == [["a", "b"]]
+
+
+def test_fastjson_delay_offsets_are_read(config):
+    s = reopen(config)
+    s.close()
+    os.makedirs(config.config_dir, exist_ok=True)
+    with open(os.path.join(config.config_dir, "delayOffset.json"), "w") as f:
+        f.write('{"offsetTable":{1:3,2:0}}')
+    s = reopen(config)
+    assert s.schedule_message_service.offset_table == {1: 3, 2: 0}
+    s.close()
+
+
+def test_flush_moves_past_deleted_files_and_reaches_the_end(tmp_path):
+    s = MessageStore(small_config(tmp_path, flush_interval_commit_log=10**9))
+    s.load()
+    s.put_batch([msg(i) for i in range(300)])
+    mfq = s.commit_log.mapped_file_queue
+    assert mfq.flushed_where == 0
+    for f in mfq.mapped_files[:-1]:
+        os.utime(f.path, (0, 0))
+    s.disk_used_ratio = lambda path: 0.5
+    assert s.clean_expired_files(force=True).commit_log_files > 0
+    s.flush()
+    assert mfq.flushed_where == mfq.get_max_wrote_position()
+    s.close()

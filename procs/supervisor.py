@@ -1,0 +1,279 @@
+"""The supervisor: one store's processes, started, watched and stopped in order.
+
+``rocketstore up`` runs ``Supervisor(...).run()`` in the foreground:
+
+1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml);
+2. take the store's ``lock`` (a second ``up`` on the same directory fails at once),
+   recover the files (abnormal recovery when ``abort`` exists) and create the position
+   table from them (``procs.recovery``);
+3. start the processes by ascending ``priority``, each in a fresh interpreter (spawn),
+   and mark the store RUNNING once every one of them has turned its loop;
+4. watch them: a process that exits when it should not is restarted after a back-off
+   that doubles with each consecutive failure (``backoff_s`` .. ``backoff_max_s``); one
+   that dies within ``startsecs`` more than ``startretries`` times in a row is FATAL and
+   the store stops;
+5. on SIGTERM or SIGINT, stop them by descending priority (reader, scheduler, cleaner,
+   writer — which answers everything it accepted —, dispatcher — which catches up —,
+   flusher — which flushes the rest), each with ``stopsignal`` and SIGKILL after
+   ``stopwaitsecs``; then remove ``abort`` only if every process stopped cleanly and
+   WRITTEN == FLUSHED == DISPATCHED; unlink the shared memory; release the lock.
+
+If the supervisor itself is killed, its children die with it (PR_SET_PDEATHSIG), the
+lock goes with its descriptor, ``abort`` stays, and the next ``up`` recovers.
+
+    process     priority  owns
+    ----------  --------  ------------------------------------------------------------
+    flusher     10        fdatasync of the CommitLog, FLUSHED, the checkpoint's physic time
+    dispatcher  20        consume queues, index, DISPATCHED, checkpoint logics/index times
+    writer      30        CommitLog appends, WRITTEN, the ingest socket
+    cleaner     40        expiry: unlinks old files, MIN_OFFSET, DISK_FULL
+    scheduler   50        delayed messages, config/delayOffset.json
+    reader      60        the reader socket for remote pulls and queries
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+import tomllib
+from typing import Any
+
+import multiprocess
+import multiprocess.connection
+
+from procs.recovery import recover_and_publish
+from procs.service import run_service
+from shm.positions import (
+    HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, PositionTable, ProcessState, Slot,
+    StoreState, now_ms)
+from storage import StoreConfig
+from storage.errors import StoreConfigError
+from storage.store_lock import remove_abort
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ProcessConfig:
+    """supervisord's vocabulary for one process."""
+
+    priority: int
+    autorestart: bool = True
+    startsecs: float = 1.0
+    startretries: int = 3
+    backoff_s: float = 0.5
+    backoff_max_s: float = 10.0
+    stopsignal: str = "TERM"
+    stopwaitsecs: float = 20.0
+    enabled: bool = True
+
+
+DEFAULT_PROCESSES = {
+    "flusher": ProcessConfig(priority=10),
+    "dispatcher": ProcessConfig(priority=20),
+    "writer": ProcessConfig(priority=30),
+    "cleaner": ProcessConfig(priority=40),
+    "scheduler": ProcessConfig(priority=50),
+    "reader": ProcessConfig(priority=60),
+}
+MODULES = {name: f"procs.{name}" for name in DEFAULT_PROCESSES}
+
+
+def load_process_configs(doc: dict[str, Any]) -> dict[str, ProcessConfig]:
+    """``[process.NAME]`` tables over the defaults; unknown names or keys are errors."""
+    out = {name: dataclasses.replace(cfg) for name, cfg in DEFAULT_PROCESSES.items()}
+    known = {f.name for f in dataclasses.fields(ProcessConfig)}
+    for name, table in doc.get("process", {}).items():
+        if name not in out:
+            raise StoreConfigError(f"[process.{name}]: no such process "
+                                   f"(known: {', '.join(out)})")
+        unknown = set(table) - known
+        if unknown:
+            raise StoreConfigError(f"[process.{name}]: unknown setting(s) {sorted(unknown)}")
+        out[name] = dataclasses.replace(out[name], **table)
+    return out
+
+
+@dataclasses.dataclass
+class Child:
+    name: str
+    config: ProcessConfig
+    process: Any = None
+    started_at: float = 0.0
+    failures: int = 0
+    restarts: int = 0
+    next_start_at: float = 0.0
+    state: ProcessState = ProcessState.STOPPED
+
+
+class Supervisor:
+    def __init__(self, config: StoreConfig, processes: dict[str, ProcessConfig] | None = None):
+        self.config = config
+        self.store_dir = config.store_path_root_dir
+        self.children = {name: Child(name, cfg) for name, cfg in
+                         sorted((processes or DEFAULT_PROCESSES).items(),
+                                key=lambda kv: kv[1].priority) if cfg.enabled}
+        self.table: PositionTable | None = None
+        self._lock = None
+        self._stopping = False
+        self._fatal = ""
+        self._context = multiprocess.get_context("spawn")
+
+    @classmethod
+    def from_toml(cls, path: str, **overrides: Any) -> "Supervisor":
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+        return cls(StoreConfig.from_mapping(doc.get("store", {}), **overrides),
+                   load_process_configs(doc))
+
+    # ------------------------------------------------------------------ run
+    def run(self, ready=None) -> int:
+        """Start, watch until told to stop, stop. Returns 0 after a clean stop.
+
+        ``ready`` (optional) is called once every process is running.
+        """
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.start()
+        try:
+            announced = False
+            while not self._stopping and not self._fatal:
+                self._watch(timeout_s=0.1)
+                if not announced and self.all_running():
+                    self.table.set(Slot.STATE, StoreState.RUNNING)
+                    announced = True
+                    if ready:
+                        ready()
+        finally:
+            clean = self.stop()
+        return 0 if clean and not self._fatal else 1
+
+    def start(self) -> None:
+        recovered = recover_and_publish(self.config)
+        self.table, self._lock = recovered.table, recovered.lock
+        for child in self.children.values():
+            self._spawn(child)
+
+    def all_running(self) -> bool:
+        return all(self._is_up(c) for c in self.children.values())
+
+    def _request_stop(self, *_: object) -> None:
+        self._stopping = True
+
+    # ------------------------------------------------------------------ children
+    def _spawn(self, child: Child) -> None:
+        child.process = self._context.Process(
+            target=run_service, name=f"rocketstore-{child.name}",
+            args=(MODULES[child.name], self.store_dir, self.config.to_dict()))
+        child.process.start()
+        child.started_at = time.monotonic()
+        child.state = ProcessState.STARTING
+        t = self.table
+        t.set_process(child.name, PID, child.process.pid)
+        t.set_process(child.name, STARTED_MS, now_ms())
+        t.set_process(child.name, PROC_STATE, ProcessState.STARTING)
+        t.set_process(child.name, RESTARTS, child.restarts)
+        log.info("started %s (pid %d)", child.name, child.process.pid)
+
+    def _is_up(self, child: Child) -> bool:
+        if child.process is None or not child.process.is_alive():
+            return False
+        beat = self.table.get_process(child.name, HEARTBEAT_MS)
+        return beat >= self.table.get_process(child.name, STARTED_MS)
+
+    def _watch(self, timeout_s: float) -> None:
+        """Wait for a child to exit (or ``timeout_s``), then restart what must be."""
+        sentinels = [c.process.sentinel for c in self.children.values()
+                     if c.process is not None and c.process.is_alive()]
+        if sentinels:
+            multiprocess.connection.wait(sentinels, timeout=timeout_s)
+        else:
+            time.sleep(timeout_s)
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.state == ProcessState.STARTING and self._is_up(child):
+                child.state = ProcessState.RUNNING
+                self.table.set_process(child.name, PROC_STATE, ProcessState.RUNNING)
+            if child.process is not None and not child.process.is_alive() and not self._stopping:
+                self._exited(child, now)
+            if child.state == ProcessState.BACKOFF and now >= child.next_start_at:
+                child.restarts += 1
+                self._spawn(child)
+
+    def _exited(self, child: Child, now: float) -> None:
+        code = child.process.exitcode
+        ran = now - child.started_at
+        child.process.join()
+        child.process = None
+        self.table.set_process(child.name, PID, 0)
+        log.warning("%s exited with code %s after %.1f s", child.name, code, ran)
+        if not child.config.autorestart:
+            child.state = ProcessState.EXITED
+            self.table.set_process(child.name, PROC_STATE, child.state)
+            return
+        child.failures = child.failures + 1 if ran < child.config.startsecs else 1
+        if ran < child.config.startsecs and child.failures > child.config.startretries:
+            child.state = ProcessState.FATAL
+            self.table.set_process(child.name, PROC_STATE, child.state)
+            self._fatal = f"{child.name} failed {child.failures} times in a row"
+            log.error("%s; stopping the store", self._fatal)
+            return
+        delay = min(child.config.backoff_max_s,
+                    child.config.backoff_s * 2 ** (child.failures - 1))
+        child.state = ProcessState.BACKOFF
+        child.next_start_at = now + delay
+        self.table.set_process(child.name, PROC_STATE, child.state)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> bool:
+        """Stop every child in reverse order; remove ``abort`` only after a clean stop.
+
+        Returns whether the stop was clean.
+        """
+        if self.table is None:
+            return False
+        self.table.set(Slot.STATE, StoreState.STOPPING)
+        clean = not self._fatal
+        for child in reversed(list(self.children.values())):
+            clean &= self._stop_child(child)
+        t = self.table
+        written = t.get(Slot.WRITTEN)
+        caught_up = (t.get(Slot.FLUSHED) == written == t.get(Slot.DISPATCHED)
+                     and not t.get(Slot.FLUSH_ERROR) and not t.get(Slot.DISPATCH_ERROR))
+        if clean and caught_up:
+            remove_abort(self.store_dir)
+            log.info("stopped cleanly at %d", written)
+        else:
+            log.warning("stopped uncleanly (clean=%s, written %d flushed %d dispatched %d): "
+                        "the next start recovers", clean, written, t.get(Slot.FLUSHED),
+                        t.get(Slot.DISPATCHED))
+        t.set(Slot.STATE, StoreState.STOPPED)
+        t.unlink()
+        t.close()
+        self.table = None
+        self._lock.release()
+        return clean and caught_up
+
+    def _stop_child(self, child: Child) -> bool:
+        proc = child.process
+        if proc is None:
+            return child.state in (ProcessState.STOPPED, ProcessState.EXITED, ProcessState.BACKOFF)
+        child.state = ProcessState.STOPPING
+        self.table.set_process(child.name, PROC_STATE, child.state)
+        if proc.is_alive():
+            os.kill(proc.pid, getattr(signal, f"SIG{child.config.stopsignal}"))
+        proc.join(child.config.stopwaitsecs)
+        if proc.is_alive():
+            log.error("%s did not stop within %s s: killing it", child.name,
+                      child.config.stopwaitsecs)
+            proc.kill()
+            proc.join()
+        code = proc.exitcode
+        child.process = None
+        child.state = ProcessState.STOPPED
+        self.table.set_process(child.name, PROC_STATE, child.state)
+        self.table.set_process(child.name, PID, 0)
+        return code == 0
