@@ -6,6 +6,16 @@ percent or as fractions exactly as RocketMQ reads them). A few BrokerConfig valu
 store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
 ``long_polling_enable``) sit here too, under their BrokerConfig names.
 
+Accepted for compatibility with RocketMQ configurations but not acted on (yet):
+the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
+``fast_fail_if_no_buffer_in_store_pool``), warm-up (``warm_maped_file_enable``,
+``flush_least_pages_when_warm_maped_file``), ``flush_commit_log_timed``,
+``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
+``use_reentrant_lock_when_put_message``, ``debug_lock_enable`` and
+``long_polling_enable`` (long polling is always on). Two that would change what is
+stored are refused when switched on: ``duplication_enable`` and
+``enable_consume_queue_ext``.
+
 The same settings load from the ``[store]`` table of ``supervisor.toml``
 (``StoreConfig.from_toml``); tests build tiny stores in Python
 (``StoreConfig(store_path_root_dir=d, mapped_file_size_commit_log=8192)``), the way
@@ -171,6 +181,9 @@ class StoreConfig:
                      "default_topic_queue_nums", "sync_flush_timeout"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
+        for name in ("duplication_enable", "enable_consume_queue_ext"):
+            if getattr(self, name):
+                raise StoreConfigError(f"{name} is not supported by this store")
         if self.max_index_num < 2:
             raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
         if not 0 < self.disk_max_used_space_ratio <= 100:

@@ -606,15 +606,17 @@ class MessageStore:
         msg = self.look_message_by_offset(offset)
         return msg if msg is not None and msg.msg_id == msg_id.upper() else None
 
-    def query_message(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
+    def query_message(self, topic: str, key: str, max_num: int | None = None, begin_ms: int = 0,
                       end_ms: int = 2**63 - 1) -> QueryMessageResult:
         """Messages of ``topic`` whose key or unique key is ``key``, stored in
-        [begin_ms, end_ms], oldest first, at most ``max_num`` (capped at
-        ``max_msgs_num_batch``). Every hit is re-read and checked, so a hash collision
+        [begin_ms, end_ms], oldest first, at most ``max_num`` (default
+        ``default_query_max_num``, capped at ``max_msgs_num_batch``). Every hit is re-read and checked, so a hash collision
         never returns a wrong message."""
         with self._mutex:
             self._check_running()
             self._dispatch_to(self._confirm_offset())
+            if max_num is None:
+                max_num = self.config.default_query_max_num
             max_num = max(0, min(max_num, self.config.max_msgs_num_batch))
             res = self.index_service.query_offset(topic, key, max_num * 4 + 16,
                                                   max(0, begin_ms - 1000), end_ms)
