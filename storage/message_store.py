@@ -610,8 +610,8 @@ class MessageStore:
                       end_ms: int = 2**63 - 1) -> QueryMessageResult:
         """Messages of ``topic`` whose key or unique key is ``key``, stored in
         [begin_ms, end_ms], oldest first, at most ``max_num`` (default
-        ``default_query_max_num``, capped at ``max_msgs_num_batch``). Every hit is re-read and checked, so a hash collision
-        never returns a wrong message."""
+        ``default_query_max_num``, capped at ``max_msgs_num_batch``). Every hit is
+        re-read and checked, so a hash collision never returns a wrong message."""
         with self._mutex:
             self._check_running()
             self._dispatch_to(self._confirm_offset())
