@@ -1,9 +1,14 @@
 """``rocketstore``: the operator's command line.
 
-    rocketstore demo   [--store DIR] [--count N] [--json]   write, read back and check
-    rocketstore dump   PATH [--type KIND] [--limit N] [--json]
-    rocketstore check  [--store DIR] [--json]               load (recovering) and fsck
-    rocketstore config [--json]                             the settings in force
+    rocketstore up      [--store DIR]                         run the store (foreground)
+    rocketstore status  [--json]                              positions, processes, lag
+    rocketstore send    --topic T --body B [--count N] ...    send to a running store
+    rocketstore consume --group G --topic T [--follow]        read from a running store
+    rocketstore query   (--key K --topic T | --msg-id ID | --offset N)
+    rocketstore demo    [--count N] [--json]                  the embedded store, end to end
+    rocketstore dump    PATH [--type KIND] [--limit N] [--json]
+    rocketstore check   [--json]                              load (recovering) and fsck
+    rocketstore config  [--json]                              the settings in force
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
 ``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
@@ -27,6 +32,9 @@ from typing import Iterable
 from storage import Message, MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
 from storage.config import recorded_geometry
+from procs import running_commands
+from procs.client import ClientError
+from shm.positions import PositionTableError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
@@ -217,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--config", help="settings file (default: embedded supervisor.toml)")
     common.add_argument("--store", help="store directory (default: the config's)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    p = argparse.ArgumentParser(prog="rocketstore", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rocketstore", description="rocketstore: the operator's command line")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", parents=[common], help="write, read back and check messages")
     d.add_argument("--count", type=int, default=2000)
@@ -231,14 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
     cf = sub.add_parser("config", parents=[common], help="print the settings in force")
     cf.set_defaults(func=cmd_config)
+    running_commands.add_parsers(sub, common)
     return p
+
+
+def cmd_running(args: argparse.Namespace) -> int:
+    """The commands of procs.running_commands (up, status, send, consume, query)."""
+    config = load_config(args)
+    if args.running == "up":
+        return running_commands.cmd_up(args, config, args.config or embedded_config_path())
+    return getattr(running_commands, f"cmd_{args.running}")(args, config)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except StoreError as e:
+        return cmd_running(args) if getattr(args, "running", None) else args.func(args)
+    except (StoreError, PositionTableError, ClientError) as e:
         print(f"rocketstore: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_STORE
     except BrokenPipeError:

@@ -50,7 +50,7 @@ from storage.errors import CorruptRecordError, StoreClosedError, StoreError, Sto
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt, decode_message_id
-from storage.record import RecordFormatError, decode_at
+from storage.record import SCHEDULE_TOPIC, RecordFormatError, decode_at
 from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
@@ -100,7 +100,8 @@ class MessageStore:
         self.index_service = IndexService(config.index_dir, config.max_hash_slot_num,
                                           config.max_index_num)
         self.checkpoint: StoreCheckpoint | None = None
-        self.schedule_message_service = ScheduleMessageService(self)
+        self.schedule_message_service = ScheduleMessageService(
+            _EmbeddedDelayQueues(self), self.commit_log.delay_level_ms, config.config_dir)
         self.running_flags = RunningFlags()
         self.reput = ReputMessageService(
             self.commit_log, self.find_consume_queue,
@@ -762,6 +763,24 @@ class MessageStore:
                                                           cq.get_max_offset_in_queue()]
                            for cq in self.all_consume_queues()},
             }
+
+
+class _EmbeddedDelayQueues:
+    """The delay queues of an embedded store, for its ScheduleMessageService."""
+
+    def __init__(self, store: MessageStore):
+        self.store = store
+
+    def delay_units(self, queue_id: int, start: int):
+        cq = self.store.find_consume_queue(SCHEDULE_TOPIC, queue_id, create=False)
+        return cq.iter_units(start) if cq is not None else iter(())
+
+    def look_message(self, commit_log_offset: int) -> MessageExt | None:
+        return self.store.commit_log.look_message_by_offset(commit_log_offset)
+
+    def put_again(self, msg: Message) -> tuple[bool, str]:
+        result = self.store.put(msg)
+        return result.ok, f"{result.status.name} {result.reason}".strip()
 
 
 def _total_physical_memory() -> int:

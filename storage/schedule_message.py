@@ -23,29 +23,41 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import Iterator, Protocol
 
 from storage import json_file
 from storage.delay_level import delay_level_to_queue_id, restore_real_destination
 from storage.mapped_file import now_ms
-from storage.record import SCHEDULE_TOPIC
-
-if TYPE_CHECKING:
-    from storage.message_store import MessageStore
+from storage.message import Message, MessageExt
 
 log = logging.getLogger(__name__)
 
 DELAY_OFFSET_FILE = "delayOffset.json"
 
 
+class DelayQueues(Protocol):
+    """What the service needs of a store: the embedded MessageStore and the scheduler
+    process (a StoreReader plus a Producer) each provide it."""
+
+    def delay_units(self, queue_id: int, start: int) -> Iterator[tuple[int, int, int, int]]:
+        """``(queue_offset, commit_log_offset, size, deliver_at_ms)`` of the
+        SCHEDULE_TOPIC_XXXX queue ``queue_id`` from ``start`` (raised to the queue's
+        min offset) to its dispatched end."""
+
+    def look_message(self, commit_log_offset: int) -> MessageExt | None: ...
+
+    def put_again(self, msg: Message) -> tuple[bool, str]:
+        """Put ``msg``; (stored, a reason when not)."""
+
+
 class ScheduleMessageService:
-    def __init__(self, store: "MessageStore"):
-        self.store = store
-        self.delay_level_ms = store.commit_log.delay_level_ms
-        self.max_delay_level = len(self.delay_level_ms) - 1
+    def __init__(self, queues: DelayQueues, delay_level_ms: list[int], config_dir: str):
+        self.queues = queues
+        self.delay_level_ms = delay_level_ms
+        self.max_delay_level = len(delay_level_ms) - 1
         self.offset_table: dict[int, int] = {}
         self._persisted: dict[int, int] = {}
-        self.path = os.path.join(store.config.config_dir, DELAY_OFFSET_FILE)
+        self.path = os.path.join(config_dir, DELAY_OFFSET_FILE)
 
     def load(self) -> None:
         """Read the offset table; levels without an entry start at offset 0."""
@@ -74,42 +86,36 @@ class ScheduleMessageService:
         return delivered
 
     def _deliver_level(self, level: int, now: int) -> int:
-        cq = self.store.find_consume_queue(SCHEDULE_TOPIC, delay_level_to_queue_id(level),
-                                           create=False)
-        if cq is None:
-            return 0
-        offset = max(self.offset_table.get(level, 0), cq.get_min_offset_in_queue())
+        offset = self.offset_table.get(level, 0)
         delivered = 0
-        for index, phy, _, deliver_at in cq.iter_units(offset):
+        for index, phy, _, deliver_at in self.queues.delay_units(
+                delay_level_to_queue_id(level), offset):
             if deliver_at > now + self.delay_level_ms[level]:
                 deliver_at = now
             if deliver_at > now or not self._redeliver(phy):
                 break
             offset = index + 1
             delivered += 1
-        self.offset_table[level] = offset
+        if delivered or level in self.offset_table:
+            self.offset_table[level] = offset
         return delivered
 
     def _redeliver(self, phy: int) -> bool:
-        held = self.store.commit_log.look_message_by_offset(phy)
+        held = self.queues.look_message(phy)
         if held is None:  # expired with its CommitLog file: nothing left to deliver
             return True
-        result = self.store.put(restore_real_destination(held))
-        if not result.ok:
-            log.warning("delayed message at %d not delivered: %s %s", phy,
-                        result.status.name, result.reason)
-        return result.ok
+        stored, reason = self.queues.put_again(restore_real_destination(held))
+        if not stored:
+            log.warning("delayed message at %d not delivered: %s", phy, reason)
+        return stored
 
     def next_due_ms(self) -> int | None:
         """When the earliest waiting message falls due (None when none waits)."""
         earliest = None
         for level in range(1, self.max_delay_level + 1):
-            cq = self.store.find_consume_queue(SCHEDULE_TOPIC, delay_level_to_queue_id(level),
-                                               create=False)
-            if cq is None:
-                continue
-            unit = cq.get_unit(max(self.offset_table.get(level, 0), cq.get_min_offset_in_queue()))
-            if unit is not None and (earliest is None or unit[2] < earliest):
-                earliest = unit[2]
+            for _, _, _, deliver_at in self.queues.delay_units(
+                    delay_level_to_queue_id(level), self.offset_table.get(level, 0)):
+                if earliest is None or deliver_at < earliest:
+                    earliest = deliver_at
+                break
         return earliest
-

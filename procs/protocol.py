@@ -1,0 +1,732 @@
+"""The wire format between clients and the store's sockets: binary, versioned, pure codecs.
+
+Every frame is **one** ZeroMQ message part holding a 16-byte header and a body; a frame
+carries many records (a part per record would cap throughput at a few hundred thousand
+records/s, PITFALLS "pyzmq"). Functions here only turn values into bytes and back: no
+sockets, no store semantics. Topic rules, sizes and queue ranges are the store's to judge;
+it answers them with statuses, never with a protocol error. ``docs/PROTOCOL.md`` is the
+same format written for implementers in other languages.
+
+All integers are big-endian. ``str`` fields are UTF-8 (msg ids ASCII) behind a length
+prefix; ``u8``/``u16``/``u32``/``u64`` unsigned, ``i32``/``i64`` two's complement.
+
+Header, every frame (``HEADER``, 16 bytes; the same in every version)::
+
+    offset  width  field
+    0       2      magic       b"RS"
+    2       1      version     u8, 1
+    3       1      kind        u8, ``Kind``
+    4       8      request_id  u64, chosen by the client, echoed by the reply
+    12      4      count       u32, records after the kind's fixed body (0 if it has none)
+    16             body
+
+SEND record (offsets from the record's start; T, H, G, K, P, B are the lengths of the
+topic, born host, tags, keys, properties and body)::
+
+    0            8   producer_id      u64  0 = no idempotent identity
+    8            8   sequence         u64  per record; 0 when producer_id is 0
+    16           2+T topic            u16 len + UTF-8
+    18+T         4   queue_id         i32  -1 = the store chooses
+    22+T         4   flag             i32
+    26+T         4   sys_flag         i32
+    30+T         4   delay_level      i32  0 = not delayed
+    34+T         8   born_timestamp   i64  0 = now
+    42+T         1+H born_host        u8 len + "ip:port" / "[ip6]:port"; empty = default
+    43+T+H       2+G tags             u16 len + UTF-8; empty = none
+    45+T+H+G     2+K keys             u16 len + UTF-8, space-separated; empty = none
+    47+T+H+G+K   4+P properties       u32 len + "name\\x01value\\x02"..., UTF-8
+    51+T+H+G+K+P 4+B body             u32 len + bytes
+    55+T+H+G+K+P+B   end
+
+SEND_REPLY record, one per SEND record, in the same order (M msg id, R reason)::
+
+    0      1    status             u8   ``PutMessageStatus`` value
+    1      4    queue_id           i32
+    5      8    queue_offset       i64
+    13     8    commit_log_offset  i64
+    21     8    store_timestamp    i64
+    29     1+M  msg_id             u8 len + ASCII
+    30+M   2+R  reason             u16 len + UTF-8
+    32+M+R      end
+
+PULL body (count 0)::
+
+    0      2+T  topic       u16 len + UTF-8
+    2+T    4    queue_id    i32
+    6+T    8    offset      i64  consume-queue (logical) offset
+    14+T   4    max_msgs    i32
+    18+T   4    timeout_ms  i32  long-poll budget; 0 = answer at once
+    22+T        end
+
+PULL_REPLY body: status u8 (``GetMessageStatus`` value) at 0, next_begin_offset i64 at 1,
+min_offset i64 at 9, max_offset i64 at 17, then at 25 ``count`` records, each a u32
+length + the raw CommitLog record (``storage.record``).
+
+QUERY body (count 0): mode u8 at 0, then by mode::
+
+    1 BY_KEY     topic (u16 len + UTF-8), key (u16 len + UTF-8), max_num i32,
+                 begin_ms i64, end_ms i64
+    2 BY_MSG_ID  msg id (u8 len + ASCII)
+    3 BY_OFFSET  commit_log_offset i64
+
+QUERY_REPLY body: ``count`` raw records as in PULL_REPLY.
+
+ERROR body (count 0): code u16 (``ErrorCode``) at 0, message (u16 len + UTF-8) at 2.
+
+Not carried in version 1: ``Message.reconsume_times`` and ``prepared_transaction_offset``
+(they decode as 0). ``wait_store_msg_ok=False`` travels as RocketMQ's own property
+``WAIT=false`` and comes back as the field.
+
+Error codes: a frame over ``MAX_FRAME_BYTES`` is FRAME_TOO_LARGE; shorter than a header or
+with the wrong magic MALFORMED_FRAME (request id 0: it cannot be trusted); another version
+UNSUPPORTED_VERSION; an unassigned kind, or a kind the decoder does not take (PULL given to
+``decode_send``), UNKNOWN_KIND; a count over ``MAX_RECORDS_PER_FRAME`` TOO_MANY_RECORDS;
+anything wrong in the body MALFORMED_FRAME. That is also the order of the checks.
+
+Raises: every ``decode_*`` and ``peek_header`` raise only ``ProtocolError`` (a
+``ValueError``) for bad bytes (truncated, trailing garbage, wrong magic, unknown version, unexpected kind, too
+many records, lengths past the frame, invalid UTF-8, unknown status or mode). Every
+``encode_*`` raises ``ValueError`` for a value that does not fit its wire field (an int
+out of range, a string too long for its length prefix) and ``ProtocolError``
+(TOO_MANY_RECORDS, FRAME_TOO_LARGE) for a frame a server would refuse; a SEND_REPLY
+reason or an ERROR message that is too long is cut at a UTF-8 boundary instead.
+
+Performance: ``decode_send`` runs once per record on the writer's hot path. It copies
+the frame into ``bytes`` once (a no-op for the ``bytes`` pyzmq hands back by default) and
+then uses precompiled ``unpack_from`` and one slice per text field: slicing ``bytes`` and
+decoding measured faster here than ``str(memoryview_slice, "utf-8")`` (71 vs 120 ns), since
+both allocate one object per field; the whole decoder over a memoryview ran 12-16% slower.
+Measured (CPython 3.11, this machine, 1000-record frames, 128-byte bodies): decode 1.07 M
+records/s bare, 0.58 M with tags, a key and a property, 0.50 M with tags, key, UNIQ_KEY and
+a born host; encode 1.22 / 0.68 / 0.59 M/s. Building the ``Message`` (~0.2 us) and
+``decode_properties`` (~0.2 us) are the largest single costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import ipaddress
+import struct
+from typing import Iterable, NamedTuple, Sequence
+
+from storage.commit_log import PutMessageResult
+from storage.message import (
+    PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
+    encode_properties, format_host, parse_host)
+from storage.record import RecordFormatError, decode_at
+from storage.status import GetMessageStatus, PutMessageStatus
+
+MAGIC = b"RS"
+VERSION = 1
+MAX_RECORDS_PER_FRAME = 65536
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+BUSY_REASON = "busy"  # reason of the OS_PAGECACHE_BUSY answers beyond a client's window
+DEFAULT_BORN_HOST: Host = Message.__dataclass_fields__["born_host"].default
+INT64_MAX = (1 << 63) - 1
+
+
+class Kind(enum.IntEnum):
+    SEND = 1
+    SEND_REPLY = 2
+    PULL = 3
+    PULL_REPLY = 4
+    QUERY = 5
+    QUERY_REPLY = 6
+    ERROR = 15
+
+
+REPLY_KIND = {Kind.SEND: Kind.SEND_REPLY, Kind.PULL: Kind.PULL_REPLY,
+              Kind.QUERY: Kind.QUERY_REPLY}
+
+
+class ErrorCode(enum.IntEnum):
+    MALFORMED_FRAME = 1
+    UNSUPPORTED_VERSION = 2
+    FRAME_TOO_LARGE = 3
+    UNKNOWN_KIND = 4       # a kind this decoder (endpoint) does not take
+    TOO_MANY_RECORDS = 5
+    INTERNAL = 6
+
+
+class QueryMode(enum.IntEnum):
+    BY_KEY = 1
+    BY_MSG_ID = 2
+    BY_OFFSET = 3
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a frame this side can take. ``request_id`` is the frame's when
+    its header could be read (else 0), so a server can answer ``encode_error``."""
+
+    def __init__(self, code: ErrorCode, detail: str, request_id: int = 0):
+        self.code, self.detail, self.request_id = code, detail, request_id
+        super().__init__(f"{code.name}: {detail}")
+
+
+# ------------------------------------------------------------------------------ layouts
+MAGIC_POS = 0
+VERSION_POS = MAGIC_POS + 2
+KIND_POS = VERSION_POS + 1
+REQUEST_ID_POS = KIND_POS + 1
+COUNT_POS = REQUEST_ID_POS + 8
+HEADER_SIZE = COUNT_POS + 4
+HEADER = struct.Struct(">2sBBQI")
+assert HEADER.size == HEADER_SIZE == 16
+
+U8 = struct.Struct(">B")
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+I64 = struct.Struct(">q")
+SEND_IDS = struct.Struct(">QQH")          # producer_id, sequence, topic length
+SEND_FIXED = struct.Struct(">iiiiqB")     # queue_id .. born_timestamp, born host length
+SEND_REPLY_FIXED = struct.Struct(">BiqqqB")  # status .. store_timestamp, msg id length
+PULL_FIXED = struct.Struct(">iqii")       # queue_id, offset, max_msgs, timeout_ms
+PULL_REPLY_FIXED = struct.Struct(">Bqqq")  # status, next_begin, min, max offsets
+QUERY_KEY_FIXED = struct.Struct(">iqq")   # max_num, begin_ms, end_ms
+assert (SEND_IDS.size, SEND_FIXED.size, SEND_REPLY_FIXED.size) == (18, 25, 30)
+assert (PULL_FIXED.size, PULL_REPLY_FIXED.size, QUERY_KEY_FIXED.size) == (20, 25, 20)
+SEND_RECORD_MIN = SEND_IDS.size + SEND_FIXED.size + 2 + 2 + 4 + 4
+assert SEND_RECORD_MIN == 55
+
+_PUT_STATUSES = {s.value: s for s in PutMessageStatus}
+_GET_STATUSES = {s.value: s for s in GetMessageStatus}
+_KINDS = {k.value: k for k in Kind}
+_ERROR_CODES = {c.value: c for c in ErrorCode}
+_WAIT_FALSE = f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02"
+_DECODE_FAULTS = (struct.error, UnicodeDecodeError)
+
+
+# ------------------------------------------------------------------------------ values
+class Header(NamedTuple):
+    version: int
+    kind: Kind
+    request_id: int
+    count: int
+
+
+class SendRequest(NamedTuple):
+    request_id: int
+    messages: list[Message]
+    producer_ids: list[int]   # per record; 0 = no idempotent identity
+    sequences: list[int]
+
+
+@dataclasses.dataclass(slots=True)
+class SendResult:
+    """One record's outcome, as a SEND_REPLY carries it."""
+
+    status: PutMessageStatus
+    msg_id: str = ""
+    queue_id: int = -1
+    queue_offset: int = -1
+    commit_log_offset: int = -1
+    store_timestamp: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the message is stored (a flush timeout still stored it)."""
+        return self.status.ok
+
+
+class PullRequest(NamedTuple):
+    request_id: int
+    topic: str
+    queue_id: int
+    offset: int
+    max_msgs: int
+    timeout_ms: int
+
+
+class PullReply(NamedTuple):
+    request_id: int
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+
+
+class QueryRequest(NamedTuple):
+    """Only the fields of ``mode`` are set: BY_KEY topic, key, max_num, begin_ms,
+    end_ms; BY_MSG_ID msg_id; BY_OFFSET commit_log_offset."""
+
+    request_id: int
+    mode: QueryMode
+    topic: str | None = None
+    key: str | None = None
+    max_num: int = 0
+    begin_ms: int = 0
+    end_ms: int = 0
+    msg_id: str | None = None
+    commit_log_offset: int | None = None
+
+
+class ErrorReply(NamedTuple):
+    request_id: int
+    code: ErrorCode
+    message: str
+
+
+# ------------------------------------------------------------------------------ header
+def check_frame_size(n: int) -> None:
+    """Raise ``ProtocolError(FRAME_TOO_LARGE)`` when a frame of ``n`` bytes is too big."""
+    if n > MAX_FRAME_BYTES:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"frame of {n} bytes is over {MAX_FRAME_BYTES}")
+
+
+def peek_header(frame) -> Header:
+    """The header of ``frame`` (any bytes-like object), checked but not its body.
+
+    Raises ``ProtocolError``: FRAME_TOO_LARGE, MALFORMED_FRAME (shorter than a header,
+    wrong magic), UNSUPPORTED_VERSION, UNKNOWN_KIND, TOO_MANY_RECORDS; the error carries
+    the request id whenever the magic was right.
+    """
+    n = len(frame)
+    check_frame_size(n)
+    if n < HEADER_SIZE:
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME,
+                            f"frame of {n} bytes is shorter than the {HEADER_SIZE}-byte header")
+    magic, version, kind, request_id, count = HEADER.unpack_from(frame, 0)
+    if magic != MAGIC:
+        raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"magic {magic!r} is not {MAGIC!r}")
+    if version != VERSION:
+        raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
+                            f"protocol version {version} (this side speaks {VERSION})", request_id)
+    k = _KINDS.get(kind)
+    if k is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND, f"unknown kind {kind}", request_id)
+    if count > MAX_RECORDS_PER_FRAME:
+        raise ProtocolError(ErrorCode.TOO_MANY_RECORDS,
+                            f"{count} records, over {MAX_RECORDS_PER_FRAME}", request_id)
+    return Header(version, k, request_id, count)
+
+
+def _open(frame, kind: Kind) -> tuple[bytes, int, int]:
+    """The frame as bytes, its request id and count, after checking its header and kind."""
+    h = peek_header(frame)
+    if h.kind is not kind:
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND,
+                            f"expected {kind.name}, got {h.kind.name}", h.request_id)
+    buf = frame if type(frame) is bytes else bytes(frame)
+    return buf, h.request_id, h.count
+
+
+def _header(kind: Kind, request_id: int, count: int) -> bytes:
+    if count > MAX_RECORDS_PER_FRAME:
+        raise ProtocolError(ErrorCode.TOO_MANY_RECORDS,
+                            f"{count} records, over {MAX_RECORDS_PER_FRAME}: split the batch",
+                            request_id)
+    try:
+        return HEADER.pack(MAGIC, VERSION, kind, request_id, count)
+    except struct.error:
+        raise ValueError(f"request id {request_id!r} is not a u64") from None
+
+
+def _finish(parts: list, request_id: int) -> bytes:
+    frame = b"".join(parts)
+    try:
+        check_frame_size(len(frame))
+    except ProtocolError as e:
+        e.request_id = request_id
+        raise
+    return frame
+
+
+def _malformed(request_id: int, detail: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.MALFORMED_FRAME, detail, request_id)
+
+
+def _check_end(buf: bytes, p: int, request_id: int, what: str) -> None:
+    if p > len(buf):
+        raise _malformed(request_id, f"{what} runs {p - len(buf)} bytes past the frame")
+    if p < len(buf):
+        raise _malformed(request_id, f"{len(buf) - p} bytes of trailing garbage after {what}")
+
+
+# ------------------------------------------------------------------------------ strings
+def _str16(text: str, name: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError(f"{name} is {len(raw)} bytes of UTF-8, over 65535")
+    return U16.pack(len(raw)) + raw
+
+
+def _cut16(text: str) -> bytes:
+    """u16 length + UTF-8, cut at a character boundary to fit (reasons, error messages)."""
+    raw = text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raw = raw[:0xFFFF].decode("utf-8", "ignore").encode("utf-8")
+    return U16.pack(len(raw)) + raw
+
+
+def _read_str16(buf: bytes, p: int) -> tuple[str, int]:
+    (n,) = U16.unpack_from(buf, p)
+    p += 2
+    if p + n > len(buf):
+        raise struct.error("string runs past the frame")
+    return buf[p:p + n].decode("utf-8"), p + n
+
+
+# ------------------------------------------------------------------------------ hosts
+_HOSTS: dict[bytes, Host] = {}
+
+
+def _host(raw: bytes) -> Host:
+    """``"ip:port"`` / ``"[ip6]:port"`` to ``(ip, port)``, remembered for repeated hosts.
+
+    Raises ``ValueError`` when it is not an IP literal and a port in 0..65535.
+    """
+    host = _HOSTS.get(raw)
+    if host is None:
+        text = raw.decode("ascii")
+        ip, port = parse_host(text) if text.rpartition(":")[2].isdigit() else ("", -1)
+        ipaddress.ip_address(ip)
+        if not 0 <= port <= 0xFFFF or (":" in ip) != text.startswith("["):
+            raise ValueError(f"born host {text!r} is not ip:port or [ip6]:port")
+        host = (ip, port)
+        if len(_HOSTS) < 4096:
+            _HOSTS[raw] = host
+    return host
+
+
+# ------------------------------------------------------------------------------ SEND
+def _send_record(m: Message, producer_id: int, sequence: int) -> list:
+    topic = m.topic.encode("utf-8")
+    host = b"" if m.born_host == DEFAULT_BORN_HOST else format_host(m.born_host).encode("ascii")
+    tags = m.tags.encode("utf-8") if m.tags else b""
+    keys = m.key_list()
+    keys = " ".join(keys).encode("utf-8") if keys else b""
+    props = encode_properties(m.properties) if m.properties else ""
+    if not m.wait_store_msg_ok and PROPERTY_WAIT_STORE_MSG_OK not in m.properties:
+        props += _WAIT_FALSE
+    props = props.encode("utf-8")
+    body = m.body
+    for name, raw, limit in (("topic", topic, 0xFFFF), ("born host", host, 0xFF),
+                             ("tags", tags, 0xFFFF), ("keys", keys, 0xFFFF)):
+        if len(raw) > limit:
+            raise ValueError(f"{name} is {len(raw)} bytes, over {limit}")
+    return [SEND_IDS.pack(producer_id, sequence, len(topic)), topic,
+            SEND_FIXED.pack(-1 if m.queue_id is None else m.queue_id, m.flag, m.sys_flag,
+                            m.delay_level, m.born_timestamp or 0, len(host)), host,
+            U16.pack(len(tags)), tags, U16.pack(len(keys)), keys,
+            U32.pack(len(props)), props, U32.pack(len(body)), body]
+
+
+def encode_send(request_id: int, messages: Sequence[Message], producer_id: int = 0,
+                first_sequence: int = 0) -> bytes:
+    """A SEND frame. With ``producer_id`` != 0 record i carries sequence
+    ``first_sequence + i`` (exactly-once producers); with 0 every record carries 0/0."""
+    parts = [_header(Kind.SEND, request_id, len(messages))]
+    seq = first_sequence if producer_id else 0
+    step = 1 if producer_id else 0
+    for i, m in enumerate(messages):
+        try:
+            parts += _send_record(m, producer_id, seq + i * step)
+        except (struct.error, OverflowError) as e:
+            raise ValueError(f"message {i} has a field that does not fit the wire: {e}") from None
+    return _finish(parts, request_id)
+
+
+def decode_send(frame) -> SendRequest:
+    """The messages of a SEND frame, as ``storage.message.Message`` objects (queue_id
+    None for -1, born_timestamp None for 0, keys a list or None, tags None when empty).
+
+    Raises ``ProtocolError``.
+    """
+    buf, request_id, count = _open(frame, Kind.SEND)
+    if HEADER_SIZE + count * SEND_RECORD_MIN > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold {count} SEND records")
+    ids_unpack, fixed_unpack = SEND_IDS.unpack_from, SEND_FIXED.unpack_from
+    u16_unpack, u32_unpack = U16.unpack_from, U32.unpack_from
+    hosts, default_host, decode_props = _HOSTS, DEFAULT_BORN_HOST, decode_properties
+    messages: list[Message] = []
+    producer_ids: list[int] = []
+    sequences: list[int] = []
+    add_message, add_id, add_seq = messages.append, producer_ids.append, sequences.append
+    p, i = HEADER_SIZE, 0
+    try:
+        for i in range(count):
+            producer_id, sequence, n = ids_unpack(buf, p)
+            p += 18
+            topic = buf[p:p + n].decode("utf-8")
+            p += n
+            queue_id, flag, sys_flag, delay_level, born_ts, n = fixed_unpack(buf, p)
+            p += 25
+            if n:
+                raw = buf[p:p + n]
+                host = hosts.get(raw) or _host(raw)
+                p += n
+            else:
+                host = default_host
+            (n,) = u16_unpack(buf, p)
+            p += 2
+            tags = buf[p:p + n].decode("utf-8") if n else None
+            p += n
+            (n,) = u16_unpack(buf, p)
+            p += 2
+            keys = buf[p:p + n].decode("utf-8").split(" ") if n else None
+            p += n
+            (n,) = u32_unpack(buf, p)
+            p += 4
+            wait = True
+            if n:
+                props = decode_props(buf[p:p + n].decode("utf-8"))
+                if props.get("WAIT") == "false":
+                    del props["WAIT"]
+                    wait = False
+            else:
+                props = {}
+            p += n
+            (n,) = u32_unpack(buf, p)
+            p += 4
+            body = buf[p:p + n]
+            p += n
+            add_message(Message(topic, body, tags, keys, props,
+                                None if queue_id == -1 else queue_id, flag, sys_flag,
+                                delay_level, born_ts or None, host, 0, 0, wait))
+            add_id(producer_id)
+            add_seq(sequence)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"SEND record {i} at byte {p}: {e}") from None
+    except ValueError as e:  # a born host that is not ip:port
+        raise _malformed(request_id, f"SEND record {i}: {e}") from None
+    _check_end(buf, p, request_id, "the SEND records")
+    return SendRequest(request_id, messages, producer_ids, sequences)
+
+
+# ------------------------------------------------------------------------------ SEND_REPLY
+def encode_send_reply(request_id: int, results: Sequence[PutMessageResult | SendResult]) -> bytes:
+    """A SEND_REPLY frame: one record per result, in the order of the SEND's records."""
+    parts = [_header(Kind.SEND_REPLY, request_id, len(results))]
+    for i, r in enumerate(results):
+        msg_id = (r.msg_id or "").encode("ascii")
+        if len(msg_id) > 0xFF:
+            raise ValueError(f"result {i}: msg id of {len(msg_id)} characters, over 255")
+        try:
+            parts.append(SEND_REPLY_FIXED.pack(r.status.value, r.queue_id, r.queue_offset,
+                                               r.commit_log_offset, r.store_timestamp,
+                                               len(msg_id)))
+        except struct.error as e:
+            raise ValueError(f"result {i} does not fit the wire: {e}") from None
+        parts += (msg_id, _cut16(r.reason or ""))
+    return _finish(parts, request_id)
+
+
+def decode_send_reply(frame) -> tuple[int, list[SendResult]]:
+    """``(request_id, results)`` of a SEND_REPLY frame. Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.SEND_REPLY)
+    results: list[SendResult] = []
+    p, i = HEADER_SIZE, 0
+    try:
+        for i in range(count):
+            value, queue_id, queue_offset, cl_offset, store_ts, n = \
+                SEND_REPLY_FIXED.unpack_from(buf, p)
+            p += SEND_REPLY_FIXED.size
+            status = _PUT_STATUSES.get(value)
+            if status is None:
+                raise _malformed(request_id, f"SEND_REPLY record {i}: unknown status {value}")
+            if p + n > len(buf):
+                raise struct.error("msg id runs past the frame")
+            msg_id = buf[p:p + n].decode("ascii")
+            reason, p = _read_str16(buf, p + n)
+            results.append(SendResult(status, msg_id, queue_id, queue_offset, cl_offset,
+                                      store_ts, reason))
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"SEND_REPLY record {i} at byte {p}: {e}") from None
+    _check_end(buf, p, request_id, "the SEND_REPLY records")
+    return request_id, results
+
+
+# ------------------------------------------------------------------------------ PULL
+def encode_pull(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
+                timeout_ms: int = 0) -> bytes:
+    """A PULL frame: up to ``max_msgs`` messages of one queue from ``offset``, waiting up
+    to ``timeout_ms`` for the first one when none is there yet."""
+    try:
+        body = _str16(topic, "topic") + PULL_FIXED.pack(queue_id, offset, max_msgs, timeout_ms)
+    except struct.error as e:
+        raise ValueError(f"PULL request does not fit the wire: {e}") from None
+    return _header(Kind.PULL, request_id, 0) + body
+
+
+def decode_pull(frame) -> PullRequest:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.PULL)
+    _no_records(count, request_id, Kind.PULL)
+    try:
+        topic, p = _read_str16(buf, HEADER_SIZE)
+        queue_id, offset, max_msgs, timeout_ms = PULL_FIXED.unpack_from(buf, p)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"PULL body: {e}") from None
+    _check_end(buf, p + PULL_FIXED.size, request_id, "the PULL body")
+    return PullRequest(request_id, topic, queue_id, offset, max_msgs, timeout_ms)
+
+
+def _no_records(count: int, request_id: int, kind: Kind) -> None:
+    if count != 0:
+        raise _malformed(request_id, f"{kind.name} carries no records, header says {count}")
+
+
+# ------------------------------------------------------------------------------ raw records
+def _records(parts: list, records: Iterable) -> list:
+    for r in records:
+        n = len(r) if isinstance(r, (bytes, bytearray)) else memoryview(r).nbytes
+        parts += (U32.pack(n), r)
+    return parts
+
+
+def _decode_records(buf: bytes, p: int, count: int, request_id: int,
+                    kind: Kind) -> list[MessageExt]:
+    """``count`` u32-length-prefixed CommitLog records from ``p`` to the frame's end."""
+    view = memoryview(buf)
+    out: list[MessageExt] = []
+    for i in range(count):
+        try:
+            (n,) = U32.unpack_from(buf, p)
+        except struct.error:
+            raise _malformed(request_id, f"{kind.name} record {i}: truncated length") from None
+        p += 4
+        if p + n > len(buf):
+            raise _malformed(request_id, f"{kind.name} record {i} of {n} bytes runs past the frame")
+        try:
+            m = decode_at(view[p:p + n], 0, check_crc=True)
+        except (RecordFormatError, struct.error, ValueError) as e:
+            raise _malformed(request_id, f"{kind.name} record {i}: {e}") from None
+        if m.store_size != n:
+            raise _malformed(request_id, f"{kind.name} record {i}: {n} bytes framed, "
+                                         f"the record says {m.store_size}")
+        out.append(m)
+        p += n
+    _check_end(buf, p, request_id, f"the {kind.name} records")
+    return out
+
+
+# ------------------------------------------------------------------------------ PULL_REPLY
+def encode_pull_reply(request_id: int, status: GetMessageStatus, next_begin_offset: int,
+                      min_offset: int, max_offset: int, records: Sequence) -> bytes:
+    """A PULL_REPLY frame; ``records`` are raw CommitLog records (any bytes-like, e.g. a
+    memoryview of the mapped file), copied once into the frame."""
+    try:
+        fixed = PULL_REPLY_FIXED.pack(status.value, next_begin_offset, min_offset, max_offset)
+    except struct.error as e:
+        raise ValueError(f"PULL_REPLY does not fit the wire: {e}") from None
+    parts = _records([_header(Kind.PULL_REPLY, request_id, len(records)), fixed], records)
+    return _finish(parts, request_id)
+
+
+def decode_pull_reply(frame) -> PullReply:
+    """Each record decoded with ``storage.record.decode_at`` (body CRC checked).
+
+    Raises ``ProtocolError``.
+    """
+    buf, request_id, count = _open(frame, Kind.PULL_REPLY)
+    try:
+        value, next_begin, min_offset, max_offset = PULL_REPLY_FIXED.unpack_from(buf, HEADER_SIZE)
+    except struct.error as e:
+        raise _malformed(request_id, f"PULL_REPLY body: {e}") from None
+    status = _GET_STATUSES.get(value)
+    if status is None:
+        raise _malformed(request_id, f"PULL_REPLY: unknown status {value}")
+    messages = _decode_records(buf, HEADER_SIZE + PULL_REPLY_FIXED.size, count, request_id,
+                               Kind.PULL_REPLY)
+    return PullReply(request_id, status, next_begin, min_offset, max_offset, messages)
+
+
+# ------------------------------------------------------------------------------ QUERY
+def encode_query_by_key(request_id: int, topic: str, key: str, max_num: int,
+                        begin_ms: int = 0, end_ms: int = INT64_MAX) -> bytes:
+    """Messages of ``topic`` indexed under ``key`` stored in [begin_ms, end_ms]."""
+    try:
+        body = (U8.pack(QueryMode.BY_KEY) + _str16(topic, "topic") + _str16(key, "key")
+                + QUERY_KEY_FIXED.pack(max_num, begin_ms, end_ms))
+    except struct.error as e:
+        raise ValueError(f"QUERY does not fit the wire: {e}") from None
+    return _header(Kind.QUERY, request_id, 0) + body
+
+
+def encode_query_by_msg_id(request_id: int, msg_id: str) -> bytes:
+    """The message whose offset msg id is ``msg_id``."""
+    raw = msg_id.encode("ascii")
+    if len(raw) > 0xFF:
+        raise ValueError(f"msg id of {len(raw)} characters, over 255")
+    return _header(Kind.QUERY, request_id, 0) + bytes((QueryMode.BY_MSG_ID, len(raw))) + raw
+
+
+def encode_query_by_offset(request_id: int, commit_log_offset: int) -> bytes:
+    """The message at ``commit_log_offset``."""
+    try:
+        body = U8.pack(QueryMode.BY_OFFSET) + I64.pack(commit_log_offset)
+    except struct.error as e:
+        raise ValueError(f"QUERY does not fit the wire: {e}") from None
+    return _header(Kind.QUERY, request_id, 0) + body
+
+
+def decode_query(frame) -> QueryRequest:
+    """Raises ``ProtocolError`` (MALFORMED_FRAME for an unknown mode)."""
+    buf, request_id, count = _open(frame, Kind.QUERY)
+    _no_records(count, request_id, Kind.QUERY)
+    p = HEADER_SIZE
+    try:
+        (value,) = U8.unpack_from(buf, p)
+        p += 1
+        if value == QueryMode.BY_KEY:
+            topic, p = _read_str16(buf, p)
+            key, p = _read_str16(buf, p)
+            max_num, begin_ms, end_ms = QUERY_KEY_FIXED.unpack_from(buf, p)
+            p += QUERY_KEY_FIXED.size
+            q = QueryRequest(request_id, QueryMode.BY_KEY, topic, key, max_num, begin_ms, end_ms)
+        elif value == QueryMode.BY_MSG_ID:
+            (n,) = U8.unpack_from(buf, p)
+            if p + 1 + n > len(buf):
+                raise struct.error("msg id runs past the frame")
+            msg_id = buf[p + 1:p + 1 + n].decode("ascii")
+            p += 1 + n
+            q = QueryRequest(request_id, QueryMode.BY_MSG_ID, msg_id=msg_id)
+        elif value == QueryMode.BY_OFFSET:
+            (offset,) = I64.unpack_from(buf, p)
+            p += 8
+            q = QueryRequest(request_id, QueryMode.BY_OFFSET, commit_log_offset=offset)
+        else:
+            raise _malformed(request_id, f"unknown QUERY mode {value}")
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"QUERY body: {e}") from None
+    _check_end(buf, p, request_id, "the QUERY body")
+    return q
+
+
+def encode_query_reply(request_id: int, records: Sequence) -> bytes:
+    """A QUERY_REPLY frame of raw CommitLog records (none when nothing matched)."""
+    return _finish(_records([_header(Kind.QUERY_REPLY, request_id, len(records))], records),
+                   request_id)
+
+
+def decode_query_reply(frame) -> tuple[int, list[MessageExt]]:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.QUERY_REPLY)
+    return request_id, _decode_records(buf, HEADER_SIZE, count, request_id, Kind.QUERY_REPLY)
+
+
+# ------------------------------------------------------------------------------ ERROR
+def encode_error(request_id: int, code: ErrorCode, message: str) -> bytes:
+    """An ERROR frame: the whole request was refused and nothing of it was done.
+    ``message`` is cut to 65535 bytes of UTF-8."""
+    return _header(Kind.ERROR, request_id, 0) + U16.pack(ErrorCode(code)) + _cut16(message)
+
+
+def decode_error(frame) -> ErrorReply:
+    """Raises ``ProtocolError`` (MALFORMED_FRAME for an unknown error code)."""
+    buf, request_id, count = _open(frame, Kind.ERROR)
+    _no_records(count, request_id, Kind.ERROR)
+    try:
+        (value,) = U16.unpack_from(buf, HEADER_SIZE)
+        message, p = _read_str16(buf, HEADER_SIZE + 2)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"ERROR body: {e}") from None
+    code = _ERROR_CODES.get(value)
+    if code is None:
+        raise _malformed(request_id, f"unknown error code {value}")
+    _check_end(buf, p, request_id, "the ERROR body")
+    return ErrorReply(request_id, code, message)

@@ -1,0 +1,186 @@
+"""``rocketstore`` commands for a running store: up, status, send, consume, query.
+
+They share the exit codes of ``procs.cli``: 0 success, 1 a step failed, 2 bad usage,
+3 the store cannot be reached or opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import tomllib
+
+from procs.client import Producer, ReaderClient
+from procs.supervisor import Supervisor, load_process_configs
+from shm import bus
+from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, Slot, StoreState, now_ms
+from storage import Message, StoreConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------------------ up
+def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> int:
+    """Run the store in the foreground until SIGTERM or Ctrl-C."""
+    with open(config_path, "rb") as f:
+        processes = load_process_configs(tomllib.load(f))
+    supervisor = Supervisor(config, processes)
+
+    def ready() -> None:
+        print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "
+              f"(supervisor pid {os.getpid()}); ingest {bus.endpoint(config.store_path_root_dir, 'ingest')}, "
+              f"reader {bus.endpoint(config.store_path_root_dir, 'reader')}; "
+              "Ctrl-C stops it", flush=True)
+
+    return supervisor.run(ready=ready)
+
+
+# ------------------------------------------------------------------------------ status
+def store_status(store_dir: str) -> dict:
+    """Positions, processes, disk and flags of a running store.
+
+    Raises ``PositionTableError`` when the store is not running.
+    """
+    table = PositionTable.attach(store_dir)
+    try:
+        snap = table.snapshot()
+        written = snap["written"]
+        now = now_ms()
+        for name, proc in snap["processes"].items():
+            beat = table.get_process(name, HEARTBEAT_MS)
+            proc["heartbeat_age_ms"] = now - beat if beat else None
+        usage = shutil.disk_usage(store_dir)
+        return {
+            "store": os.path.abspath(store_dir),
+            "state": StoreState(snap["state"]).name,
+            "writeable": not snap["flush_error"] and not snap["disk_full"],
+            "positions": {"min_offset": snap["min_offset"], "written": written,
+                          "flushed": snap["flushed"], "dispatched": snap["dispatched"],
+                          "confirm": table.confirm_offset()},
+            "dispatch_lag_bytes": written - snap["dispatched"],
+            "flush_lag_bytes": written - snap["flushed"],
+            "errors": {"flush": snap["flush_error"], "dispatch": snap["dispatch_error"],
+                       "disk_full": bool(snap["disk_full"])},
+            "disk": {"total": usage.total, "used": usage.used,
+                     "used_ratio": round(usage.used / usage.total, 4)},
+            "processes": snap["processes"],
+            "generation": snap["generation"],
+            "supervisor_pid": snap["supervisor_pid"],
+        }
+    finally:
+        table.close()
+
+
+def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
+    try:
+        st = store_status(config.store_path_root_dir)
+    except PositionTableError as e:
+        if args.json:
+            print(json.dumps({"store": config.store_path_root_dir, "state": "NOT_RUNNING",
+                              "detail": str(e)}))
+        else:
+            print(f"not running: {e}", file=sys.stderr)
+        return EXIT_STORE
+    if args.json:
+        print(json.dumps(st))
+        return EXIT_OK
+    pos = st["positions"]
+    print(f"store      {st['store']}  {st['state']}  "
+          f"{'writeable' if st['writeable'] else 'NOT WRITEABLE'}  (supervisor {st['supervisor_pid']})")
+    print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
+          f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
+    print(f"disk       {st['disk']['used_ratio']:.1%} used")
+    for name, p in st["processes"].items():
+        age = "-" if p["heartbeat_age_ms"] is None else f"{p['heartbeat_age_ms']} ms"
+        print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "
+              f"restarts {p['restarts']}")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ send
+def cmd_send(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Send ``--count`` copies of ``--body`` (or one message per stdin line with ``-``)."""
+    bodies = (line.rstrip("\n").encode() for line in sys.stdin) if args.body == "-" else \
+        (args.body.encode() for _ in range(args.count))
+    keys = args.keys.split(",") if args.keys else None
+    failed = sent = 0
+    with Producer(config.store_path_root_dir) as producer:
+        batch: list[Message] = []
+        for body in bodies:
+            batch.append(Message(topic=args.topic, body=body, tags=args.tags, keys=keys,
+                                 queue_id=args.queue_id, delay_level=args.delay_level))
+            if len(batch) == 256:
+                sent, failed = _send(producer, batch, args.json, sent, failed)
+                batch = []
+        if batch:
+            sent, failed = _send(producer, batch, args.json, sent, failed)
+    if not args.json:
+        print(f"sent {sent} message(s), {failed} refused", file=sys.stderr)
+    return EXIT_OK if not failed else EXIT_FAILED
+
+
+def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
+          failed: int) -> tuple[int, int]:
+    for r in producer.send_batch(batch):
+        if as_json:
+            print(json.dumps({"status": r.status.name, "msg_id": r.msg_id,
+                              "queue_id": r.queue_id, "queue_offset": r.queue_offset,
+                              "commit_log_offset": r.commit_log_offset, "reason": r.reason}))
+        elif not r.ok:
+            print(f"{r.status.name}: {r.reason}", file=sys.stderr)
+        sent += r.ok
+        failed += not r.ok
+    return sent, failed
+
+
+# ------------------------------------------------------------------------------ query
+def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
+    with ReaderClient(config.store_path_root_dir) as reader:
+        if args.msg_id:
+            found = reader.query_by_msg_id(args.msg_id)
+        elif args.offset is not None:
+            found = reader.query_by_offset(args.offset)
+        else:
+            if not args.topic:
+                print("--key needs --topic", file=sys.stderr)
+                return EXIT_USAGE
+            found = reader.query_by_key(args.topic, args.key, args.max)
+    for m in found:
+        print(json.dumps(m.to_dict()) if args.json else _one_line(m))
+    return EXIT_OK if found else EXIT_FAILED
+
+
+def _one_line(m) -> str:
+    body = m.body[:60]
+    return (f"{m.topic}/{m.queue_id}#{m.queue_offset} @{m.commit_log_offset} "
+            f"msgId={m.msg_id} tags={m.tags} keys={m.keys} "
+            f"stored={time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(m.store_timestamp / 1000))} "
+            f"body={body!r}")
+
+
+def add_parsers(sub, common) -> None:
+    up = sub.add_parser("up", parents=[common], help="run the store in the foreground")
+    up.set_defaults(running="up")
+    st = sub.add_parser("status", parents=[common], help="positions and processes of a running store")
+    st.set_defaults(running="status")
+    se = sub.add_parser("send", parents=[common], help="send messages to a running store")
+    se.add_argument("--topic", required=True)
+    se.add_argument("--body", required=True, help="the body text, or - for one message per stdin line")
+    se.add_argument("--count", type=int, default=1)
+    se.add_argument("--tags")
+    se.add_argument("--keys", help="comma-separated")
+    se.add_argument("--queue-id", type=int)
+    se.add_argument("--delay-level", type=int, default=0)
+    se.set_defaults(running="send")
+    q = sub.add_parser("query", parents=[common], help="find messages in a running store")
+    how = q.add_mutually_exclusive_group(required=True)
+    how.add_argument("--key")
+    how.add_argument("--msg-id")
+    how.add_argument("--offset", type=int, help="a commit log offset")
+    q.add_argument("--topic")
+    q.add_argument("--max", type=int, default=32)
+    q.set_defaults(running="query")

@@ -1,0 +1,851 @@
+"""StoreReader: a read-only view of a store that another process is writing.
+
+Consumers and the reader process map the store's files themselves and read them while
+the writer appends to the CommitLog, the dispatcher builds consume queues and the
+index, and the cleaner unlinks expired files. A StoreReader never writes, never takes
+the ``lock`` file, never creates a file or a directory, and never truncates anything.
+
+What may be read is bounded by positions the caller passes on every call (from the
+shared position table; ``storage`` never imports ``shm``):
+
+    call                                  bound        a thing counts only if
+    ------------------------------------  -----------  ----------------------------------
+    get_message, get_raw_messages,        dispatched   its consume queue unit has
+    get_{min,max}_offset_in_queue,                     offset + size <= dispatched
+    get_offset_in_queue_by_time
+    query_message                         dispatched   the index hit's offset < dispatched
+    look_message_by_offset / _by_id       written      the whole record lies below written
+
+Invariants the reads rely on (DESIGN.md §3):
+
+* units of one queue point at increasing CommitLog offsets and are followed by zeros,
+  so "unit n is within the bound" is true for a prefix of every file: the queue's max
+  offset is found by binary search over its last file(s), its min offset by binary
+  search for the first unit at or above the CommitLog's min offset;
+* every record below ``dispatched`` is whole and has its unit written (the dispatcher
+  publishes the position only after it wrote them), so units past the bound, all-zero
+  units and torn units are "not there yet", never errors;
+* before a message is returned, the record its unit points at is checked: magic, size,
+  topic, queue id, queue offset and PHYSICALOFFSET must be the unit's. A mismatch raises
+  ``CorruptRecordError`` naming the consume queue file and the unit's position, unless
+  the unit is still changing (a unit past the bound read while it was being written),
+  which ends the batch instead;
+* an index file's 40-byte header is re-read at every query (the dispatcher updates it),
+  slot chains are walked as ``IndexFile.select_phy_offset`` does, never past indexCount,
+  and every hit is re-read and verified, so a stale or torn entry can hide a message
+  for a moment but never return a wrong one.
+
+Files that appear and disappear (decision table; "mapped" means mapped by this reader):
+
+    event                                           noticed when                 action
+    ----------------------------------------------  ---------------------------  ---------------------
+    new CommitLog file (writer rolled)              a bound lies past the last   map it (full-size
+                                                    mapped file                  files only)
+    new consume queue file (dispatcher)             the last mapped file is      map it
+                                                    full within the bound and
+                                                    the next name exists
+    new queue directory                             first read of the queue      open the queue
+    new index file                                  every query lists index/     map it once full-size
+    CommitLog file unlinked by the cleaner          every call: the first mapped unmap every file
+                                                    file is gone (or its end is  below the first one
+                                                    <= min_commit_log_offset)    on disk / the min
+    consume queue file unlinked by the cleaner      all its units point below    unmap it
+                                                    the CommitLog min and it is
+                                                    gone from the directory
+    index file unlinked by the cleaner              every query lists index/     unmap it
+    files cut away and re-created by a recovery     (the store restarted: the    ``reopen()``
+                                                    caller sees GENERATION move)
+
+A file unlinked while mapped stays readable until it is unmapped, so a read racing the
+cleaner returns correct bytes or, once the file is gone, OFFSET_TOO_SMALL /
+MESSAGE_WAS_REMOVING. Index files are mapped without keeping a descriptor; CommitLog and
+consume queue files keep theirs (``MappedFile``) until they are dropped.
+
+Statuses, batch limits and query caps are MessageStore's. The read path both share is
+written here as functions that take what they read from as arguments
+(``get_from_queue``, ``read_queue``, ``check_unit_record``, ``batch_full``,
+``query_offset``, ``query_messages``, ``select_phy_offsets``, ``look_message_by_id``)
+so that MessageStore and IndexService can call them too.
+
+Not thread-safe: one StoreReader per thread (its mapped files' read positions are set
+from the bound of the call in progress).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import mmap
+import os
+import time
+from typing import Callable, Iterable, Sequence
+
+from storage import record
+from storage.commit_log import CommitLog
+from storage.config import StoreConfig
+from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
+from storage.hashing import index_key_hash
+from storage.index_file import (
+    HASH_SLOT, HASH_SLOT_SIZE, INDEX_COUNT_POS, INDEX_ENTRY, INDEX_HEADER_SIZE, INDEX_SIZE,
+    INVALID_INDEX, decode_header, index_file_size)
+from storage.index_service import QueryOffsetResult, build_key
+from storage.mapped_file import MappedFile, offset_to_file_name
+from storage.message import MessageExt, decode_message_id
+from storage.message_store import (
+    BLANK_UNIT_SIZE, MAX_SCAN_UNITS, GetMessageResult, QueryMessageResult,
+    _total_physical_memory)
+from storage.record import RecordFormatError, decode_at
+from storage.status import GetMessageStatus
+from storage.validation import check_topic
+
+log = logging.getLogger(__name__)
+
+NOT_YET = object()
+"""What a unit reader returns for a unit that is still being written: the batch ends."""
+
+_UNIT_SETTLE_CHECKS = 5      # re-reads of a mismatching unit before it is called corrupt
+_UNIT_SETTLE_SLEEP_S = 0.001
+_SLOT_SETTLE_CHECKS = 20     # header re-reads while a slot names the entry being put
+_SLOT_SETTLE_SLEEP_S = 0.00005
+_HEADER_READS = 8            # reads until two consecutive index headers agree
+
+ReadUnit = Callable[[int, int, int, tuple[str, int]], object]
+
+
+@dataclasses.dataclass
+class GetRawMessagesResult:
+    """``get_raw_messages``: the records exactly as the CommitLog holds them."""
+
+    status: GetMessageStatus
+    records: list[bytes]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+# ===================================================================== shared read path
+def offset_status(offset: int, lo: int, hi: int) -> GetMessageResult | None:
+    """The answer of a pull at ``offset`` when it needs no read (queue empty, offset out
+    of ``[lo, hi)``), else None. ``next_begin_offset`` is RocketMQ's for each status."""
+    if hi == 0:
+        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+    if offset < lo:
+        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+    if offset == hi:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+    if offset > hi:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
+                                lo if lo == 0 else hi, lo, hi)
+    return None
+
+
+def batch_full(config: StoreConfig, size: int, total_bytes: int, count: int, max_msgs: int,
+               in_disk: bool) -> bool:
+    """``isTheBatchFull``: count and byte limits, tighter for data not in memory."""
+    if count == 0:
+        return False
+    if count >= max_msgs:
+        return True
+    if in_disk:
+        return (total_bytes + size > config.max_transfer_bytes_on_message_in_disk
+                or count > config.max_transfer_count_on_message_in_disk - 1)
+    return (total_bytes + size > config.max_transfer_bytes_on_message_in_memory
+            or count > config.max_transfer_count_on_message_in_memory - 1)
+
+
+def memory_limit_bytes(config: StoreConfig) -> int:
+    """Messages further than this behind the CommitLog end count as "in disk"."""
+    return _total_physical_memory() * config.access_message_in_memory_max_ratio // 100
+
+
+def _unit_mismatch(index: int, phy: int, size: int, topic: str, queue_id: int,
+                   got: tuple[str, int, int, int, int]) -> str | None:
+    got_topic, got_queue_id, got_queue_offset, got_phy, got_size = got
+    if (got_size != size or got_phy != phy or got_topic != topic or got_queue_id != queue_id
+            or got_queue_offset != index):
+        return (f"unit {index} points at commitlog offset {phy}, which holds "
+                f"{got_topic}/{got_queue_id}@{got_queue_offset} (size {got_size}, "
+                f"PHYSICALOFFSET {got_phy})")
+    return None
+
+
+def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, size: int,
+                      where: tuple[str, int]) -> MessageExt:
+    """Decode the record unit ``index`` of ``topic``/``queue_id`` points at (``data`` is
+    its ``size`` bytes read at ``phy``) and check it is that unit's message.
+
+    Raises ``CorruptRecordError`` naming ``where`` (the unit's file and position) when
+    the bytes are not a record or are another message.
+    """
+    path, pos = where
+    try:
+        msg = decode_at(data, 0)
+    except RecordFormatError as e:
+        raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
+    detail = _unit_mismatch(index, phy, size, topic, queue_id,
+                            (msg.topic, msg.queue_id, msg.queue_offset, msg.commit_log_offset,
+                             msg.store_size))
+    if detail:
+        raise CorruptRecordError(path, pos, detail)
+    return msg
+
+
+def check_unit_raw(data, topic: str, queue_id: int, index: int, phy: int, size: int,
+                   where: tuple[str, int]) -> bytes:
+    """``check_unit_record`` without building a MessageExt: the record's own checks
+    (``record.check_message_and_return_size``) and the unit's; returns ``bytes(data)``."""
+    path, pos = where
+    req = record.check_message_and_return_size(data, 0, len(data), phy, False)
+    if not req.success or req.msg_size <= 0:
+        raise CorruptRecordError(path, pos, f"unit {index} points at commitlog offset {phy}, "
+                                 "which does not hold a whole record")
+    detail = _unit_mismatch(index, phy, size, topic, queue_id,
+                            (req.topic, req.queue_id, req.consume_queue_offset,
+                             req.commit_log_offset, req.msg_size))
+    if detail:
+        raise CorruptRecordError(path, pos, detail)
+    return bytes(data)
+
+
+def _tags_of_message(msg: MessageExt) -> str | None:
+    return msg.tags
+
+
+def _tags_of_raw(data: bytes) -> str | None:
+    return decode_at(data, 0).tags
+
+
+def read_queue(cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str], lo: int,
+               hi: int, read_unit: ReadUnit, *, config: StoreConfig, max_phy: int,
+               memory_limit: int, roll_next_file: Callable[[int], int],
+               tags_of: Callable[[object], str | None] = _tags_of_message) -> GetMessageResult:
+    """MessageStore's ``_read_queue``: up to ``max_msgs`` messages from unit ``offset``
+    (``lo <= offset < hi``), within one consume queue file and ``MAX_SCAN_UNITS`` units.
+
+    ``read_unit(index, phy, size, (path, pos))`` returns the message (checked), None
+    when its CommitLog data is gone, or ``NOT_YET`` to end the batch there. ``tags``
+    keeps only messages whose TAGS is one of them (empty: all).
+    """
+    found = cq.get_index_buffer(offset)
+    if found is None:
+        return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, [],
+                                cq.roll_next_file(offset), lo, hi)
+    mf, pos, limit = found
+    buf, path = mf.buf, mf.path
+    messages: list = []
+    status = GetMessageStatus.NO_MATCHED_MESSAGE
+    total_bytes = 0
+    next_phy_file_start = -1
+    index = offset
+    end = min(limit, pos + max(MAX_SCAN_UNITS, max_msgs) * CQ_STORE_UNIT_SIZE)
+    for p in range(pos, end, CQ_STORE_UNIT_SIZE):
+        phy, size, _ = CQ_UNIT.unpack_from(buf, p)
+        if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
+            index += 1
+            continue
+        if batch_full(config, size, total_bytes, len(messages), max_msgs,
+                      max_phy - phy > memory_limit):
+            break
+        msg = read_unit(index, phy, size, (path, p))
+        if msg is NOT_YET:
+            break
+        if msg is None:
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
+            next_phy_file_start = roll_next_file(phy)
+            index += 1
+            continue
+        index += 1
+        if tags and tags_of(msg) not in tags:
+            continue
+        messages.append(msg)
+        total_bytes += size
+        status = GetMessageStatus.FOUND
+    return GetMessageResult(status, messages, index, lo, hi)
+
+
+def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
+                   tags: Iterable[str] | None, lo: int, hi: int, read_unit: ReadUnit,
+                   **kw) -> GetMessageResult:
+    """MessageStore's ``get_message`` once the queue and its ``[lo, hi)`` are known;
+    ``kw`` are ``read_queue``'s keyword arguments."""
+    early = offset_status(offset, lo, hi)
+    if early is not None:
+        return early
+    return read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi,
+                      read_unit, **kw)
+
+
+def look_message_by_id(look: Callable[[int], MessageExt | None],
+                       msg_id: str) -> MessageExt | None:
+    """The message an offset msgId names (``look(offset)`` reads it); None for an id of
+    another store or a message that is gone. Raises ``ValueError`` for text that is not
+    a msgId."""
+    _, offset = decode_message_id(msg_id)
+    msg = look(offset)
+    return msg if msg is not None and msg.msg_id == msg_id.upper() else None
+
+
+# ===================================================================== shared index reads
+def time_matched(begin_ms: int, end_ms: int, begin_timestamp: int, end_timestamp: int) -> bool:
+    """``IndexFile.isTimeMatched``: ``[begin_ms, end_ms]`` overlaps the file's range."""
+    b, e = begin_timestamp, end_timestamp
+    return (begin_ms < b and end_ms > e) or b <= begin_ms <= e or b <= end_ms <= e
+
+
+def select_phy_offsets(buf, hash_slot_num: int, begin_timestamp: int, index_count: int,
+                       key_hash: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+    """``IndexFile.select_phy_offset`` over any buffer holding an index file: candidate
+    offsets of entries hashed ``key_hash`` and stored in ``[begin_ms, end_ms]``, newest
+    first, at most ``max_num``. Never reads an entry numbered ``>= index_count`` (a slot
+    naming one is empty) and stops at the first link that does not point backwards."""
+    found: list[int] = []
+    slot_value = HASH_SLOT.unpack_from(
+        buf, INDEX_HEADER_SIZE + (key_hash % hash_slot_num) * HASH_SLOT_SIZE)[0]
+    if slot_value <= INVALID_INDEX or slot_value >= index_count or index_count <= 1:
+        return found
+    index_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+    unpack_from = INDEX_ENTRY.unpack_from
+    next_index = slot_value
+    while len(found) < max_num:
+        key_hash_read, phy_offset_read, time_diff, prev_index = unpack_from(
+            buf, index_base + next_index * INDEX_SIZE)
+        if time_diff < 0:
+            break
+        time_read = begin_timestamp + time_diff * 1000
+        if key_hash_read == key_hash and begin_ms <= time_read <= end_ms:
+            found.append(phy_offset_read)
+        if prev_index <= INVALID_INDEX or prev_index >= next_index or time_read < begin_ms:
+            break
+        next_index = prev_index
+    return found
+
+
+def query_offset(files: Sequence, topic: str, key: str, max_num: int, begin_ms: int,
+                 end_ms: int) -> QueryOffsetResult:
+    """``IndexService.queryOffset`` over index files given oldest first (IndexFile or
+    anything with ``begin_timestamp``, ``end_timestamp``, ``end_phy_offset``,
+    ``is_time_matched`` and ``select_phy_offset``): candidates, newest file first."""
+    phy_offsets: list[int] = []
+    if not files:
+        return QueryOffsetResult(phy_offsets, 0, 0)
+    last = files[-1]
+    last_timestamp, last_phy_offset = last.end_timestamp, last.end_phy_offset
+    index_key = build_key(topic, key)
+    for f in reversed(files):
+        if f.is_time_matched(begin_ms, end_ms):
+            phy_offsets.extend(f.select_phy_offset(
+                index_key, max_num - len(phy_offsets), begin_ms, end_ms))
+        if f.begin_timestamp < begin_ms or len(phy_offsets) >= max_num:
+            break
+    return QueryOffsetResult(phy_offsets, last_timestamp, last_phy_offset)
+
+
+def query_messages(files: Sequence, look: Callable[[int], MessageExt | None],
+                   max_msgs_num_batch: int, topic: str, key: str, max_num: int,
+                   begin_ms: int, end_ms: int) -> QueryMessageResult:
+    """MessageStore's ``query_message`` over index ``files`` (oldest first), reading
+    candidates with ``look(offset)``: verified hits, deduplicated, oldest first, at most
+    ``min(max_num, max_msgs_num_batch)``."""
+    max_num = max(0, min(max_num, max_msgs_num_batch))
+    res = query_offset(files, topic, key, max_num * 4 + 16, max(0, begin_ms - 1000), end_ms)
+    found: dict[int, MessageExt] = {}
+    for phy in res.phy_offsets:
+        if len(found) >= max_num:
+            break
+        if phy in found:
+            continue
+        msg = look(phy)
+        if (msg is not None and msg.topic == topic
+                and (key in msg.keys or msg.uniq_key == key)
+                and begin_ms <= msg.store_timestamp <= end_ms):
+            found[phy] = msg
+    return QueryMessageResult([found[p] for p in sorted(found)],
+                              res.index_last_update_timestamp, res.index_last_update_phyoffset)
+
+
+# ===================================================================== views of files
+def _digit_names(directory: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(directory) if n.isdigit())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
+    return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
+
+
+def _units_within(buf, units: int, bound: int) -> int:
+    """How many leading units of a consume queue file are there within ``bound``:
+    blanks, or valid units whose record ends at or below it (a prefix, by order)."""
+    lo, hi = 0, units
+    unpack_from = CQ_UNIT.unpack_from
+    while lo < hi:
+        mid = (lo + hi) // 2
+        phy, size, tags_code = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
+        if _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0 and phy + size <= bound):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _first_unit_at_or_above(buf, units: int, min_phy: int) -> int:
+    """The first of ``units`` leading units that is not a blank and points at or above
+    ``min_phy`` (``units`` when none does)."""
+    lo, hi = 0, units
+    unpack_from = CQ_UNIT.unpack_from
+    while lo < hi:
+        mid = (lo + hi) // 2
+        phy, size, _ = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
+        if size != BLANK_UNIT_SIZE and phy >= min_phy:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class _QueueView:
+    """One consume queue, read-only: a ConsumeQueue whose file list and read positions
+    are set, at every call, to what lies within the caller's bound."""
+
+    def __init__(self, config: StoreConfig, topic: str, queue_id: int):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.cq = ConsumeQueue(topic, queue_id, config.consume_queue_dir,
+                               config.consume_queue_file_size, read_only=True)
+        self.mfq = self.cq.mapped_file_queue
+        self.files: list[MappedFile] = self.mfq.mapped_files  # every mapped file
+        self.file_size = self.cq.mapped_file_size
+        self.units = self.file_size // CQ_STORE_UNIT_SIZE
+        self._partial: MappedFile | None = None
+
+    def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
+        """``(min, max)`` logical offsets within ``dispatched``; leaves the ConsumeQueue
+        showing exactly the units in ``[min, max)``."""
+        mfq, files = self.mfq, self.files
+        mfq.mapped_files = files
+        if not files:
+            mfq.refresh()
+            if not files:
+                self.cq.min_logic_offset = 0
+                return 0, 0
+        i, k = self._last_within(dispatched)
+        hi = files[i].file_from_offset // CQ_STORE_UNIT_SIZE + k
+        self._set_partial(files[i], k)
+        visible = files if k > 0 and i == len(files) - 1 else files[:i + 1 if k > 0 else i]
+        lo = self._first_alive(visible, min_phy, hi)
+        if lo is None:  # an expired file was unlinked and dropped: look again
+            return self.bounds(dispatched, min_phy)
+        self.cq.min_logic_offset = lo * CQ_STORE_UNIT_SIZE
+        mfq.mapped_files = visible
+        return lo, hi
+
+    def _last_within(self, bound: int) -> tuple[int, int]:
+        """(file index, units within the bound in it) of the last file holding any."""
+        files = self.files
+        i = len(files) - 1
+        k = _units_within(files[i].buf, self.units, bound)
+        while k == self.units and self._next_file_exists(files[i]):
+            n = len(files)
+            self.mfq.refresh()
+            if len(files) == n:
+                break
+            i = len(files) - 1
+            k = _units_within(files[i].buf, self.units, bound)
+        while k == 0 and i > 0:
+            i -= 1
+            k = _units_within(files[i].buf, self.units, bound)
+        return i, k
+
+    def _next_file_exists(self, mf: MappedFile) -> bool:
+        return os.path.exists(os.path.join(
+            self.mfq.store_path, offset_to_file_name(mf.file_from_offset + self.file_size)))
+
+    def _set_partial(self, mf: MappedFile, k: int) -> None:
+        """Every file reads whole except the one holding the bound (at most one)."""
+        old = self._partial
+        if old is not None and old is not mf:
+            old.set_positions(self.file_size)
+        mf.set_positions(k * CQ_STORE_UNIT_SIZE)
+        self._partial = mf if k < self.units else None
+
+    def _first_alive(self, visible: list[MappedFile], min_phy: int, hi: int) -> int | None:
+        """The first unit pointing at or above ``min_phy`` (``hi`` when none). None when
+        an expired first file turned out to be unlinked and was dropped."""
+        for n, mf in enumerate(visible):
+            units = mf.read_position // CQ_STORE_UNIT_SIZE
+            j = _first_unit_at_or_above(mf.buf, units, min_phy)
+            if j < units:
+                return mf.file_from_offset // CQ_STORE_UNIT_SIZE + j
+            if n == 0 and len(self.files) > 1 and not os.path.exists(mf.path):
+                if self._drop_unlinked_front():
+                    return None
+        return hi
+
+    def _drop_unlinked_front(self) -> bool:
+        names = _digit_names(self.mfq.store_path)
+        if not names:
+            return False
+        before = len(self.files)
+        self.mfq.mapped_files = self.files
+        self.mfq.refresh(min_offset=int(names[0]))
+        if self._partial is not None and self._partial not in self.files:
+            self._partial = None
+        return len(self.files) < before
+
+    def close(self) -> None:
+        self.mfq.mapped_files = self.files
+        self.mfq.close()
+        self.files.clear()
+
+
+class _IndexView:
+    """One index file mapped read-only (no descriptor kept). ``snapshot()`` re-reads the
+    header the dispatcher keeps updating; the query functions read the values it took."""
+
+    def __init__(self, path: str, hash_slot_num: int, index_num: int):
+        """Raises ``StoreFileError`` when the file is not (yet) of the configured size,
+        ``OSError`` when it cannot be opened (gone already)."""
+        self.path = path
+        self.file_name = os.path.basename(path)
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        size = index_file_size(hash_slot_num, index_num)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise StoreFileError(path, f"length {actual} is not the index file size {size}")
+            self.buf: mmap.mmap | None = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.begin_timestamp = self.end_timestamp = self.end_phy_offset = 0
+        self.index_count = 1
+
+    def snapshot(self) -> None:
+        """Re-read the header until two reads agree. Raises ``CorruptRecordError`` when
+        indexCount exceeds the file's capacity."""
+        buf = self.buf
+        if buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        header = decode_header(buf)
+        for _ in range(_HEADER_READS):
+            again = decode_header(buf)
+            if again == header:
+                break
+            header = again
+        begin_ts, end_ts, _, end_phy, _, index_count = header
+        if index_count > self.index_num:
+            raise CorruptRecordError(self.path, INDEX_COUNT_POS,
+                                     f"indexCount {index_count} exceeds index_num {self.index_num}")
+        self.begin_timestamp, self.end_timestamp, self.end_phy_offset = begin_ts, end_ts, end_phy
+        self.index_count = index_count if index_count > 0 else 1
+
+    def is_time_matched(self, begin_ms: int, end_ms: int) -> bool:
+        return time_matched(begin_ms, end_ms, self.begin_timestamp, self.end_timestamp)
+
+    def select_phy_offset(self, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """As ``IndexFile.select_phy_offset``. A slot naming the entry being put right
+        now (slot == indexCount: entry and slot are written, the header not yet) would
+        hide the whole chain, so the header is re-read until it counts that entry."""
+        key_hash = index_key_hash(key)
+        slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        for _ in range(_SLOT_SETTLE_CHECKS):
+            if HASH_SLOT.unpack_from(self.buf, slot_pos)[0] != self.index_count:
+                break
+            time.sleep(_SLOT_SETTLE_SLEEP_S)
+            self.snapshot()
+        return select_phy_offsets(self.buf, self.hash_slot_num, self.begin_timestamp,
+                                  self.index_count, key_hash, max_num, begin_ms, end_ms)
+
+    def close(self) -> None:
+        if self.buf is not None:
+            self.buf.close()
+            self.buf = None
+
+
+# ===================================================================== the reader
+class StoreReader:
+    """A read-only view of the store at ``config.store_path_root_dir``.
+
+    Every read names its bound (see the module docstring). Raises ``StoreClosedError``
+    after ``close()``; ``CorruptRecordError`` (file and offset named) for bytes within
+    the bound that cannot be what the store wrote.
+    """
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self._memory_limit = memory_limit_bytes(config)
+        self._open()
+
+    def _open(self) -> None:
+        self._commit_log = CommitLog(self.config, read_only=True)
+        self._cl_files = self._commit_log.mapped_file_queue
+        self._cl_bound = 0   # the bound the CommitLog's read positions were last set to
+        self._queues: dict[tuple[str, int], _QueueView] = {}
+        self._index: dict[str, _IndexView] = {}
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Unmap everything and close every descriptor. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._commit_log.close()
+        self._cl_files.mapped_files = []
+        for qv in self._queues.values():
+            qv.close()
+        self._queues.clear()
+        for view in self._index.values():
+            view.close()
+        self._index.clear()
+
+    def reopen(self) -> None:
+        """Drop every mapping; the next read maps the files afresh. Call it when the
+        store restarted (a recovery may have cut files away and created new ones under
+        the same names)."""
+        self.close()
+        self._open()
+
+    def __enter__(self) -> "StoreReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the reader of {self.config.store_path_root_dir} is closed")
+
+    # ----------------------------------------------------------------- CommitLog view
+    def min_commit_log_offset(self) -> int:
+        """The first CommitLog byte still on disk (-1 when there is no file); drops the
+        mappings of files the cleaner unlinked."""
+        self._check_open()
+        return self._commit_log_min(None)
+
+    def _commit_log_min(self, given: int | None) -> int:
+        mfq = self._cl_files
+        size = mfq.mapped_file_size
+        if given is not None:
+            first = mfq.get_first_mapped_file()
+            if first is not None and first.file_from_offset + size <= given:
+                mfq.refresh(min_offset=given)
+            return given
+        first = mfq.get_first_mapped_file()
+        if first is None:
+            mfq.refresh()
+            return mfq.get_min_offset()
+        if os.path.exists(first.path):
+            return first.file_from_offset
+        names = _digit_names(mfq.store_path)
+        if not names:
+            return first.file_from_offset
+        on_disk = int(names[0])
+        for _ in range(2):  # refresh keeps the last file; a second pass drops it too
+            mfq.refresh(min_offset=on_disk)
+        return max(on_disk, mfq.get_min_offset())
+
+    def _bound_commit_log(self, end: int) -> None:
+        """Map files up to ``end`` and set every file's read position to ``end``."""
+        mfq = self._cl_files
+        size = mfq.mapped_file_size
+        last = mfq.get_last_mapped_file()
+        if last is None or last.file_from_offset + size < end:
+            mfq.refresh()
+        floor = min(self._cl_bound, end)
+        for mf in reversed(mfq.mapped_files):
+            start = mf.file_from_offset
+            if start + size <= floor:
+                break  # whole under this bound and the last one: already set whole
+            mf.set_positions(min(max(end - start, 0), size))
+        self._cl_bound = end
+
+    def _read_record(self, phy: int, size: int, min_phy: int) -> bytes | None:
+        if phy < min_phy:
+            return None
+        return self._commit_log.get_message(phy, size)
+
+    # ----------------------------------------------------------------- queues
+    def _queue(self, topic: str, queue_id: int) -> _QueueView | None:
+        qv = self._queues.get((topic, queue_id))
+        if qv is None:
+            if check_topic(topic, internal=True) or not isinstance(queue_id, int) \
+                    or isinstance(queue_id, bool) or queue_id < 0:
+                return None
+            path = os.path.join(self.config.consume_queue_dir, topic, str(queue_id))
+            if not os.path.isdir(path):
+                return None
+            qv = self._queues[(topic, queue_id)] = _QueueView(self.config, topic, queue_id)
+        return qv
+
+    def topics(self) -> dict[str, list[int]]:
+        """Every queue with a directory under consumequeue/: topic -> sorted queue ids."""
+        self._check_open()
+        root = self.config.consume_queue_dir
+        out: dict[str, list[int]] = {}
+        try:
+            names = sorted(os.listdir(root))
+        except FileNotFoundError:
+            return out
+        for topic in names:
+            if check_topic(topic, internal=True):
+                continue
+            queue_ids = sorted(int(n) for n in _digit_names(os.path.join(root, topic)))
+            if queue_ids:
+                out[topic] = queue_ids
+        return out
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
+        """The number of units within ``dispatched`` (0 for an unknown queue)."""
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        return qv.bounds(dispatched, self._commit_log_min(None))[1] if qv else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int, dispatched: int, *,
+                                min_commit_log_offset: int | None = None) -> int:
+        """The first unit whose message still exists (-1 for an unknown queue)."""
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return -1
+        return qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset))[0]
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int,
+                                    dispatched: int, *,
+                                    min_commit_log_offset: int | None = None) -> int:
+        """``ConsumeQueue.get_offset_in_queue_by_time`` within ``dispatched`` (0 for an
+        unknown queue)."""
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return 0
+        min_phy = self._commit_log_min(min_commit_log_offset)
+        qv.bounds(dispatched, min_phy)
+        self._bound_commit_log(dispatched)
+        return qv.cq.get_offset_in_queue_by_time(timestamp_ms, min_phy,
+                                                 self._commit_log.pickup_store_timestamp)
+
+    # ----------------------------------------------------------------- pull
+    def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
+                    dispatched: int, tags: Iterable[str] | None = None, *,
+                    min_commit_log_offset: int | None = None) -> GetMessageResult:
+        """MessageStore's ``get_message`` within ``dispatched``.
+
+        ``min_commit_log_offset`` (the MIN_OFFSET slot) is trusted when given, else the
+        first CommitLog file on disk is. Raises ``CorruptRecordError`` when a unit
+        within the bound points at a record that is not its message.
+        """
+        return self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
+                          min_commit_log_offset, check_unit_record, _tags_of_message)
+
+    def get_raw_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
+                         dispatched: int, tags: Iterable[str] | None = None, *,
+                         min_commit_log_offset: int | None = None) -> GetRawMessagesResult:
+        """``get_message`` returning each record's bytes as the CommitLog holds them
+        (checked the same way, never decoded unless ``tags`` filters)."""
+        r = self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
+                       min_commit_log_offset, check_unit_raw, _tags_of_raw)
+        return GetRawMessagesResult(r.status, r.messages, r.next_begin_offset, r.min_offset,
+                                    r.max_offset)
+
+    def _pull(self, topic: str, queue_id: int, offset: int, max_msgs: int, dispatched: int,
+              tags: Iterable[str] | None, min_hint: int | None, check: Callable,
+              tags_of: Callable) -> GetMessageResult:
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        min_phy = self._commit_log_min(min_hint)
+        lo, hi = qv.bounds(dispatched, min_phy)
+        if lo <= offset < hi:
+            self._bound_commit_log(dispatched)
+
+        def read_unit(index: int, phy: int, size: int, where: tuple[str, int]):
+            data = self._read_record(phy, size, min_phy)
+            if data is None:
+                return None
+            try:
+                return check(data, topic, queue_id, index, phy, size, where)
+            except CorruptRecordError:
+                if self._unit_in_flight(where):
+                    return NOT_YET
+                raise
+
+        return get_from_queue(qv.cq, offset, max_msgs, tags, lo, hi, read_unit,
+                              config=self.config, max_phy=dispatched,
+                              memory_limit=self._memory_limit,
+                              roll_next_file=self._commit_log.roll_next_file, tags_of=tags_of)
+
+    def _unit_in_flight(self, where: tuple[str, int]) -> bool:
+        """True when the unit at ``where`` changes within a few milliseconds: it was read
+        while being written (a unit past the bound whose torn bytes looked inside it)."""
+        path, pos = where
+        mf = next((f for qv in self._queues.values() for f in qv.files if f.path == path), None)
+        if mf is None:
+            return False
+        seen = bytes(mf.buf[pos:pos + CQ_STORE_UNIT_SIZE])
+        for _ in range(_UNIT_SETTLE_CHECKS):
+            time.sleep(_UNIT_SETTLE_SLEEP_S)
+            if mf.buf[pos:pos + CQ_STORE_UNIT_SIZE] != seen:
+                return True
+        return False
+
+    # ----------------------------------------------------------------- look
+    def look_message_by_offset(self, commit_log_offset: int, written: int) -> MessageExt | None:
+        """The message whose record starts at ``commit_log_offset`` and ends at or below
+        ``written``; None when none does (or it is gone). Raises ``CorruptRecordError``
+        when a record starts there but fails a check (its CRC included)."""
+        self._check_open()
+        return self._look(commit_log_offset, written, self._commit_log_min(None))
+
+    def _look(self, phy: int, bound: int, min_phy: int) -> MessageExt | None:
+        if phy < min_phy or phy >= bound:
+            return None
+        self._bound_commit_log(bound)
+        return self._commit_log.look_message_by_offset(phy)
+
+    def look_message_by_id(self, msg_id: str, written: int) -> MessageExt | None:
+        """The message an offset msgId names, within ``written``. Raises ``ValueError``
+        for text that is not a msgId."""
+        self._check_open()
+        min_phy = self._commit_log_min(None)
+        return look_message_by_id(lambda phy: self._look(phy, written, min_phy), msg_id)
+
+    # ----------------------------------------------------------------- query
+    def query_message(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int,
+                      dispatched: int) -> list[MessageExt]:
+        """MessageStore's ``query_message`` within ``dispatched``: messages of ``topic``
+        whose key or unique key is ``key``, stored in ``[begin_ms, end_ms]``, oldest
+        first, at most ``min(max_num, max_msgs_num_batch)``."""
+        self._check_open()
+        files = self._index_files()
+        for f in files:
+            f.snapshot()
+        min_phy = self._commit_log_min(None)
+        return query_messages(files, lambda phy: self._look(phy, dispatched, min_phy),
+                              self.config.max_msgs_num_batch, topic, key, max_num,
+                              begin_ms, end_ms).messages
+
+    def _index_files(self) -> list[_IndexView]:
+        """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""
+        index_dir = self.config.index_dir
+        names = [n for n in _digit_names(index_dir)]
+        present = set(names)
+        for name in [n for n in self._index if n not in present]:
+            self._index.pop(name).close()
+        files = []
+        for name in names:
+            view = self._index.get(name)
+            if view is None:
+                try:
+                    view = _IndexView(os.path.join(index_dir, name), self.config.max_hash_slot_num,
+                                      self.config.max_index_num)
+                except (OSError, StoreFileError, ValueError):
+                    continue  # being created (not full size yet) or gone already
+                self._index[name] = view
+            files.append(view)
+        return files

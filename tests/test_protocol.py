@@ -1,0 +1,631 @@
+"""The wire protocol (procs/protocol.py): round trips, golden bytes, and every bad frame.
+
+Decoders must answer bad bytes with ``ProtocolError`` and the right ``ErrorCode``, never
+with ``struct.error``, ``IndexError`` or ``UnicodeDecodeError``: a server turns the error
+into an ERROR reply, and anything else would kill the writer's loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from procs import protocol as P
+from procs.protocol import ErrorCode, Kind, ProtocolError, QueryMode
+from storage import record
+from storage.commit_log import PutMessageResult
+from storage.message import Message, create_message_id, encode_host, encode_properties
+from storage.status import GetMessageStatus, PutMessageStatus
+
+DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "PROTOCOL.md")
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+U64 = st.integers(0, (1 << 64) - 1)
+
+# the worked example of docs/PROTOCOL.md §8, kept here too so a change to either shows
+EXAMPLE_MESSAGE = Message(topic="TopicTest", body=b"hello", tags="TagA", keys=["k1"],
+                          properties={"color": "red"}, queue_id=None,
+                          born_timestamp=1700000000000)
+EXAMPLE_RESULT = PutMessageResult(PutMessageStatus.PUT_OK,
+                                  create_message_id(("127.0.0.1", 10911), 4096),
+                                  wrote_offset=4096, wrote_bytes=120, queue_id=2, queue_offset=7,
+                                  store_timestamp=1700000000005)
+EXAMPLE_SEND_HEX = (
+    "5253 01 01 0000000000000001 00000001"
+    " 0000000000000000 0000000000000000 0009 546f70696354657374"
+    " ffffffff 00000000 00000000 00000000 0000018bcfe56800 00"
+    " 0004 54616741 0002 6b31 0000000a 636f6c6f720172656402 00000005 68656c6c6f")
+EXAMPLE_SEND_REPLY_HEX = (
+    "5253 01 02 0000000000000001 00000001"
+    " 00 00000002 0000000000000007 0000000000001000 0000018bcfe56805"
+    " 20 3746303030303031303030303241394630303030303030303030303031303030 0000")
+
+
+# ---------------------------------------------------------------------------- strategies
+def _text(min_size=0, max_size=20, exclude=""):
+    return st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters=exclude),
+                   min_size=min_size, max_size=max_size)
+
+
+hosts = st.one_of(
+    st.just(P.DEFAULT_BORN_HOST),
+    st.tuples(st.ip_addresses().map(str), st.integers(0, 65535)))
+properties = st.dictionaries(
+    _text(0, 12, "\x01\x02").filter(lambda k: k != "WAIT"), _text(0, 20, "\x01\x02"),
+    max_size=5)
+messages = st.builds(
+    Message,
+    topic=_text(0, 40),
+    body=st.binary(max_size=300),
+    tags=st.none() | _text(1, 20),
+    keys=st.none() | st.lists(_text(1, 10, " "), min_size=1, max_size=4),
+    properties=properties,
+    queue_id=st.none() | INT32.filter(lambda q: q != -1),
+    flag=INT32, sys_flag=INT32, delay_level=INT32,
+    born_timestamp=st.none() | INT64.filter(bool),
+    born_host=hosts,
+    wait_store_msg_ok=st.booleans(),
+)
+put_results = st.builds(
+    PutMessageResult,
+    status=st.sampled_from(PutMessageStatus),
+    msg_id=st.text(st.characters(max_codepoint=127), max_size=60),
+    wrote_offset=INT64, wrote_bytes=st.just(0), queue_id=INT32, queue_offset=INT64,
+    store_timestamp=INT64, reason=_text(0, 40))
+
+
+def raw_record(m: Message, queue_offset: int = 0, physical_offset: int = 0) -> bytes:
+    """A CommitLog record of ``m``, as the store writes it (store host 127.0.0.1:10911)."""
+    sys_flag = (m.sys_flag & ~0x30) | (0x10 if ":" in m.born_host[0] else 0)
+    return bytes(record.encode(
+        topic=m.topic.encode(), body=m.body,
+        properties=encode_properties(m.all_properties()).encode(),
+        queue_id=m.queue_id or 0, flag=m.flag, queue_offset=queue_offset,
+        physical_offset=physical_offset, sys_flag=sys_flag,
+        born_timestamp=m.born_timestamp or 0, born_host=encode_host(m.born_host),
+        store_timestamp=1700000000000, store_host=encode_host(("127.0.0.1", 10911)),
+        reconsume_times=0, prepared_transaction_offset=0))
+
+
+record_messages = st.builds(
+    Message, topic=_text(1, 140, "\x00").filter(lambda t: len(t.encode()) <= 255),
+    body=st.binary(max_size=200), tags=st.none() | _text(1, 10, "\x00\x01\x02"),
+    keys=st.none() | st.lists(_text(1, 8, " \x00\x01\x02"), min_size=1, max_size=3),
+    properties=st.dictionaries(
+        _text(1, 8, "\x00\x01\x02").filter(lambda k: k not in ("TAGS", "KEYS", "DELAY", "WAIT")),
+        _text(0, 12, "\x00\x01\x02"), max_size=3),
+    queue_id=st.integers(0, 1000), flag=INT32, born_timestamp=INT64.filter(bool),
+    born_host=hosts)
+
+
+def sample_records() -> list[bytes]:
+    return [raw_record(Message(topic="TopicTest", body=b"body %d" % i, tags="TagA",
+                               keys=[f"k{i}"], queue_id=1), i, 1000 * i) for i in range(3)]
+
+
+def valid_frames() -> dict[str, tuple[bytes, object]]:
+    """One valid frame of every kind (and mode) with the decoder that takes it."""
+    recs = sample_records()
+    return {
+        "send": (P.encode_send(11, [EXAMPLE_MESSAGE, Message("T2", b"x" * 40, queue_id=3,
+                                                             born_host=("::1", 9))], 5, 9),
+                 P.decode_send),
+        "send_empty": (P.encode_send(12, []), P.decode_send),
+        "send_reply": (P.encode_send_reply(13, [EXAMPLE_RESULT, PutMessageResult.refused(
+            PutMessageStatus.MESSAGE_ILLEGAL, "topic 'a/b' must match")]), P.decode_send_reply),
+        "pull": (P.encode_pull(14, "TopicTest", 1, 42, 32, 500), P.decode_pull),
+        "pull_reply": (P.encode_pull_reply(15, GetMessageStatus.FOUND, 3, 0, 3, recs),
+                       P.decode_pull_reply),
+        "query_key": (P.encode_query_by_key(16, "TopicTest", "k1", 32, 5, 10), P.decode_query),
+        "query_id": (P.encode_query_by_msg_id(17, EXAMPLE_RESULT.msg_id), P.decode_query),
+        "query_offset": (P.encode_query_by_offset(18, 4096), P.decode_query),
+        "query_reply": (P.encode_query_reply(19, recs[:2]), P.decode_query_reply),
+        "error": (P.encode_error(20, ErrorCode.INTERNAL, "disk on fire"), P.decode_error),
+    }
+
+
+VALID = valid_frames()
+DECODERS = [P.decode_send, P.decode_send_reply, P.decode_pull, P.decode_pull_reply,
+            P.decode_query, P.decode_query_reply, P.decode_error]
+
+
+def raises(code: ErrorCode, fn, frame, request_id: int | None = None) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        fn(frame)
+    assert info.value.code is code, info.value
+    if request_id is not None:
+        assert info.value.request_id == request_id
+    return info.value
+
+
+def set_header(frame: bytes, **fields) -> bytes:
+    magic, version, kind, request_id, count = P.HEADER.unpack_from(frame, 0)
+    values = dict(magic=magic, version=version, kind=kind, request_id=request_id, count=count)
+    values.update(fields)
+    return P.HEADER.pack(*values.values()) + frame[P.HEADER_SIZE:]
+
+
+# ---------------------------------------------------------------------------- golden bytes
+def doc_hex(name: str) -> bytes:
+    """The bytes of the ``<!-- golden:NAME -->`` block in PROTOCOL.md; the first column
+    (the decimal offset) is checked against the bytes before it."""
+    with open(DOC, encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(rf"<!-- golden:{name} -->\n```\n(.*?)```", text, re.S)
+    assert m, f"no golden:{name} block in PROTOCOL.md"
+    out = bytearray()
+    for line in m.group(1).splitlines():
+        offset, *digits = line.split("|")[0].split()
+        assert int(offset) == len(out), f"PROTOCOL.md golden:{name}: offset {offset} is wrong"
+        out += bytes.fromhex("".join(digits))
+    return bytes(out)
+
+
+def test_golden_send_matches_doc_and_encoder():
+    golden = doc_hex("send")
+    assert golden == bytes.fromhex(EXAMPLE_SEND_HEX)
+    assert P.encode_send(1, [EXAMPLE_MESSAGE]) == golden
+    req = P.decode_send(golden)
+    assert req == P.SendRequest(1, [EXAMPLE_MESSAGE], [0], [0])
+    assert req.messages[0].queue_id is None and req.messages[0].born_host == ("127.0.0.1", 0)
+
+
+def test_golden_send_reply_matches_doc_and_encoder():
+    golden = doc_hex("send_reply")
+    assert golden == bytes.fromhex(EXAMPLE_SEND_REPLY_HEX)
+    assert P.encode_send_reply(1, [EXAMPLE_RESULT]) == golden
+    request_id, [r] = P.decode_send_reply(golden)
+    assert request_id == 1 and r.ok
+    assert r == P.SendResult(PutMessageStatus.PUT_OK, "7F00000100002A9F0000000000001000",
+                             2, 7, 4096, 1700000000005, "")
+
+
+def test_doc_busy_example_matches_encoder():
+    busy = P.encode_send_reply(1, [PutMessageResult.refused(PutMessageStatus.OS_PAGECACHE_BUSY,
+                                                             P.BUSY_REASON)])
+    assert busy[P.HEADER_SIZE:] == bytes.fromhex("08 ffffffff" + "ff" * 16 + "00" * 8
+                                                  + "00 0004 62757379")
+
+
+@pytest.mark.parametrize("enum_cls", [PutMessageStatus, GetMessageStatus, ErrorCode, Kind])
+def test_doc_tables_list_every_code_with_its_value(enum_cls):
+    with open(DOC, encoding="utf-8") as f:
+        text = f.read()
+    for member in enum_cls:
+        assert re.search(rf"^\| {member.value} \| {member.name} \|", text, re.M) or \
+            re.search(rf"^\| {member.name} \| {member.value} \|", text, re.M), member
+
+
+def test_header_layout():
+    frame = VALID["pull"][0]
+    assert frame[:2] == b"RS" and frame[2] == 1 and frame[3] == Kind.PULL
+    assert P.peek_header(frame) == P.Header(1, Kind.PULL, 14, 0)
+    assert P.peek_header(VALID["send"][0]) == P.Header(1, Kind.SEND, 11, 2)
+
+
+# ---------------------------------------------------------------------------- round trips
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(messages, max_size=8), U64, U64, st.integers(0, 1 << 40))
+def test_send_round_trip(batch, request_id, producer_id, first_sequence):
+    frame = P.encode_send(request_id, batch, producer_id, first_sequence)
+    req = P.decode_send(frame)
+    assert req.request_id == request_id
+    assert req.messages == batch
+    if producer_id:
+        assert req.producer_ids == [producer_id] * len(batch)
+        assert req.sequences == [first_sequence + i for i in range(len(batch))]
+    else:
+        assert req.producer_ids == req.sequences == [0] * len(batch)
+
+
+def test_send_normalises_keys_tags_and_defaults():
+    m = Message("T", keys="a  b c", tags="", queue_id=-1, born_timestamp=0)
+    [d] = P.decode_send(P.encode_send(1, [m])).messages
+    assert d.keys == ["a", "b", "c"] and d.tags is None
+    assert d.queue_id is None and d.born_timestamp is None
+    assert d.key_list() == m.key_list()
+    [d] = P.decode_send(P.encode_send(1, [Message("T", keys=())])).messages
+    assert d.keys is None
+
+
+def test_send_carries_wait_store_msg_ok_as_rocketmq_property():
+    m = Message("T", wait_store_msg_ok=False, properties={"a": "1"})
+    frame = P.encode_send(1, [m])
+    assert b"WAIT\x01false\x02" in frame
+    [d] = P.decode_send(frame).messages
+    assert d == m and d.all_properties() == m.all_properties()
+    kept = Message("T", properties={"WAIT": "true"})
+    assert P.decode_send(P.encode_send(1, [kept])).messages == [kept]
+
+
+def test_send_sequences_only_with_a_producer_id():
+    frame = P.encode_send(1, [Message("T")] * 3, producer_id=0, first_sequence=50)
+    assert P.decode_send(frame).sequences == [0, 0, 0]
+    frame = P.encode_send(1, [Message("T")] * 3, producer_id=7, first_sequence=50)
+    assert P.decode_send(frame)[2:] == ([7, 7, 7], [50, 51, 52])
+
+
+def test_send_accepts_any_buffer():
+    import zmq
+    frame = VALID["send"][0]
+    expected = P.decode_send(frame)
+    for buf in (bytearray(frame), memoryview(frame), zmq.Frame(frame)):
+        assert P.decode_send(buf) == expected
+
+
+def test_send_body_may_be_a_memoryview():
+    m = Message("T", body=memoryview(b"abcdef")[1:4])
+    assert P.decode_send(P.encode_send(1, [m])).messages[0].body == b"bcd"
+
+
+@settings(max_examples=200)
+@given(st.lists(put_results, max_size=8), U64)
+def test_send_reply_round_trip(results, request_id):
+    got_id, got = P.decode_send_reply(P.encode_send_reply(request_id, results))
+    assert got_id == request_id
+    assert got == [P.SendResult(r.status, r.msg_id, r.queue_id, r.queue_offset,
+                                r.commit_log_offset, r.store_timestamp, r.reason)
+                   for r in results]
+    assert [g.ok for g in got] == [r.ok for r in results]
+    # a client may echo SendResults too (duck-typed like PutMessageResult)
+    assert P.decode_send_reply(P.encode_send_reply(request_id, got))[1] == got
+
+
+def test_send_reply_cuts_an_overlong_reason_at_a_character_boundary():
+    r = PutMessageResult.refused(PutMessageStatus.MESSAGE_ILLEGAL, "é" * 40000)
+    [got] = P.decode_send_reply(P.encode_send_reply(1, [r]))[1]
+    assert got.reason == "é" * 32767
+
+
+@given(U64, _text(0, 300), INT32, INT64, INT32, INT32)
+def test_pull_round_trip(request_id, topic, queue_id, offset, max_msgs, timeout_ms):
+    frame = P.encode_pull(request_id, topic, queue_id, offset, max_msgs, timeout_ms)
+    assert P.decode_pull(frame) == P.PullRequest(request_id, topic, queue_id, offset,
+                                                 max_msgs, timeout_ms)
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(U64, st.sampled_from(GetMessageStatus), INT64, INT64, INT64,
+       st.lists(record_messages, max_size=5), st.booleans())
+def test_pull_reply_round_trip(request_id, status, next_begin, lo, hi, msgs, as_views):
+    raws = [raw_record(m, i, 10_000 * i) for i, m in enumerate(msgs)]
+    records = [memoryview(r) for r in raws] if as_views else raws
+    reply = P.decode_pull_reply(P.encode_pull_reply(request_id, status, next_begin, lo, hi,
+                                                    records))
+    assert reply[:5] == (request_id, status, next_begin, lo, hi)
+    assert reply.messages == [record.decode_at(r, 0) for r in raws]
+    for got, m in zip(reply.messages, msgs):
+        assert (got.topic, got.body, got.tags, got.keys) == (m.topic, m.body, m.tags, m.key_list())
+
+
+@given(U64, _text(0, 100), _text(0, 100), INT32, INT64, INT64)
+def test_query_by_key_round_trip(request_id, topic, key, max_num, begin_ms, end_ms):
+    q = P.decode_query(P.encode_query_by_key(request_id, topic, key, max_num, begin_ms, end_ms))
+    assert q == P.QueryRequest(request_id, QueryMode.BY_KEY, topic, key, max_num, begin_ms,
+                               end_ms)
+
+
+def test_query_by_key_defaults_to_all_time():
+    q = P.decode_query(P.encode_query_by_key(1, "T", "k", 32))
+    assert (q.begin_ms, q.end_ms) == (0, (1 << 63) - 1)
+
+
+@given(U64, st.text(st.characters(max_codepoint=127), max_size=255))
+def test_query_by_msg_id_round_trip(request_id, msg_id):
+    q = P.decode_query(P.encode_query_by_msg_id(request_id, msg_id))
+    assert q == P.QueryRequest(request_id, QueryMode.BY_MSG_ID, msg_id=msg_id)
+
+
+@given(U64, INT64)
+def test_query_by_offset_round_trip(request_id, offset):
+    q = P.decode_query(P.encode_query_by_offset(request_id, offset))
+    assert q == P.QueryRequest(request_id, QueryMode.BY_OFFSET, commit_log_offset=offset)
+
+
+@settings(max_examples=50)
+@given(U64, st.lists(record_messages, max_size=4))
+def test_query_reply_round_trip(request_id, msgs):
+    raws = [raw_record(m, i, 500 * i) for i, m in enumerate(msgs)]
+    got_id, got = P.decode_query_reply(P.encode_query_reply(request_id, raws))
+    assert got_id == request_id and got == [record.decode_at(r, 0) for r in raws]
+
+
+@given(U64, st.sampled_from(ErrorCode), _text(0, 200))
+def test_error_round_trip(request_id, code, message):
+    assert P.decode_error(P.encode_error(request_id, code, message)) == \
+        P.ErrorReply(request_id, code, message)
+
+
+def test_error_message_is_cut_to_fit():
+    assert P.decode_error(P.encode_error(1, 6, "x" * 70000)).message == "x" * 65535
+
+
+# ---------------------------------------------------------------------------- malformed
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_every_valid_frame_decodes(name):
+    frame, decode = VALID[name]
+    decode(frame)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_truncated_at_every_byte_is_malformed(name):
+    frame, decode = VALID[name]
+    for n in range(len(frame)):
+        e = raises(ErrorCode.MALFORMED_FRAME, decode, frame[:n])
+        if n >= P.HEADER_SIZE:
+            assert e.request_id == P.peek_header(frame).request_id
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@pytest.mark.parametrize("garbage", [b"\x00", b"\xff" * 7, b"RS\x01\x01" + bytes(12)])
+def test_trailing_garbage_is_malformed(name, garbage):
+    frame, decode = VALID[name]
+    raises(ErrorCode.MALFORMED_FRAME, decode, frame + garbage, P.peek_header(frame).request_id)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_wrong_magic_is_malformed_without_request_id(name):
+    frame, decode = VALID[name]
+    for magic in (b"rs", b"SR", b"\x00\x00", b"RT"):
+        raises(ErrorCode.MALFORMED_FRAME, decode, magic + frame[2:], 0)
+        raises(ErrorCode.MALFORMED_FRAME, P.peek_header, magic + frame[2:], 0)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@pytest.mark.parametrize("version", [0, 2, 255])
+def test_unknown_version_is_unsupported_and_keeps_request_id(name, version):
+    frame, decode = VALID[name]
+    bad = set_header(frame, version=version)
+    rid = P.peek_header(frame).request_id
+    raises(ErrorCode.UNSUPPORTED_VERSION, decode, bad, rid)
+    raises(ErrorCode.UNSUPPORTED_VERSION, P.peek_header, bad, rid)
+
+
+@pytest.mark.parametrize("kind", [0, 7, 8, 14, 16, 255])
+def test_unknown_kind(kind):
+    frame = set_header(VALID["send"][0], kind=kind)
+    raises(ErrorCode.UNKNOWN_KIND, P.peek_header, frame, 11)
+    for decode in DECODERS:
+        raises(ErrorCode.UNKNOWN_KIND, decode, frame, 11)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_a_kind_the_decoder_does_not_take(name):
+    frame, decode = VALID[name]
+    for other in DECODERS:
+        if other is not decode:
+            e = raises(ErrorCode.UNKNOWN_KIND, other, frame, P.peek_header(frame).request_id)
+            assert P.peek_header(frame).kind.name in e.detail
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@pytest.mark.parametrize("count", [P.MAX_RECORDS_PER_FRAME + 1, 1 << 31, (1 << 32) - 1])
+def test_huge_counts(name, count):
+    frame, decode = VALID[name]
+    bad = set_header(frame, count=count)
+    raises(ErrorCode.TOO_MANY_RECORDS, decode, bad, P.peek_header(frame).request_id)
+    raises(ErrorCode.TOO_MANY_RECORDS, P.peek_header, bad)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@pytest.mark.parametrize("delta", [1, -1, P.MAX_RECORDS_PER_FRAME])
+def test_count_that_disagrees_with_the_body(name, delta):
+    frame, decode = VALID[name]
+    count = P.peek_header(frame).count + delta
+    if not 0 <= count <= P.MAX_RECORDS_PER_FRAME:
+        return  # out of range: test_huge_counts covers it
+    raises(ErrorCode.MALFORMED_FRAME, decode, set_header(frame, count=count))
+
+
+def test_max_records_is_allowed_in_the_header():
+    frame = set_header(P.encode_query_reply(1, []), count=P.MAX_RECORDS_PER_FRAME)
+    assert P.peek_header(frame).count == P.MAX_RECORDS_PER_FRAME
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_query_reply, frame)
+
+
+class _Huge:
+    """Pretends to be a frame of ``n`` bytes; only its length is ever looked at."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def test_frame_size_limit():
+    P.check_frame_size(P.MAX_FRAME_BYTES)
+    with pytest.raises(ProtocolError) as info:
+        P.check_frame_size(P.MAX_FRAME_BYTES + 1)
+    assert info.value.code is ErrorCode.FRAME_TOO_LARGE
+    for decode in [P.peek_header] + DECODERS:
+        raises(ErrorCode.FRAME_TOO_LARGE, decode, _Huge(P.MAX_FRAME_BYTES + 1))
+
+
+def test_a_real_oversized_frame():
+    frame = VALID["send"][0] + bytes(P.MAX_FRAME_BYTES + 1 - len(VALID["send"][0]))
+    raises(ErrorCode.FRAME_TOO_LARGE, P.decode_send, frame)
+
+
+def test_encoders_refuse_what_a_server_would_refuse():
+    with pytest.raises(ProtocolError) as info:
+        P.encode_send(3, [Message("T")] * (P.MAX_RECORDS_PER_FRAME + 1))
+    assert info.value.code is ErrorCode.TOO_MANY_RECORDS and info.value.request_id == 3
+    half = memoryview(bytes(P.MAX_FRAME_BYTES // 2))
+    with pytest.raises(ProtocolError) as info:
+        P.encode_query_reply(4, [half, half])
+    assert info.value.code is ErrorCode.FRAME_TOO_LARGE and info.value.request_id == 4
+
+
+@pytest.mark.parametrize("message", [
+    Message("T", queue_id=1 << 31), Message("T", flag=-(1 << 31) - 1),
+    Message("T", sys_flag=1 << 40), Message("T", delay_level=1 << 31),
+    Message("T", born_timestamp=1 << 63), Message("x" * 65536),
+    Message("T", tags="t" * 65536), Message("T", keys=["k" * 65536]),
+    Message("\ud800"),
+])
+def test_encode_send_refuses_values_that_do_not_fit(message):
+    with pytest.raises(ValueError):
+        P.encode_send(1, [message])
+
+
+@pytest.mark.parametrize("call", [
+    lambda: P.encode_send(-1, []), lambda: P.encode_send(1 << 64, []),
+    lambda: P.encode_send(1, [Message("T")] * 2, producer_id=1, first_sequence=(1 << 64) - 1),
+    lambda: P.encode_pull(1, "T", 1 << 31, 0, 1), lambda: P.encode_pull(1, "T" * 65536, 0, 0, 1),
+    lambda: P.encode_query_by_msg_id(1, "é"), lambda: P.encode_query_by_msg_id(1, "A" * 256),
+    lambda: P.encode_query_by_offset(1, 1 << 63),
+    lambda: P.encode_query_by_key(1, "T", "k", 1 << 31),
+    lambda: P.encode_send_reply(1, [PutMessageResult(PutMessageStatus.PUT_OK, "A" * 256)]),
+    lambda: P.encode_send_reply(1, [PutMessageResult(PutMessageStatus.PUT_OK, queue_id=1 << 31)]),
+    lambda: P.encode_pull_reply(1, GetMessageStatus.FOUND, 1 << 63, 0, 0, []),
+    lambda: P.encode_error(1, 99, "no such code"),
+])
+def test_encoders_raise_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def _send_with(**fields) -> bytes:
+    """A one-record SEND frame whose raw text fields are the given bytes."""
+    f = dict(topic=b"T", host=b"", tags=b"", keys=b"", props=b"", body=b"")
+    f.update(fields)
+    rec = (struct.pack(">QQH", 0, 0, len(f["topic"])) + f["topic"]
+           + struct.pack(">iiiiqB", -1, 0, 0, 0, 0, len(f["host"])) + f["host"]
+           + struct.pack(">H", len(f["tags"])) + f["tags"]
+           + struct.pack(">H", len(f["keys"])) + f["keys"]
+           + struct.pack(">I", len(f["props"])) + f["props"]
+           + struct.pack(">I", len(f["body"])) + f["body"])
+    return P.HEADER.pack(b"RS", 1, Kind.SEND, 9, 1) + rec
+
+
+def test_hand_built_send_frame_decodes():
+    [m] = P.decode_send(_send_with(topic=b"T", host=b"[::1]:80", tags=b"a", keys=b"k1 k2",
+                                   props=b"x\x01y\x02", body=b"b")).messages
+    assert m == Message("T", b"b", "a", ["k1", "k2"], {"x": "y"}, None, born_host=("::1", 80))
+
+
+BAD_UTF8 = [b"\xff", b"\xc3", b"a\xed\xa0\x80", b"\xe2\x82"]
+
+
+@pytest.mark.parametrize("field", ["topic", "tags", "keys", "props"])
+@pytest.mark.parametrize("raw", BAD_UTF8)
+def test_send_bad_utf8_is_malformed(field, raw):
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send, _send_with(**{field: raw}), 9)
+
+
+@pytest.mark.parametrize("host", [b"nothost", b"1.2.3.4", b"1.2.3.4:", b"1.2.3.4:99999",
+                                  b"1.2.3.4:-1", b"::1:5", b"[1.2.3.4]:5", b"300.1.1.1:5",
+                                  b"host.example:80", b"\xff:1", b":80", b"[]:80"])
+def test_send_bad_born_host_is_malformed(host):
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send, _send_with(host=host), 9)
+
+
+def test_send_lengths_running_past_the_frame():
+    good = _send_with(body=b"abc")
+    huge_body = good[:-7] + struct.pack(">I", 1 << 31) + b"abc"
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send, huge_body, 9)
+    for field_len_pos, width in ((32, 2), (P.HEADER_SIZE + 18 + 1 + 24, 1)):
+        bad = bytearray(good)
+        bad[field_len_pos:field_len_pos + width] = b"\xff" * width
+        raises(ErrorCode.MALFORMED_FRAME, P.decode_send, bytes(bad), 9)
+
+
+def test_send_reply_bad_fields():
+    frame = P.encode_send_reply(5, [EXAMPLE_RESULT])
+    body = P.HEADER_SIZE
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send_reply,
+           frame[:body] + b"\x0a" + frame[body + 1:], 5)  # status 10 does not exist
+    bad_id = bytearray(frame)
+    bad_id[body + 30] = 0xC3
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send_reply, bytes(bad_id), 5)
+    refused = PutMessageResult.refused(PutMessageStatus.UNKNOWN_ERROR, "ab")
+    reason = P.encode_send_reply(5, [refused])
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_send_reply, reason[:-2] + b"\xff\xfe", 5)
+
+
+def test_pull_bad_topic_utf8():
+    frame = P.encode_pull(6, "TT", 0, 0, 1)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull,
+           frame[:P.HEADER_SIZE + 2] + b"\xff\xff" + frame[P.HEADER_SIZE + 4:], 6)
+
+
+def test_pull_reply_bad_status_crc_and_length():
+    recs = sample_records()
+    frame = P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, recs[:1])
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply,
+           frame[:P.HEADER_SIZE] + b"\x09" + frame[P.HEADER_SIZE + 1:], 7)
+    rec_start = P.HEADER_SIZE + P.PULL_REPLY_FIXED.size + 4
+    body_pos = rec_start + 88
+    torn = bytearray(frame)
+    torn[body_pos] ^= 0x01
+    e = raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply, bytes(torn), 7)
+    assert "CRC" in e.detail
+    # the record's TOTALSIZE says one byte more than its length prefix
+    extra = P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, [recs[0] + b"\x00"])
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply, extra, 7)
+    not_a_record = P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, [bytes(100)])
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply, not_a_record, 7)
+
+
+def test_query_bad_mode_and_ascii():
+    for mode in (0, 4, 255):
+        frame = P.HEADER.pack(b"RS", 1, Kind.QUERY, 8, 0) + bytes([mode]) + bytes(8)
+        raises(ErrorCode.MALFORMED_FRAME, P.decode_query, frame, 8)
+    frame = P.encode_query_by_msg_id(8, "AB")
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_query, frame[:-1] + b"\xc9", 8)
+
+
+def test_error_bad_code_and_utf8():
+    frame = P.encode_error(9, ErrorCode.INTERNAL, "ok")
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_error,
+           frame[:P.HEADER_SIZE] + b"\x00\x07" + frame[P.HEADER_SIZE + 2:], 9)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_error, frame[:-2] + b"\xe2\x82", 9)
+
+
+def test_protocol_error_is_a_value_error_naming_its_code():
+    e = raises(ErrorCode.MALFORMED_FRAME, P.decode_send, b"")
+    assert isinstance(e, ValueError) and str(e).startswith("MALFORMED_FRAME:")
+
+
+# ---------------------------------------------------------------------------- fuzzing
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(VALID)), st.data())
+def test_mutated_frames_decode_or_raise_protocol_error(name, data):
+    frame, decode = VALID[name]
+    buf = bytearray(frame)
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(P.HEADER_SIZE, len(buf) - 1)) if len(buf) > P.HEADER_SIZE \
+            else data.draw(st.integers(0, len(buf) - 1))
+        buf[pos] = data.draw(st.integers(0, 255))
+    try:
+        decode(bytes(buf))
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=400)
+@given(st.sampled_from(list(Kind)), st.integers(0, 70000), st.binary(max_size=200))
+@example(Kind.SEND, 1, bytes(55))
+@example(Kind.PULL_REPLY, 1, bytes(25) + b"\x00\x00\x00\x08" + bytes(8))
+def test_random_bodies_decode_or_raise_protocol_error(kind, count, body):
+    frame = P.HEADER.pack(b"RS", 1, kind, 1, count) + body
+    for decode in DECODERS:
+        try:
+            decode(frame)
+        except ProtocolError:
+            pass
+
+
+@given(st.binary(max_size=40))
+def test_random_bytes_never_leak_other_exceptions(frame):
+    for decode in [P.peek_header] + DECODERS:
+        try:
+            decode(frame)
+        except ProtocolError:
+            pass
