@@ -121,9 +121,11 @@ class Producer:
         return PendingSend(self, request_id)
 
     def _complete(self, request_id: int) -> list[protocol.SendResult]:
-        frame = self._dealer.receive(request_id)
-        if request_id in self._in_flight:
-            self._in_flight.remove(request_id)
+        try:
+            frame = self._dealer.receive(request_id)
+        finally:
+            if request_id in self._in_flight:
+                self._in_flight.remove(request_id)
         _raise_if_error(frame)
         return protocol.decode_send_reply(frame)[1]
 

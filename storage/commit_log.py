@@ -261,7 +261,8 @@ class CommitLog:
         return (mf, pos, mf.read_position) if pos < mf.read_position else None
 
     def get_message(self, offset: int, size: int) -> bytes | None:
-        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset, offset == 0)
+        """The ``size`` bytes at ``offset``, None when they are not (or no longer) there."""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset)
         return mf.read(offset % self.mapped_file_size, size) if mf else None
 
     def look_message_by_offset(self, offset: int, *, check_crc: bool = True) -> MessageExt | None:

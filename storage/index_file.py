@@ -38,9 +38,11 @@ File naming: the creation time in local time, ``yyyyMMddHHmmssSSS``
 (``UtilAll.timeMillisToHumanString``), e.g. ``20190729015534442``. Names sort
 chronologically, except across a daylight-saving fall-back hour (as in RocketMQ).
 
-Write order of a put: the entry, then the slot, then the header (all 40 bytes, from the
-Python copy). A reader of the mapping therefore never follows a slot to an entry that is
-not written yet.
+Write order of a put: the entry, then the header (all 40 bytes, from the Python copy),
+then the slot. A reader of the mapping therefore never follows a slot to an entry that
+is not written yet, and never sees a slot naming an entry its header does not count
+(which the chain walk would take for an empty slot). A crash between the header and the
+slot leaves one entry unlinked: a query can miss it, never return a wrong message.
 
 Two RocketMQ behaviours kept for byte compatibility: a new file's header is written at
 creation with indexCount 1 (Java leaves 0 on disk until the first put or flush; both
@@ -365,7 +367,6 @@ class IndexFile:
         time_diff = _time_diff_s(store_timestamp, self._begin_timestamp)
         INDEX_ENTRY.pack_into(buf, self._index_base + index_count * INDEX_SIZE,
                               key_hash, phy_offset, time_diff, slot_value)
-        HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
         if index_count <= 1:
             self._begin_phy_offset = phy_offset
             self._begin_timestamp = store_timestamp
@@ -376,6 +377,7 @@ class IndexFile:
         INDEX_HEADER.pack_into(buf, 0, self._begin_timestamp, store_timestamp,
                                self._begin_phy_offset, phy_offset,
                                self._hash_slot_count, index_count + 1)
+        HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
         return True
 
     # ----------------------------------------------------------------- select

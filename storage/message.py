@@ -92,6 +92,7 @@ def host_is_v6(host: Host) -> bool:
     return ":" in host[0]
 
 
+@functools.lru_cache(maxsize=4096)
 def decode_host(raw: bytes) -> Host:
     return str(ipaddress.ip_address(raw[:-4])), int.from_bytes(raw[-4:], "big", signed=True)
 

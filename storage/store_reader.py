@@ -37,24 +37,23 @@ Invariants the reads rely on (DESIGN.md §3):
 
 Files that appear and disappear (decision table; "mapped" means mapped by this reader):
 
-    event                                           noticed when                 action
-    ----------------------------------------------  ---------------------------  ---------------------
-    new CommitLog file (writer rolled)              a bound lies past the last   map it (full-size
-                                                    mapped file                  files only)
-    new consume queue file (dispatcher)             the last mapped file is      map it
-                                                    full within the bound and
-                                                    the next name exists
-    new queue directory                             first read of the queue      open the queue
-    new index file                                  every query lists index/     map it once full-size
-    CommitLog file unlinked by the cleaner          every call: the first mapped unmap every file
-                                                    file is gone (or its end is  below the first one
-                                                    <= min_commit_log_offset)    on disk / the min
-    consume queue file unlinked by the cleaner      all its units point below    unmap it
-                                                    the CommitLog min and it is
-                                                    gone from the directory
-    index file unlinked by the cleaner              every query lists index/     unmap it
-    files cut away and re-created by a recovery     (the store restarted: the    ``reopen()``
-                                                    caller sees GENERATION move)
+    event                              noticed when                          action
+    ---------------------------------  ------------------------------------  ----------------
+    new CommitLog file (writer rolled) a bound lies past the last mapped     map it (once
+                                       file                                  full-size)
+    new consume queue file             the last mapped file is full within   map it
+    (dispatcher)                       the bound and the next name exists
+    new queue directory                first read of the queue               open the queue
+    new index file                     every query lists index/              map it once
+                                                                             full-size
+    CommitLog file unlinked            every call: the first mapped file is  unmap every file
+    (cleaner)                          gone, or ends at or below the given   below the first
+                                       min_commit_log_offset                 on disk / the min
+    consume queue file unlinked        all its units point below the         unmap it
+    (cleaner)                          CommitLog min and it is gone
+    index file unlinked (cleaner)      every query lists index/              unmap it
+    files cut away and re-created by   the caller sees the store restart     ``reopen()``
+    a recovery                         (GENERATION moved)
 
 A file unlinked while mapped stays readable until it is unmapped, so a read racing the
 cleaner returns correct bytes or, once the file is gone, OFFSET_TOO_SMALL /
@@ -65,7 +64,14 @@ Statuses, batch limits and query caps are MessageStore's. The read path both sha
 written here as functions that take what they read from as arguments
 (``get_from_queue``, ``read_queue``, ``check_unit_record``, ``batch_full``,
 ``query_offset``, ``query_messages``, ``select_phy_offsets``, ``look_message_by_id``)
-so that MessageStore and IndexService can call them too.
+so that MessageStore and IndexService can call them too. Where the answers can differ:
+
+* a queue's min offset is computed from its units (the first whose message is at or
+  above the CommitLog min), not kept as MessageStore's ``min_logic_offset``, which is
+  only corrected when MessageStore itself cleans; so a lagging min is never served;
+* a queue directory all of whose units lie past the bound reads NO_MESSAGE_IN_QUEUE
+  (MessageStore, dispatching before every read, never has that state);
+* the "in disk" batch limits measure from ``dispatched`` instead of the written end.
 
 Not thread-safe: one StoreReader per thread (its mapped files' read positions are set
 from the bound of the call in progress).
@@ -523,6 +529,7 @@ class _IndexView:
             os.close(fd)
         self.begin_timestamp = self.end_timestamp = self.end_phy_offset = 0
         self.index_count = 1
+        self.unborn = True
 
     def snapshot(self) -> None:
         """Re-read the header until two reads agree. Raises ``CorruptRecordError`` when
@@ -537,6 +544,9 @@ class _IndexView:
                 break
             header = again
         begin_ts, end_ts, _, end_phy, _, index_count = header
+        # allocated but its header not written yet: no entries, and its begin of 0
+        # must not end a query's newest-first walk before the older files
+        self.unborn = index_count == 0 and begin_ts == 0 and end_ts == 0
         if index_count > self.index_num:
             raise CorruptRecordError(self.path, INDEX_COUNT_POS,
                                      f"indexCount {index_count} exceeds index_num {self.index_num}")
@@ -665,9 +675,13 @@ class StoreReader:
         self._cl_bound = end
 
     def _read_record(self, phy: int, size: int, min_phy: int) -> bytes | None:
+        """The ``size`` bytes at ``phy`` if they lie below the bound in a mapped file.
+        (Not ``CommitLog.get_message``: for offset 0 it falls back to the first file,
+        which after expiry holds other bytes.)"""
         if phy < min_phy:
             return None
-        return self._commit_log.get_message(phy, size)
+        mf = self._cl_files.find_mapped_file_by_offset(phy)
+        return mf.read(phy - mf.file_from_offset, size) if mf is not None else None
 
     # ----------------------------------------------------------------- queues
     def _queue(self, topic: str, queue_id: int) -> _QueueView | None:
@@ -815,6 +829,15 @@ class StoreReader:
         min_phy = self._commit_log_min(None)
         return look_message_by_id(lambda phy: self._look(phy, written, min_phy), msg_id)
 
+    def read_record(self, commit_log_offset: int, size: int, written: int) -> bytes | None:
+        """The raw bytes of the record at ``commit_log_offset`` (``size`` long) if it
+        lies below ``written`` and is still on disk (for replies that ship records)."""
+        self._check_open()
+        if commit_log_offset + size > written:
+            return None
+        self._bound_commit_log(written)
+        return self._read_record(commit_log_offset, size, self._commit_log_min(None))
+
     # ----------------------------------------------------------------- query
     def query_message(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int,
                       dispatched: int) -> list[MessageExt]:
@@ -825,6 +848,7 @@ class StoreReader:
         files = self._index_files()
         for f in files:
             f.snapshot()
+        files = [f for f in files if not f.unborn]
         min_phy = self._commit_log_min(None)
         return query_messages(files, lambda phy: self._look(phy, dispatched, min_phy),
                               self.config.max_msgs_num_batch, topic, key, max_num,

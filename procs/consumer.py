@@ -1,0 +1,246 @@
+"""Consumer: reads a running store's mapped files directly, in one consumer group.
+
+``Consumer(store_dir, group, topic)`` maps the consume queues and the CommitLog
+read-only (``storage.store_reader.StoreReader``) and never sees past DISPATCHED (so,
+under SYNC_FLUSH, never a message a crash could take back); ``poll`` long-polls on the
+dispatcher's ARRIVAL announcements instead of spinning.
+
+Group membership and queue sharing. Each live consumer holds an ``flock`` on its own
+member file ``{run}/groups/{group}/{topic}/{member}``; a member file nobody holds
+belongs to a dead consumer and is removed. The live members, sorted, share the topic's
+queues as RocketMQ's AllocateMessageQueueAveragely does (queue ``q`` goes to member
+``q mod n``), re-checked every ``rebalance_interval_ms``. While membership changes two
+consumers may briefly read the same queue: delivery is at least once, as in RocketMQ.
+
+Progress. ``commit()`` writes the group's offsets to ``config/consumerOffset.json`` in
+RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 42}}}``, merged under an
+flock with what other consumers wrote. A queue without a committed offset starts at
+``from_where``: ``"earliest"`` (the default) or ``"latest"``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+
+import zmq
+
+from shm import bus
+from shm.positions import PositionTable, Slot
+from storage import StoreConfig, json_file
+from storage.config import recorded_geometry
+from storage.message import MessageExt
+from storage.status import GetMessageStatus
+from storage.store_reader import StoreReader
+
+OFFSET_FILE = "consumerOffset.json"
+
+
+class Consumer:
+    def __init__(self, store_dir: str, group: str, topic: str, *,
+                 config: StoreConfig | None = None, from_where: str = "earliest",
+                 tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000):
+        if from_where not in ("earliest", "latest"):
+            raise ValueError("from_where is 'earliest' or 'latest'")
+        self.store_dir, self.group, self.topic = store_dir, group, topic
+        self.config = config or _store_config(store_dir)
+        self.from_where = from_where
+        self.tags = tags
+        self.rebalance_interval_ms = rebalance_interval_ms
+        self.table = PositionTable.attach(store_dir)
+        self.reader = StoreReader(self.config)
+        self.context = zmq.Context()
+        self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"], [bus.ARRIVAL])
+        self._member = _Membership(store_dir, group, topic)
+        self._offsets: dict[int, int] = {}
+        self._assigned: list[int] = []
+        self._next_rebalance = 0.0
+        self._turn = 0
+
+    # ------------------------------------------------------------------ consuming
+    def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageExt]:
+        """Up to ``max_msgs`` messages from this consumer's queues, waiting at most
+        ``timeout_ms`` for the first one."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._rebalance_if_due()
+            found = self._pull_once(max_msgs)
+            if found:
+                return found
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return []
+            self._wakeups.wait(min(left_ms, 200))
+
+    def _pull_once(self, max_msgs: int) -> list[MessageExt]:
+        dispatched = self.table.get(Slot.DISPATCHED)
+        out: list[MessageExt] = []
+        queues = self._assigned[self._turn:] + self._assigned[:self._turn]
+        self._turn = (self._turn + 1) % max(1, len(self._assigned))
+        for q in queues:
+            if len(out) >= max_msgs:
+                break
+            offset = self._offset(q, dispatched)
+            r = self.reader.get_message(self.topic, q, offset, max_msgs - len(out), dispatched,
+                                        tags=self.tags)
+            if r.status is GetMessageStatus.FOUND:
+                out.extend(r.messages)
+                self._offsets[q] = r.next_begin_offset
+            elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL,
+                              GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                              GetMessageStatus.OFFSET_FOUND_NULL,
+                              GetMessageStatus.NO_MATCHED_MESSAGE,
+                              GetMessageStatus.MESSAGE_WAS_REMOVING):
+                self._offsets[q] = r.next_begin_offset
+        return out
+
+    def _offset(self, queue_id: int, dispatched: int) -> int:
+        if queue_id not in self._offsets:
+            committed = self._committed().get(str(queue_id))
+            if committed is not None:
+                self._offsets[queue_id] = int(committed)
+            elif self.from_where == "latest":
+                self._offsets[queue_id] = self.reader.get_max_offset_in_queue(
+                    self.topic, queue_id, dispatched)
+            else:
+                self._offsets[queue_id] = max(0, self.reader.get_min_offset_in_queue(
+                    self.topic, queue_id, dispatched))
+        return self._offsets[queue_id]
+
+    # ------------------------------------------------------------------ positions
+    def seek(self, queue_id: int, offset: int) -> None:
+        """Continue ``queue_id`` from logical ``offset`` (committed only on ``commit``)."""
+        self._offsets[queue_id] = offset
+
+    def seek_to_time(self, timestamp_ms: int) -> None:
+        """Every assigned queue continues from the message stored nearest that time."""
+        self._rebalance_if_due()
+        dispatched = self.table.get(Slot.DISPATCHED)
+        for q in self._assigned:
+            self._offsets[q] = self.reader.get_offset_in_queue_by_time(
+                self.topic, q, timestamp_ms, dispatched)
+
+    def position(self, queue_id: int) -> int | None:
+        return self._offsets.get(queue_id)
+
+    def assignment(self) -> list[int]:
+        self._rebalance_if_due()
+        return list(self._assigned)
+
+    def commit(self) -> None:
+        """Persist this consumer's offsets (merged with the rest of the group's)."""
+        mine = {str(q): self._offsets[q] for q in self._assigned if q in self._offsets}
+        if mine:
+            update_offsets(self.config.config_dir, f"{self.topic}@{self.group}", mine)
+
+    def _committed(self) -> dict[str, int]:
+        doc = json_file.load(os.path.join(self.config.config_dir, OFFSET_FILE)) or {}
+        return doc.get("offsetTable", {}).get(f"{self.topic}@{self.group}", {})
+
+    # ------------------------------------------------------------------ group
+    def _rebalance_if_due(self) -> None:
+        now = time.monotonic()
+        if now < self._next_rebalance:
+            return
+        self._next_rebalance = now + self.rebalance_interval_ms / 1000
+        members = self._member.live_members()
+        me = members.index(self._member.name)
+        queues = sorted(set(range(self.config.default_topic_queue_nums))
+                        | set(self.reader.topics().get(self.topic, [])))
+        assigned = [q for i, q in enumerate(queues) if i % len(members) == me]
+        if assigned != self._assigned:
+            for q in set(self._assigned) - set(assigned):
+                self._offsets.pop(q, None)  # another member continues from the commit
+            self._assigned = assigned
+
+    def close(self) -> None:
+        """Commit, leave the group, release everything."""
+        try:
+            self.commit()
+        finally:
+            self._member.leave()
+            self._wakeups.close()
+            self.context.term()
+            self.reader.close()
+            self.table.close()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _store_config(store_dir: str) -> StoreConfig:
+    recorded = recorded_geometry(store_dir) or {}
+    return StoreConfig(store_path_root_dir=store_dir, **recorded)
+
+
+def update_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
+    """Merge ``offsets`` into ``consumerOffset.json`` under an exclusive flock."""
+    os.makedirs(config_dir, exist_ok=True)
+    path = os.path.join(config_dir, OFFSET_FILE)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = json_file.load(path) or {}
+        table = doc.setdefault("offsetTable", {})
+        table.setdefault(key, {}).update(offsets)
+        json_file.persist(path, doc)
+
+
+def read_offsets(config_dir: str) -> dict[str, dict[str, int]]:
+    doc = json_file.load(os.path.join(config_dir, OFFSET_FILE)) or {}
+    return doc.get("offsetTable", {})
+
+
+class _Membership:
+    """A live member file per consumer; a file nobody holds is a dead member."""
+
+    def __init__(self, store_dir: str, group: str, topic: str):
+        self.dir = os.path.join(bus.run_dir(store_dir), "groups", group, topic)
+        os.makedirs(self.dir, exist_ok=True)
+        self.name = f"{os.getpid():08d}-{uuid.uuid4().hex[:8]}"
+        self.path = os.path.join(self.dir, self.name)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def live_members(self) -> list[str]:
+        live = []
+        for name in sorted(os.listdir(self.dir)):
+            if name == self.name or _held(os.path.join(self.dir, name)):
+                live.append(name)
+        return live
+
+    def leave(self) -> None:
+        if self._fd >= 0:
+            os.unlink(self.path)
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _held(path: str) -> bool:
+    """Whether a live consumer holds ``path``; a dead member's file is removed."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        pass
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    return False
+
+
+def dumps_offsets(config_dir: str) -> str:
+    return json.dumps(read_offsets(config_dir), sort_keys=True)

@@ -1,0 +1,99 @@
+"""The scheduler process: delivers delayed messages when they fall due.
+
+It runs ``storage.schedule_message.ScheduleMessageService`` over a read-only
+``StoreReader`` (the SCHEDULE_TOPIC_XXXX queues, bounded by DISPATCHED) and re-puts due
+messages to their real topic and queue through the writer's ingest socket, like any
+producer. It sleeps until the earliest waiting message is due, or until the dispatcher
+announces a new delayed message.
+
+Restart decision table:
+
+    on start it rebuilds  from
+    --------------------  -------------------------------------------------------------
+    level offsets         config/delayOffset.json (written after each delivery)
+    what is due           the SCHEDULE_TOPIC_XXXX consume queues (their units hold the
+                          delivery time)
+
+A crash between a re-put and the offset write delivers those messages again on restart
+(at least once, never lost). A re-put that times out is retried later, for the same
+reason. Delivered messages lose ``reconsume_times`` and ``prepared_transaction_offset``
+(wire format version 1 does not carry them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+from procs.client import ClientError, Producer
+from procs.service import MAX_TURN_MS, Service
+from shm import bus
+from shm.positions import Slot, now_ms
+from storage.delay_level import parse_delay_levels, queue_id_to_delay_level
+from storage.message import Message, MessageExt
+from storage.record import SCHEDULE_TOPIC
+from storage.schedule_message import ScheduleMessageService
+from storage.status import GetMessageStatus
+from storage.store_reader import StoreReader
+
+log = logging.getLogger(__name__)
+PAGE = 64
+PUT_TIMEOUT_MS = 3000
+
+
+class SchedulerService(Service):
+    name = "scheduler"
+
+    def setup(self) -> None:
+        self.reader = StoreReader(self.config)
+        self.producer = Producer(self.store_dir, timeout_ms=PUT_TIMEOUT_MS)
+        self.delay_level_ms = parse_delay_levels(self.config.message_delay_level)
+        self.held: dict[int, MessageExt] = {}
+        self.service = ScheduleMessageService(self, self.delay_level_ms, self.config.config_dir)
+        self.service.load()
+        self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [bus.ARRIVAL])
+
+    def turn(self) -> None:
+        due = self.service.next_due_ms()
+        wait_ms = MAX_TURN_MS if due is None else max(0, min(MAX_TURN_MS, due - now_ms()))
+        self.arrivals.wait(wait_ms)
+        if due is not None and due <= now_ms():
+            self.service.deliver_due()
+        self.held.clear()
+
+    def teardown(self) -> None:
+        self.service.persist()
+        self.producer.close()
+        self.reader.close()
+
+    # ------------------------------------------------------------ DelayQueues
+    def delay_units(self, queue_id: int, start: int) -> Iterator[tuple[int, int, int, int]]:
+        level = queue_id_to_delay_level(queue_id)
+        delay_ms = self.delay_level_ms[min(level, len(self.delay_level_ms) - 1)]
+        offset = start
+        while True:
+            r = self.reader.get_message(SCHEDULE_TOPIC, queue_id, offset, PAGE,
+                                        self.table.get(Slot.DISPATCHED),
+                                        min_commit_log_offset=self.table.get(Slot.MIN_OFFSET))
+            if not r.messages:
+                if r.next_begin_offset > offset and r.status is not GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+                    offset = r.next_begin_offset  # past removed messages
+                    continue
+                return
+            for m in r.messages:
+                self.held[m.commit_log_offset] = m
+                yield m.queue_offset, m.commit_log_offset, m.store_size, m.store_timestamp + delay_ms
+            offset = r.next_begin_offset
+
+    def look_message(self, commit_log_offset: int) -> MessageExt | None:
+        return self.held.get(commit_log_offset)
+
+    def put_again(self, msg: Message) -> tuple[bool, str]:
+        try:
+            result = self.producer.send_batch([msg])[0]
+        except ClientError as e:
+            return False, str(e)
+        return result.ok, f"{result.status.name} {result.reason}".strip()
+
+
+SERVICE = SchedulerService

@@ -1,0 +1,147 @@
+"""Test support: run a real store (``rocketstore up``) in a child process.
+
+``RunningStore`` writes a small configuration (8 KiB-64 KiB files, quick restarts),
+starts ``python -m procs.cli up`` in its own process group, waits for its ready line,
+and stops it (SIGTERM, then SIGKILL of the whole group) however the test ends.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+from shm.positions import PID, RESTARTS, PositionTable, Slot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_config(path: str, store_dir: str, **store: object) -> str:
+    settings = dict(store_path_root_dir=store_dir, mapped_file_size_commit_log=64 * 1024,
+                    mapped_file_size_consume_queue=20 * 512, max_hash_slot_num=1024,
+                    max_index_num=4096, flush_interval_commit_log=50,
+                    flush_interval_consume_queue=100, clean_resource_interval=200)
+    settings.update(store)
+    lines = ["[store]"]
+    for k, v in settings.items():
+        lines.append(f"{k} = " + ("true" if v is True else "false" if v is False else
+                                  f'"{v}"' if isinstance(v, str) else repr(v)))
+    for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader"):
+        lines += [f"[process.{name}]", "backoff_s = 0.1", "backoff_max_s = 1.0",
+                  "startsecs = 0.5", "startretries = 5", "stopwaitsecs = 20.0"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=timeout, input=input)
+
+
+class RunningStore:
+    def __init__(self, tmp_path, **store: object):
+        self.store_dir = str(tmp_path / "store")
+        self.config_path = write_config(str(tmp_path / "store.toml"), self.store_dir, **store)
+        self.log_path = str(tmp_path / "up.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "RunningStore":
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "procs.cli", "up", "--config", self.config_path],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+            stderr=log, text=True, start_new_session=True)
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.5):
+                line = self.proc.stdout.readline()
+                if line.startswith("rocketstore up:"):
+                    return self
+                if not line and self.proc.poll() is not None:
+                    break
+            elif self.proc.poll() is not None:
+                break
+        raise AssertionError(f"store did not start (rc {self.proc.poll()}):\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()[-6000:]
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM the supervisor and wait; returns its exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+                raise AssertionError(f"store did not stop in {timeout} s:\n{self.log()}")
+        rc = self.proc.returncode
+        self.proc.stdout.close()
+        self.proc = None
+        return rc
+
+    def kill_all(self) -> None:
+        """SIGKILL the supervisor and every process of its group."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc.stdout.close()
+            self.proc = None
+
+    def table(self) -> PositionTable:
+        return PositionTable.attach(self.store_dir)
+
+    def child_pid(self, name: str) -> int:
+        t = self.table()
+        try:
+            return t.get_process(name, PID)
+        finally:
+            t.close()
+
+    def restarts(self, name: str) -> int:
+        t = self.table()
+        try:
+            return t.get_process(name, RESTARTS)
+        finally:
+            t.close()
+
+    def slot(self, slot: Slot) -> int:
+        t = self.table()
+        try:
+            return t.get(slot)
+        finally:
+            t.close()
+
+    def __enter__(self) -> "RunningStore":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            except AssertionError:
+                pass
+        self.kill_all()
+
+
+def wait_for(condition, timeout: float = 30, what: str = "condition", interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
