@@ -5,7 +5,7 @@
     rocketstore send    --topic T --body B [--count N] ...    send to a running store
     rocketstore consume --group G --topic T [--follow]        read from a running store
     rocketstore query   (--key K --topic T | --msg-id ID | --offset N)
-    rocketstore demo    [--count N] [--json]                  the embedded store, end to end
+    rocketstore demo    [--count N] [--embedded] [--json]     the main job, end to end
     rocketstore dump    PATH [--type KIND] [--limit N] [--json]
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
@@ -25,14 +25,13 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from importlib import resources
 from typing import Iterable
 
-from storage import Message, MessageStore, StoreConfig, StoreError
+from storage import MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
 from storage.config import recorded_geometry
-from procs import running_commands
+from procs import demo, running_commands
 from procs.client import ClientError
 from shm.positions import PositionTableError
 
@@ -70,84 +69,10 @@ def _progress(done: int, total: int, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------ demo
-DEMO_FILE_SIZES = dict(mapped_file_size_commit_log=64 * 1024 * 1024,
-                       max_hash_slot_num=50_000, max_index_num=200_000)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: write messages through the embedded store, read them back by queue,
-    by key and by msgId, check consistency and show where everything is."""
-    cfg = load_config(args, **DEMO_FILE_SIZES)
-    started = time.perf_counter()
-    with MessageStore(cfg) as store:
-        sent = _demo_send(store, args.count)
-        store.dispatch()
-        read = _demo_read_back(store, sent)
-        by_key = store.query_message("DemoTopic", sent[-1][1], 4).messages
-        by_id = store.look_message_by_id(sent[0][0].msg_id)
-        problems = store.check()
-        store.flush()
-        status = store.status()
-    elapsed = time.perf_counter() - started
-    summary = {"store": os.path.abspath(cfg.store_path_root_dir), "sent": len(sent),
-               "read_back": read, "query_by_key": [m.to_dict() for m in by_key],
-               "by_msg_id": by_id.to_dict() if by_id else None, "check": problems,
-               "seconds": round(elapsed, 3), "status": status}
-    if args.json:
-        print(json.dumps(summary, default=str))
-    else:
-        _print_demo(summary)
-    return EXIT_OK if not problems and read == len(sent) and by_id else EXIT_FAILED
-
-
-def _demo_send(store: MessageStore, count: int) -> list:
-    sent = []
-    batch = []
-    for i in range(count):
-        key = f"order-{i}"
-        batch.append(Message(topic="DemoTopic", body=f"hello rocketstore #{i}".encode(),
-                             tags=("TagA", "TagB")[i % 2], keys=[key], queue_id=i % 4,
-                             properties={"seq": str(i)}))
-        if len(batch) == 256 or i == count - 1:
-            for msg, r in zip(batch, store.put_batch(batch)):
-                if not r.ok:
-                    raise StoreError(f"put failed: {r.status.name} {r.reason}")
-                sent.append((r, msg.keys[0]))
-            batch = []
-        _progress(i + 1, count, "sent")
-    return sent
-
-
-def _demo_read_back(store: MessageStore, sent: list) -> int:
-    expected = {(r.queue_id, r.queue_offset): r.msg_id for r, _ in sent}
-    matched = 0
-    for queue_id in range(4):
-        offsets = sorted(o for q, o in expected if q == queue_id)
-        offset = offsets[0] if offsets else 0
-        while offsets and offset <= offsets[-1]:
-            got = store.get_message("demo-group", "DemoTopic", queue_id, offset, 32)
-            for m in got.messages:
-                matched += expected.get((queue_id, m.queue_offset)) == m.msg_id
-            if got.next_begin_offset <= offset:
-                break
-            offset = got.next_begin_offset
-    return matched
-
-
-def _print_demo(s: dict) -> None:
-    print(f"store       {s['store']}")
-    print(f"sent        {s['sent']} messages to DemoTopic (4 queues) in {s['seconds']} s")
-    print(f"read back   {s['read_back']} of them by queue and offset")
-    for m in s["query_by_key"]:
-        print(f"by key      {m['keys']} -> {m['msg_id']} queue {m['queue_id']} "
-              f"offset {m['queue_offset']}: {m.get('body')!r}")
-    if s["by_msg_id"]:
-        m = s["by_msg_id"]
-        print(f"by msgId    {m['msg_id']} -> {m.get('body')!r} tags={m['tags']}")
-    pos = s["status"]["positions"]
-    print(f"positions   min={pos['min_offset']} written={pos['written']} "
-          f"flushed={pos['flushed']} dispatched={pos['dispatched']}")
-    print(f"check       {'consistent' if not s['check'] else s['check']}")
+    """The main job (procs.demo): the multiprocess store, or ``--embedded``."""
+    cfg = load_config(args, **demo.DEMO_FILE_SIZES)
+    return (demo.run_embedded if args.embedded else demo.run_pipeline)(args, cfg)
 
 
 # ------------------------------------------------------------------------------ dump
@@ -227,8 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     p = argparse.ArgumentParser(prog="rocketstore", description="rocketstore: the operator's command line")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", parents=[common], help="write, read back and check messages")
+    d = sub.add_parser("demo", parents=[common],
+                       help="start the store, send, consume and query messages, stop it")
     d.add_argument("--count", type=int, default=2000)
+    d.add_argument("--embedded", action="store_true",
+                   help="use the embedded store in this process instead")
     d.set_defaults(func=cmd_demo)
     du = sub.add_parser("dump", parents=[common], help="decode one store file offline")
     du.add_argument("path")

@@ -25,8 +25,11 @@ from typing import Iterable, Sequence
 import zmq
 
 from procs import protocol
+from procs.consumer import Consumer
 from shm import bus
 from storage.message import Message
+
+__all__ = ["ClientError", "Consumer", "PendingSend", "Producer", "ReaderClient", "RequestTimeout"]
 
 
 class ClientError(Exception):

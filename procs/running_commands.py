@@ -17,7 +17,7 @@ import tomllib
 from procs.client import Producer, ReaderClient
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
-from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, Slot, StoreState, now_ms
+from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
 from storage import Message, StoreConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3

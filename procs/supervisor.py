@@ -261,6 +261,7 @@ class Supervisor:
         proc = child.process
         if proc is None:
             return child.state in (ProcessState.STOPPED, ProcessState.EXITED, ProcessState.BACKOFF)
+        was_running = self._is_up(child)
         child.state = ProcessState.STOPPING
         self.table.set_process(child.name, PROC_STATE, child.state)
         if proc.is_alive():
@@ -276,4 +277,6 @@ class Supervisor:
         child.state = ProcessState.STOPPED
         self.table.set_process(child.name, PROC_STATE, child.state)
         self.table.set_process(child.name, PID, 0)
-        return code == 0
+        # A process stopped before its loop ever turned had opened nothing yet: its
+        # default SIGTERM death harms nothing.
+        return code == 0 or (not was_running and code == -signal.SIGTERM)

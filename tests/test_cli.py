@@ -66,8 +66,8 @@ def sizes(directory: str) -> dict[str, int]:
 def demo_store(tmp_path_factory):
     """A store after two ``demo`` runs with the default (demo) geometry."""
     d = str(tmp_path_factory.mktemp("cli") / "store")
-    first = run("demo", "--store", d, "--json")
-    second = run("demo", "--store", d, "--json")
+    first = run("demo", "--embedded", "--store", d, "--json")
+    second = run("demo", "--embedded", "--store", d, "--json")
     return d, first, second
 
 
@@ -106,7 +106,7 @@ def test_second_demo_run_continues_the_queues(demo_store):
 
 
 def test_demo_text_output(tmp_path):
-    r = run("demo", "--store", str(tmp_path / "s"), "--count", "40")
+    r = run("demo", "--embedded", "--store", str(tmp_path / "s"), "--count", "40")
     assert r.returncode == 0, r.stderr
     assert "sent        40 messages" in r.stdout
     assert "read back   40" in r.stdout
@@ -219,10 +219,25 @@ def test_dump_type_override_and_a_path_that_says_nothing(demo_store, tmp_path):
     assert r.returncode == 2
 
 
+def test_demo_runs_the_multiprocess_store_end_to_end(tmp_path):
+    """The README's main command: up, send, consume, query, status, clean stop."""
+    d = str(tmp_path / "store")
+    for run_no in range(2):
+        r = run("demo", "--store", d, "--count", "1000", "--json")
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        assert s["sent"] == s["consumed"] == 1000 and s["in_order"] and s["stopped_cleanly"]
+        assert s["status"]["state"] == "RUNNING"
+        assert set(s["status"]["processes"]) == {"flusher", "writer", "dispatcher", "cleaner",
+                                                 "scheduler", "reader"}
+        assert [m["queue_offset"] for m in s["query_by_key"]][-1] == 249 + 250 * run_no
+    assert not os.path.exists(os.path.join(d, "abort"))
+
+
 # ------------------------------------------------------------------ check
 def test_check_exits_0_on_a_consistent_store_and_3_on_a_missing_one(tmp_path, small_toml):
     d = str(tmp_path / "store")
-    r = run("demo", "--config", small_toml, "--store", d, "--count", "300", "--json")
+    r = run("demo", "--embedded", "--config", small_toml, "--store", d, "--count", "300", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["check"] == []
     r = run("check", "--config", small_toml, "--store", d)
@@ -244,7 +259,7 @@ def test_check_of_a_demo_store_exits_0_and_leaves_it_usable(tmp_path):
     """The documented flow with default settings: ``demo``, ``check``, ``demo`` again.
     The check must pass and must not resize, rebuild or otherwise spoil the store."""
     d = str(tmp_path / "store")
-    assert run("demo", "--store", d, "--count", "100").returncode == 0
+    assert run("demo", "--embedded", "--store", d, "--count", "100").returncode == 0
     before = sizes(d)
     r = run("check", "--store", d)
     after = sizes(d)
@@ -254,7 +269,7 @@ def test_check_of_a_demo_store_exits_0_and_leaves_it_usable(tmp_path):
         {k: v for k, v in before.items() if k != "lock"}, r.stderr
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "consistent"
-    r = run("demo", "--store", d, "--count", "100", "--json")
+    r = run("demo", "--embedded", "--store", d, "--count", "100", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["read_back"] == 100
 
@@ -266,7 +281,7 @@ def test_a_store_held_by_another_process_cannot_be_opened(tmp_path, small_toml):
                               stderr=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
-        for args in (("check",), ("demo", "--count", "10")):
+        for args in (("check",), ("demo", "--embedded", "--count", "10")):
             r = run(*args, "--config", small_toml, "--store", d)
             assert r.returncode == 3, (args, r.stdout, r.stderr)
             assert "lock" in r.stderr

@@ -1,0 +1,476 @@
+"""The dispatcher: RocketMQ's ReputMessageService in its own process.
+
+It tails the CommitLog the writer appends to (mapped read-only) up to the confirm offset
+(FLUSHED under SYNC_FLUSH, WRITTEN under ASYNC_FLUSH: a consumer never sees a message a
+crash could take back), and builds from every record its consume-queue unit and its
+index entries with ``storage.reput.ReputMessageService``. It is the only writer of
+``consumequeue/``, ``index/`` and the checkpoint's logics and index times, and of the
+DISPATCHED and DISPATCH_ERROR slots.
+
+One turn:
+
+1. wait on the bus (the writer's APPENDED, the flusher's FLUSHED) up to MAX_TURN_MS,
+   unless work is already waiting; the bus only wakes, the position table is the truth;
+2. follow MIN_OFFSET: unmap CommitLog, consume-queue and index files wholly below it
+   (the cleaner unlinks them; an unlinked file's disk space comes back only when the
+   last mapping goes);
+3. dispatch towards ``confirm_offset()`` in chunks that end on a record boundary (at
+   most ``CHUNK_RECORDS`` records, never across a file), for at most
+   ``DISPATCH_BUDGET_MS``; after each chunk publish DISPATCHED (every unit and index
+   entry below it is in its mapped file), then announce DISPATCHED and one ARRIVAL per
+   queue that grew, with the queue's next offset;
+4. flush (FlushConsumeQueueService): every ``flush_interval_consume_queue`` ms the
+   consume queues with ``flush_consume_queue_least_pages``; every
+   ``flush_consume_queue_thorough_interval`` ms everything: each queue until nothing
+   is left, the index, and only then the checkpoint's logics and index times
+   (``flush_one``), with the logics time read *before* the queues were flushed, so the
+   checkpoint never promises more than the disk holds. The index is flushed only on
+   the thorough pass (and when a file fills): its durability matters only through the
+   checkpoint's index time, which only that pass moves.
+
+A record below the confirm offset that cannot be read is damage on disk: DISPATCH_ERROR
+is set (EBADMSG), the error is logged, and the process exits non-zero so the supervisor
+restarts it; it never skips data. A file it cannot create (ENOSPC), a failed fdatasync
+or an index that cannot grow stop it the same way, with the errno in DISPATCH_ERROR.
+The next dispatcher clears DISPATCH_ERROR once DISPATCHED moves again.
+
+Restart decision table (``setup``; after a SIGKILL at any instant, or a clean stop):
+
+    what               rebuilt on start from                   how
+    -----------------  --------------------------------------  ---------------------------
+    reput_from_offset  the DISPATCHED slot                     as is
+    CommitLog view     the commitlog files on disk             mapped read-only from the
+                                                               first; files the writer is
+                                                               still allocating are mapped
+                                                               when complete (``refresh``)
+    a consume queue    its files on disk                       a zero-length last file (a
+                                                               creation the kill cut short)
+                                                               is allocated; ``recover``
+                                                               cuts a tail unit a kill tore
+                                                               (offset or size invalid);
+                                                               then the write position is
+                                                               rewound to the first unit
+                                                               whose message starts at or
+                                                               past DISPATCHED (files past
+                                                               it closed, kept on disk)
+    the index          its files on disk, all kept (process    re-dispatch skips messages
+                       death loses no page-cache byte)         below the last file's
+                                                               endPhyOffset
+    the checkpoint     its file (logics and index times)       only ever raised after a
+                                                               full flush
+    DISPATCH_ERROR     the slot                                kept until DISPATCHED moves
+    MIN_OFFSET follow  nothing (first turn)                    files below it unmapped
+
+Why re-dispatch after a SIGKILL at any instant neither loses nor duplicates a unit:
+
+* Not lost: DISPATCHED is published only after ``do_reput`` has copied every unit and
+  index entry below it into the mapped files; a killed process's mapped writes stay in
+  the page cache, so everything below DISPATCHED is there for the successor, which
+  re-dispatches every record from DISPATCHED to the (monotonic) confirm offset.
+* Not duplicated, not torn: a unit's place is fixed by its record (unit n at byte
+  n * 20, n the record's QUEUEOFFSET), not by a counter. The predecessor can only have
+  written units for records in [DISPATCHED, its confirm offset]; the rewind moves each
+  queue's write position back to the first of those, so re-dispatch writes each of them
+  again, byte for byte, over itself (which also heals a unit the kill tore in its tag
+  code, which ``recover`` cannot see), and ``put_message_position_info`` skips every
+  record below DISPATCHED as a repeat (its end <= the queue's ``max_physic_offset``).
+  Nothing is zeroed, truncated or unlinked: consumers may map these files, and only
+  read units whose message ends at or below DISPATCHED, which the rewind never touches.
+* The index keeps what the predecessor wrote past DISPATCHED: an IndexFile writes the
+  entry, then the slot, then the header, so entries below indexCount are whole, and
+  ``build_index`` skips messages below the last file's endPhyOffset. The message at
+  endPhyOffset is indexed a second time (as in RocketMQ): a query may see its offset
+  twice and drops the duplicate; every query hit is verified against the CommitLog.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+from procs.service import MAX_TURN_MS, Service
+from shm.bus import (
+    APPENDED, ARRIVAL, DISPATCHED, FLUSHED, Publisher, Subscriber, encode_arrival,
+    encode_offset)
+from shm.positions import Slot, now_ms
+from storage.checkpoint import StoreCheckpoint
+from storage.commit_log import CommitLog
+from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.errors import CorruptRecordError, StoreError
+from storage.index_service import IndexService
+from storage.mapped_file import MappedFile
+from storage.record import BLANK_MAGIC_CODE, SIZE_MAGIC
+from storage.reput import ReputMessageService
+from storage.validation import check_topic
+
+log = logging.getLogger(__name__)
+
+CHUNK_RECORDS = 2048              # records per dispatch pass between two publications
+DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
+STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+
+
+class IndexBuildError(StoreError):
+    """No index file could be created: the index would miss messages."""
+
+
+class Dispatcher(Service):
+    name = "dispatcher"
+
+    # ================================================================== setup
+    def setup(self) -> None:
+        try:
+            self._open_files()
+        except (StoreError, OSError) as e:
+            self._fail(e)
+            raise
+        self.subscriber = Subscriber(self.context, self.store_dir, ["writer", "flusher"],
+                                     [APPENDED, FLUSHED])
+        self.publisher = Publisher(self.context, self.store_dir, self.name)
+
+    def _open_files(self) -> None:
+        cfg, table = self.config, self.table
+        dispatched = table.get(Slot.DISPATCHED)
+        self.commit_log = CommitLog(cfg, read_only=True)
+        self.commit_log.mapped_file_queue.refresh(table.get(Slot.MIN_OFFSET))
+        self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
+        self._load_consume_queues()
+        rewound = sum(rewind_consume_queue(cq, dispatched)
+                      for cq in self.consume_queue_table.values())
+        self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
+        self.index_service = None
+        if cfg.message_index_enable:
+            self.index_service = IndexService(cfg.index_dir, cfg.max_hash_slot_num,
+                                              cfg.max_index_num)
+            self.index_service.load(True, self.checkpoint.index_msg_timestamp)
+        self.reput = ReputMessageService(self.commit_log, self._find_consume_queue,
+                                         self.index_service, self._index_failed)
+        self.reput.arriving_listener = self._arriving
+        self.reput.reput_from_offset = dispatched
+        self._published = dispatched
+        self._arrivals: dict[tuple[str, int], int] = {}
+        self._seen_min_offset = -1
+        self._dirty = False
+        self._stalled = False
+        self._last_flush_ms = self._last_thorough_ms = now_ms()
+        self.dispatched_messages = 0
+        self.dispatch_busy_ns = 0
+        log.info("dispatching from %d (%d queues, %d units past it rewound)", dispatched,
+                 len(self.consume_queue_table), rewound)
+
+    def _load_consume_queues(self) -> None:
+        root = self.config.consume_queue_dir
+        if not os.path.isdir(root):
+            return
+        for topic in sorted(os.listdir(root)):
+            topic_dir = os.path.join(root, topic)
+            if check_topic(topic, internal=True) or not os.path.isdir(topic_dir):
+                log.warning("skipping %s: not a topic directory", topic_dir)
+                continue
+            for name in sorted(os.listdir(topic_dir)):
+                if name.isdigit():
+                    cq = self._find_consume_queue(topic, int(name))
+                    finish_interrupted_creation(cq.store_path, cq.mapped_file_size)
+                    cq.load()
+                    cq.recover()
+
+    def _find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.consume_queue_table.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
+                              self.config.consume_queue_file_size)
+            self.consume_queue_table[(topic, queue_id)] = cq
+        return cq
+
+    def _arriving(self, topic: str, queue_id: int, next_offset: int, _tags_code: int,
+                  _store_timestamp: int) -> None:
+        self._arrivals[(topic, queue_id)] = next_offset
+
+    def _index_failed(self) -> None:
+        raise IndexBuildError("no index file can be created: dispatch stops rather than "
+                              "publish messages the index misses")
+
+    # ================================================================== the loop
+    def turn(self) -> None:
+        try:
+            end = self.table.confirm_offset()
+            if self.reput.reput_from_offset >= end or self._stalled:
+                self.subscriber.wait(STALL_WAIT_MS if self._stalled else MAX_TURN_MS)
+                end = self.table.confirm_offset()
+            self._follow_min_offset()
+            deadline_ns = time.monotonic_ns() + DISPATCH_BUDGET_MS * 1_000_000
+            before = self.reput.reput_from_offset
+            self.dispatch_to(end, deadline_ns)
+            self._stalled = self.reput.reput_from_offset == before < end
+            self._flush_on_interval()
+        except (StoreError, OSError) as e:
+            self._fail(e)
+            raise
+
+    def teardown(self) -> None:
+        try:
+            self.dispatch_to(self.table.confirm_offset(), None)
+            self.flush_logics()
+        except (StoreError, OSError) as e:
+            self._fail(e)
+            raise
+        finally:
+            self._close_files()
+        busy_s = self.dispatch_busy_ns / 1e9
+        log.info("stopped at %d: %d messages dispatched in %.3f s of dispatch work (%.0f/s)",
+                 self._published, self.dispatched_messages, busy_s,
+                 self.dispatched_messages / busy_s if busy_s else 0.0)
+
+    def _fail(self, e: BaseException) -> None:
+        if isinstance(e, CorruptRecordError):
+            code = errno.EBADMSG
+        elif isinstance(e, OSError):
+            code = e.errno or errno.EIO
+        else:
+            code = getattr(e.__cause__, "errno", None) or errno.EIO
+        self.table.set(Slot.DISPATCH_ERROR, code)
+        log.critical("DISPATCH STOPPED at %d (%s): %s; exiting so the supervisor restarts "
+                     "the dispatcher, no data is skipped", self.reput.reput_from_offset
+                     if hasattr(self, "reput") else self.table.get(Slot.DISPATCHED),
+                     errno.errorcode.get(code, code), e)
+
+    # ================================================================== dispatch
+    def dispatch_to(self, end: int, deadline_ns: int | None) -> int:
+        """Dispatch towards ``end`` chunk by chunk, publishing after each, until caught
+        up, stalled (the next bytes are not mapped or not a whole record yet), or past
+        ``deadline_ns``. Returns the messages dispatched. Raises ``CorruptRecordError``."""
+        reput = self.reput
+        total = 0
+        while reput.reput_from_offset < end:
+            chunk_end = self._chunk_end(end)
+            if chunk_end is None:
+                if not self._map_new_files():
+                    break
+                continue
+            if chunk_end <= reput.reput_from_offset:
+                break
+            t0 = time.perf_counter_ns()
+            n = reput.do_reput(chunk_end)
+            self.dispatch_busy_ns += time.perf_counter_ns() - t0
+            self.dispatched_messages += n
+            total += n
+            self._publish()
+            if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
+                break
+        return total
+
+    def _chunk_end(self, end: int) -> int | None:
+        """The farthest record boundary at most ``end``, at most CHUNK_RECORDS records
+        past ``reput_from_offset`` and in the same file; None when that file is not
+        mapped here yet.
+
+        Walking only the size fields keeps ``do_reput`` from ever seeing a record cut
+        by its end (a confirm offset inside a record, or a chunk limit). A size that no
+        record can have is left for ``do_reput`` to report (the returned end covers it).
+        """
+        cl = self.commit_log
+        reput = self.reput
+        first = cl.get_min_offset()
+        if 0 <= reput.reput_from_offset < first:
+            reput.reput_from_offset = first
+        data = cl.get_data(reput.reput_from_offset)
+        if data is None:
+            return None
+        mf, pos, limit = data
+        base, buf, file_size = mf.file_from_offset, mf.buf, mf.file_size
+        stop = min(limit, end - base)
+        unpack_from = SIZE_MAGIC.unpack_from
+        for _ in range(CHUNK_RECORDS):
+            if pos + 8 > stop:
+                break
+            size, magic = unpack_from(buf, pos)
+            if magic == BLANK_MAGIC_CODE:
+                return base + file_size if base + file_size <= end else base + pos
+            if size <= 8 or pos + size > file_size:
+                return min(end, base + file_size)  # damage: do_reput names it
+            if pos + size > stop:
+                break
+            pos += size
+        return base + pos
+
+    def _map_new_files(self) -> bool:
+        """Map CommitLog files the writer created since; True when one was."""
+        mfq = self.commit_log.mapped_file_queue
+        last = mfq.get_last_mapped_file()
+        mfq.refresh(self.table.get(Slot.MIN_OFFSET))
+        return mfq.get_last_mapped_file() is not last
+
+    def _publish(self) -> None:
+        """DISPATCHED, then the announcements (everything below it is written)."""
+        offset = self.reput.reput_from_offset
+        if offset <= self._published:
+            return
+        table = self.table
+        table.set(Slot.DISPATCHED, offset)
+        self._published = offset
+        self._dirty = True
+        if table.get(Slot.DISPATCH_ERROR):
+            table.set(Slot.DISPATCH_ERROR, 0)
+        publish = self.publisher.publish
+        publish(DISPATCHED, encode_offset(offset))
+        for (topic, queue_id), next_offset in self._arrivals.items():
+            publish(ARRIVAL, encode_arrival(topic, queue_id, next_offset))
+        self._arrivals.clear()
+
+    # ================================================================== expiry
+    def _follow_min_offset(self) -> None:
+        """Unmap every file wholly below MIN_OFFSET (the cleaner unlinks them)."""
+        min_offset = self.table.get(Slot.MIN_OFFSET)
+        if min_offset <= self._seen_min_offset:
+            return
+        self._seen_min_offset = min_offset
+        self.commit_log.mapped_file_queue.refresh(min_offset)
+        for cq in self.consume_queue_table.values():
+            unmap_consume_queue_files_below(cq, min_offset)
+        if self.index_service is not None:
+            unmap_index_files_below(self.index_service, min_offset)
+
+    # ================================================================== flush
+    def _flush_on_interval(self) -> None:
+        cfg = self.config
+        now = now_ms()
+        if now - self._last_flush_ms < cfg.flush_interval_consume_queue:
+            return
+        self._last_flush_ms = now
+        if now - self._last_thorough_ms >= cfg.flush_consume_queue_thorough_interval:
+            self._last_thorough_ms = now
+            if self._dirty:
+                self.flush_logics()
+        else:
+            for cq in self.consume_queue_table.values():
+                cq.flush(cfg.flush_consume_queue_least_pages)
+
+    def flush_logics(self) -> None:
+        """Everything dispatched made durable, then the checkpoint's logics and index
+        times. Raises ``OSError`` when an fdatasync fails."""
+        logics_ts = self.reput.logics_timestamp
+        for cq in self.consume_queue_table.values():
+            for _ in range(len(cq.mapped_file_queue.mapped_files) + 2):
+                if cq.flush(0):
+                    break
+        index_ts = self.index_service.flush() if self.index_service is not None else 0
+        cp = self.checkpoint
+        if logics_ts > cp.logics_msg_timestamp:
+            cp.logics_msg_timestamp = logics_ts
+            cp.flush_one("logics")
+        if index_ts > cp.index_msg_timestamp:
+            cp.index_msg_timestamp = index_ts
+            cp.flush_one("index")
+        self._dirty = False
+
+    def _close_files(self) -> None:
+        self.commit_log.close()
+        for cq in self.consume_queue_table.values():
+            cq.close()
+        if self.index_service is not None:
+            self.index_service.close()
+        self.checkpoint.close()
+        self.subscriber.close()
+        self.publisher.close()
+
+
+# ====================================================================== helpers
+def finish_interrupted_creation(queue_dir: str, file_size: int) -> None:
+    """Allocate a zero-length last file: a creation a kill cut short between the
+    ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
+    it). Any other short file is left for the load to reject."""
+    names = sorted(n for n in os.listdir(queue_dir) if n.isdigit())
+    if not names:
+        return
+    path = os.path.join(queue_dir, names[-1])
+    if os.path.getsize(path) == 0:
+        log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
+        MappedFile(path, file_size).close()
+
+
+def rewind_consume_queue(cq: ConsumeQueue, phy_offset: int) -> int:
+    """Move ``cq``'s write position back to its first unit whose message starts at or
+    past ``phy_offset``; returns how many units were rewound.
+
+    Re-dispatch from ``phy_offset`` writes those units again, each over itself. Files
+    that hold no unit before them (an empty last file included) are closed and dropped
+    from the list; re-dispatch opens them again through ``get_or_create_last_mapped_file``
+    (which also redoes the pre-blank fill of a queue's first file). Nothing is
+    truncated, zeroed or unlinked: readers may map these files.
+    """
+    mfq = cq.mapped_file_queue
+    rewound = 0
+    while (mf := mfq.get_last_mapped_file()) is not None:
+        keep = mf.wrote_position
+        while keep > 0:
+            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, keep - CQ_STORE_UNIT_SIZE)
+            if size == BLANK_UNIT_SIZE or phy < phy_offset:
+                break
+            keep -= CQ_STORE_UNIT_SIZE
+        rewound += (mf.wrote_position - keep) // CQ_STORE_UNIT_SIZE
+        if keep > 0:
+            mf.wrote_position = mf.committed_position = keep
+            mf.flushed_position = min(mf.flushed_position, keep)
+            break
+        mf.close()
+        mfq.mapped_files.pop()
+    end = mfq.get_max_offset()
+    mfq.flushed_where = min(mfq.flushed_where, end)
+    mfq.committed_where = min(mfq.committed_where, end)
+    cq.max_physic_offset = _last_unit_end(cq)
+    return rewound
+
+
+def _last_unit_end(cq: ConsumeQueue) -> int:
+    """The end (offset + size) of the queue's last non-blank unit, -1 when none."""
+    mf = cq.mapped_file_queue.get_last_mapped_file()
+    if mf is None:
+        return -1
+    for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
+        phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+        if size != BLANK_UNIT_SIZE:
+            return phy + size
+    return -1
+
+
+def unmap_consume_queue_files_below(cq: ConsumeQueue, min_offset: int) -> int:
+    """Close (never unlink: the cleaner does) the leading files of ``cq`` whose last
+    unit points below ``min_offset``, never the last file: the cleaner's rule."""
+    mfq = cq.mapped_file_queue
+    gone = []
+    for mf in mfq.mapped_files[:-1]:
+        pos = mf.read_position - CQ_STORE_UNIT_SIZE
+        if pos >= 0 and CQ_UNIT.unpack_from(mf.buf, pos)[0] >= min_offset:
+            break
+        mf.close()
+        gone.append(mf)
+    if gone:
+        mfq.delete_expired_file(gone)
+        first = mfq.get_first_mapped_file().file_from_offset
+        mfq.flushed_where = max(mfq.flushed_where, first)
+        mfq.committed_where = max(mfq.committed_where, first)
+        cq.correct_min_offset(min_offset)
+    return len(gone)
+
+
+def unmap_index_files_below(index_service: IndexService, min_offset: int) -> int:
+    """Close (never unlink: the cleaner does) the leading index files whose
+    endPhyOffset is below ``min_offset``, never the last: the cleaner's rule.
+
+    IndexService has no verb that unmaps without unlinking, so this reaches into its
+    list (see ``IndexService.delete_expired_file`` for the same rule, with unlink).
+    """
+    files = index_service._files
+    n = 0
+    while n < len(files) - 1 and files[n].end_phy_offset < min_offset:
+        n += 1
+    for f in files[:n]:
+        f.close()
+    del files[:n]
+    return n
+
+
+SERVICE = Dispatcher

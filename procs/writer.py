@@ -1,0 +1,473 @@
+"""The writer process: the CommitLog's single appender, serving the ingest socket.
+
+Producers send SEND frames (``procs.protocol``) from DEALER sockets to the writer's
+ROUTER at ``shm.bus.endpoint(store, "ingest")``. Each turn the writer drains every
+request waiting (at most ``MAX_BATCH_RECORDS`` records), and for the whole batch, across
+requests and clients:
+
+1. refuses every request (SERVICE_NOT_AVAILABLE, with the reason) when FLUSH_ERROR or
+   DISK_FULL is set, STATE is not RUNNING/STARTING, or the store is a SLAVE;
+2. refuses a request beyond its client's window (``WINDOW`` unanswered requests per
+   client identity): OS_PAGECACHE_BUSY, reason ``"busy"``, nothing stored;
+3. per message: ``validation.check_message``, the queue (round robin per topic when the
+   producer left it to the store), ``CommitLog.prepare``; a refused message gets its
+   status and reason and does not stop the others;
+4. one ``CommitLog.append`` for every prepared record, one ``publish_written`` and one
+   bus APPENDED, then the replies.
+
+Invariant: **WRITTEN is published only after the bytes it covers are written; a reply
+only after WRITTEN (ASYNC_FLUSH) or FLUSHED (SYNC_FLUSH) covers the record.** Under
+SYNC_FLUSH a reply is parked until FLUSHED (re-read from the table every turn; the
+flusher's bus FLUSHED only wakes the writer) reaches the end of the request's last
+record, or ``sync_flush_timeout`` ms pass: then FLUSH_DISK_TIMEOUT (the message is
+stored, never a silent OK). A message sent with ``wait_store_msg_ok=False`` does not
+wait (RocketMQ's ``WAIT=false``). A flush error answers parked requests at once with
+FLUSH_DISK_TIMEOUT naming it.
+
+Faults: an append that cannot create a file (or raises) answers its records
+CREATE_MAPEDFILE_FAILED and publishes nothing partial: WRITTEN covers only whole
+records that were acknowledged as stored; after an unexpected exception the writer
+cuts the CommitLog back to the published WRITTEN and rebuilds its table, as at a
+restart. A frame that is not a SEND this side can take (malformed, truncated, unknown
+version or kind, too many records, too large) gets an ERROR frame carrying the request
+id when it could be read; a peer that vanished (EHOSTUNREACH under ROUTER_MANDATORY)
+is dropped silently; a peer that does not read its replies (send queue full) loses
+them, with a warning. Frames larger than ``MAX_SOCKET_MESSAGE`` never reach the writer:
+ZeroMQ disconnects the peer instead of buffering them.
+
+Restart decision table (``setup``; the supervisor's recovery ran before the first start):
+
+    what                        rebuilt from                          how
+    --------------------------  ------------------------------------  ---------------------------
+    CommitLog end               WRITTEN (table)                       load every file, cut at
+                                                                      WRITTEN: bytes past it were
+                                                                      never acknowledged, a killed
+                                                                      writer may have torn a
+                                                                      record there
+    never-allocated files       the directory                         a short file at or past
+                                                                      WRITTEN's that holds no
+                                                                      data (a writer died creating
+                                                                      it) is unlinked
+    topic-queue table           consume queues below DISPATCHED +     topic_queue_table.rebuild
+                                CommitLog records [DISPATCHED,
+                                WRITTEN)
+    WRITTEN, LAST_STORE_TS      untouched                             the first append moves them
+    round-robin queue choice    nothing                               each topic starts at queue 0
+    parked SYNC replies         nothing: lost with the process        the messages are stored;
+                                                                      clients time out and retry
+    ingest socket               bound again (stale ipc file replaced)  DEALERs reconnect by
+                                                                      themselves
+
+Only the last CommitLog file stays mapped after setup: the writer appends, never reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import time
+
+import zmq
+
+from procs import protocol
+from procs.protocol import ErrorCode, ProtocolError
+from procs.service import MAX_TURN_MS, Service
+from shm import bus
+from shm.positions import Slot, StoreState, now_ms
+from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from storage.errors import StoreFileError
+from storage.mapped_file import file_may_hold_data
+from storage.status import AppendMessageStatus, PutMessageStatus
+from storage.topic_queue_table import rebuild
+from storage.validation import check_message
+
+log = logging.getLogger(__name__)
+
+WINDOW = 64                      # unanswered requests per client identity
+MAX_BATCH_RECORDS = 16384        # records drained into one append (bounds a turn)
+ROUTER_SNDHWM = 100_000          # replies queued per peer before they are dropped
+MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
+TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
+
+_PUT_OK = PutMessageStatus.PUT_OK
+_APPEND_OK = AppendMessageStatus.PUT_OK
+_OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
+
+
+class _Request:
+    """A SEND being answered: where the reply goes and what it says."""
+
+    __slots__ = ("envelope", "client", "request_id", "results", "slots", "wait", "end",
+                 "deadline_ms")
+
+    def __init__(self, envelope: list, request_id: int, n: int):
+        self.envelope = envelope
+        self.client = envelope[0]
+        self.request_id = request_id
+        self.results: list = [None] * n
+        self.slots: list[int] = []       # indexes of the messages handed to append
+        self.wait = False                # some stored message waits for the flush
+        self.end = 0                     # CommitLog end of its last stored record
+        self.deadline_ms = 0
+
+
+class WriterService(Service):
+    name = "writer"
+
+    # ================================================================== life
+    def setup(self) -> None:
+        cfg = self.config
+        self.sync_flush = cfg.sync_flush
+        self.commit_log = self._open_commit_log()
+        self.last_store_ts = self.table.read_written()[1]
+        self.round_robin: dict[str, int] = {}
+        self.parked: collections.deque[_Request] = collections.deque()
+        self.unanswered: dict[bytes, int] = {}
+        ctx = self.context
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
+        self.router.bind(bus.endpoint(self.store_dir, "ingest"))
+        self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
+        self.flushed_sub = (bus.Subscriber(ctx, self.store_dir, ["flusher"], [bus.FLUSHED])
+                            if self.sync_flush else None)
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        if self.flushed_sub is not None:
+            self.poller.register(self.flushed_sub.socket, zmq.POLLIN)
+
+    def _open_commit_log(self) -> CommitLog:
+        """Map the CommitLog, cut it at WRITTEN, rebuild the topic-queue table.
+
+        Raises ``StoreFileError`` when the files do not reach WRITTEN, and
+        ``CorruptRecordError`` when the bytes below WRITTEN are not whole records.
+        """
+        cfg = self.config
+        written, _ = self.table.read_written()
+        dispatched = self.table.get(Slot.DISPATCHED)
+        _discard_unallocated_files(cfg.commit_log_dir, cfg.mapped_file_size_commit_log, written)
+        cl = CommitLog(cfg)
+        cl.load()
+        mfq = cl.mapped_file_queue
+        mfq.truncate_dirty_files(written)
+        if mfq.get_max_wrote_position() != written:
+            raise StoreFileError(cfg.commit_log_dir, f"the files end at "
+                                 f"{mfq.get_max_wrote_position()}, WRITTEN is {written}")
+        cl.set_topic_queue_table(rebuild(cfg, cl, min(dispatched, written), written))
+        _unmap_all_but_last(cl)
+        log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
+                 len(cl.topic_queue_table))
+        return cl
+
+    def teardown(self) -> None:
+        """Refuse what is still queued, answer every parked request (waiting for FLUSHED
+        up to ``sync_flush_timeout``), close."""
+        deadline = _monotonic_ms() + self.config.sync_flush_timeout
+        self._refuse_queued("the writer is stopping")
+        while self.parked and _monotonic_ms() < deadline and not self.table.get(Slot.FLUSH_ERROR):
+            if self.flushed_sub is not None:
+                self.flushed_sub.wait(min(50, max(0, deadline - _monotonic_ms())))
+            self._release_parked()
+            self._refuse_queued("the writer is stopping")
+        self._release_parked(final=True)
+        self.router.close(linger=TEARDOWN_LINGER_MS)
+        self.publisher.close()
+        if self.flushed_sub is not None:
+            self.flushed_sub.close()
+        self.commit_log.close()
+
+    # ================================================================== the loop
+    def turn(self) -> None:
+        timeout = MAX_TURN_MS
+        if self.parked:
+            timeout = max(0, min(timeout, self.parked[0].deadline_ms - _monotonic_ms()))
+        events = dict(self.poller.poll(timeout))
+        if self.flushed_sub is not None and self.flushed_sub.socket in events:
+            self.flushed_sub.wait(0)  # wake-ups only: FLUSHED is read from the table
+        if self.router in events:
+            self._serve(self._drain())
+        if self.parked:
+            self._release_parked()
+
+    def _drain(self) -> list[tuple[list, bytes]]:
+        """Every request waiting (up to ``MAX_BATCH_RECORDS`` records), as
+        ``(envelope, frame)``; frames whose header is bad are answered here."""
+        frames = []
+        records = 0
+        recv = self.router.recv_multipart
+        while records < MAX_BATCH_RECORDS:
+            try:
+                parts = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            envelope, frame = parts[:1], parts[-1]
+            try:
+                if len(parts) != 2:
+                    raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"a request is one message "
+                                        f"part, this one has {len(parts) - 1}")
+                records += protocol.peek_header(frame).count
+            except ProtocolError as e:
+                self._send(envelope, _error_frame(e, frame))
+                continue
+            frames.append((envelope, frame))
+        return frames
+
+    # ================================================================== requests
+    def _serve(self, frames: list[tuple[list, bytes]]) -> None:
+        refusal = self._refusal()
+        now = max(now_ms(), self.last_store_ts)
+        batch: list[EncodedMessage] = []
+        accepted: list[_Request] = []
+        for envelope, frame in frames:
+            try:
+                send = protocol.decode_send(frame)
+            except ProtocolError as e:
+                self._send(envelope, _error_frame(e, frame))
+                continue
+            req = _Request(envelope, send.request_id, len(send.messages))
+            if refusal is not None:
+                req.results = [refusal] * len(send.messages)
+                self._reply(req)
+                continue
+            if self.unanswered.get(req.client, 0) >= WINDOW:
+                req.results = [PutMessageResult.refused(PutMessageStatus.OS_PAGECACHE_BUSY,
+                                                        protocol.BUSY_REASON)] * len(send.messages)
+                self._reply(req, counted=False)
+                continue
+            mark = len(batch)
+            try:
+                self._prepare(req, send.messages, now, batch)
+            except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the writer
+                log.exception("request %d failed before its append", req.request_id)
+                del batch[mark:]
+                self._send(envelope, protocol.encode_error(
+                    req.request_id, ErrorCode.INTERNAL, f"the writer failed on this request: "
+                    f"{type(e).__name__}: {e}"))
+                continue
+            self.unanswered[req.client] = self.unanswered.get(req.client, 0) + 1
+            accepted.append(req)
+        if not accepted:
+            return
+        end = self._append(batch, accepted, now) if batch else 0
+        if end:
+            self.table.publish_written(end, now)
+            self.last_store_ts = now
+            self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
+            _unmap_all_but_last(self.commit_log)
+        self._answer(accepted)
+
+    def _prepare(self, req: _Request, messages: list, now: int,
+                 batch: list[EncodedMessage]) -> None:
+        """Validate and encode each message of ``req`` into ``batch``; refusals go
+        straight into its results."""
+        cfg = self.config
+        prepare = self.commit_log.prepare
+        results, slots = req.results, req.slots
+        for i, msg in enumerate(messages):
+            bad = check_message(msg, cfg)
+            if bad is None:
+                queue_id = msg.queue_id
+                if queue_id is None:
+                    queue_id = self._pick_queue(msg.topic)
+                enc = prepare(msg, queue_id, now)
+                if type(enc) is EncodedMessage:
+                    batch.append(enc)
+                    slots.append(i)
+                    if msg.wait_store_msg_ok:
+                        req.wait = True
+                    continue
+                bad = enc
+            results[i] = PutMessageResult.refused(*bad)
+
+    def _pick_queue(self, topic: str) -> int:
+        n = self.round_robin.get(topic, -1) + 1
+        self.round_robin[topic] = n
+        return n % self.config.default_topic_queue_nums
+
+    def _append(self, batch: list[EncodedMessage], accepted: list[_Request], now: int) -> int:
+        """Append ``batch``, fill each request's results; the end of the last record
+        stored (0 when none was)."""
+        try:
+            appended = self.commit_log.append(batch, now)
+        except Exception:  # noqa: BLE001 - whatever it was, the batch is refused whole
+            log.exception("append of %d records failed; cutting back to WRITTEN", len(batch))
+            self._reset_to_written()
+            appended = ()
+        failed = PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                          "cannot create or write a commitlog file "
+                                          "(disk full?)")
+        k, n_ok, end = 0, len(appended), 0
+        for req in accepted:
+            results = req.results
+            for i in req.slots:
+                r = appended[k] if k < n_ok else None
+                k += 1
+                if r is not None and r.status is _APPEND_OK:
+                    req.end = r.wrote_offset + r.wrote_bytes
+                    results[i] = PutMessageResult(_PUT_OK, r.msg_id, r.wrote_offset,
+                                                  r.wrote_bytes, r.queue_id, r.logics_offset,
+                                                  r.store_timestamp)
+                else:
+                    results[i] = failed
+            if req.end > end:
+                end = req.end
+        return end
+
+    def _reset_to_written(self) -> None:
+        """After an append raised: forget everything past the published WRITTEN."""
+        self.commit_log.close()
+        self.commit_log = self._open_commit_log()
+
+    def _answer(self, accepted: list[_Request]) -> None:
+        """Reply now (ASYNC_FLUSH, or nothing waits) or park until FLUSHED covers it."""
+        deadline = _monotonic_ms() + self.config.sync_flush_timeout
+        for req in accepted:
+            if self.sync_flush and req.wait and req.end:
+                req.deadline_ms = deadline
+                self.parked.append(req)
+            else:
+                self._reply(req)
+
+    def _release_parked(self, final: bool = False) -> None:
+        """Answer parked requests FLUSHED now covers; time out the expired ones (all of
+        them when ``final``). Ends and deadlines grow along the queue."""
+        flushed = self.table.get(Slot.FLUSHED)
+        flush_error = self.table.get(Slot.FLUSH_ERROR)
+        now = _monotonic_ms()
+        parked = self.parked
+        while parked:
+            req = parked[0]
+            if req.end <= flushed:
+                pass
+            elif flush_error:
+                _time_out(req, f"commitlog flush failed: {_errno_text(flush_error)}")
+            elif final or req.deadline_ms <= now:
+                _time_out(req, f"not flushed within sync_flush_timeout "
+                               f"{self.config.sync_flush_timeout} ms")
+            else:
+                break
+            parked.popleft()
+            self._reply(req)
+
+    def _refuse_queued(self, reason: str) -> None:
+        """Answer every request still queued on the socket with SERVICE_NOT_AVAILABLE."""
+        refusal = PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
+        for envelope, frame in self._drain():
+            try:
+                send = protocol.decode_send(frame)
+            except ProtocolError as e:
+                self._send(envelope, _error_frame(e, frame))
+                continue
+            req = _Request(envelope, send.request_id, len(send.messages))
+            req.results = [refusal] * len(send.messages)
+            self._reply(req, counted=False)
+
+    def _refusal(self) -> PutMessageResult | None:
+        """The answer every put gets now, when the store does not take puts."""
+        table = self.table
+        reason = None
+        flush_error = table.get(Slot.FLUSH_ERROR)
+        state = table.get(Slot.STATE)
+        if flush_error:
+            reason = (f"commitlog flush failed ({_errno_text(flush_error)}): the store "
+                      "refuses writes until it is restarted")
+        elif table.get(Slot.DISK_FULL):
+            reason = "disk full: the store refuses writes until space is freed"
+        elif state not in _OK_STATES:
+            name = StoreState(state).name if state in StoreState._value2member_map_ else state
+            reason = f"the store is {name}"
+        elif self.config.broker_role == "SLAVE":
+            reason = "a SLAVE store does not accept puts"
+        if reason is None:
+            return None
+        return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
+
+    # ================================================================== replies
+    def _reply(self, req: _Request, counted: bool = True) -> None:
+        if counted:
+            n = self.unanswered.get(req.client, 0) - 1
+            if n > 0:
+                self.unanswered[req.client] = n
+            else:
+                self.unanswered.pop(req.client, None)
+        self._send(req.envelope, protocol.encode_send_reply(req.request_id, req.results))
+
+    def _send(self, envelope: list, payload: bytes) -> None:
+        try:
+            self.router.send_multipart([*envelope, payload], zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                return  # the peer is gone; so is its interest in the answer
+            if e.errno == zmq.EAGAIN:
+                log.warning("client %s does not read its replies: one dropped",
+                            envelope[0].hex())
+                return
+            raise
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _error_frame(e: ProtocolError, frame: bytes) -> bytes:
+    """The ERROR answer to a frame, with its request id whenever its header has one
+    (``peek_header`` leaves it out of FRAME_TOO_LARGE)."""
+    request_id = e.request_id
+    if not request_id and len(frame) >= protocol.HEADER_SIZE and frame[:2] == protocol.MAGIC:
+        request_id = protocol.HEADER.unpack_from(frame, 0)[3]
+    return protocol.encode_error(request_id, e.code, e.detail)
+
+
+def _time_out(req: _Request, reason: str) -> None:
+    results = req.results
+    for i in req.slots:
+        r = results[i]
+        if r.status is _PUT_OK:
+            results[i] = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.msg_id,
+                                          r.wrote_offset, r.wrote_bytes, r.queue_id,
+                                          r.queue_offset, r.store_timestamp, reason)
+
+
+def _errno_text(code: int) -> str:
+    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"
+
+
+def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:
+    """Unlink short, never-written files at or past the file holding ``written``: a
+    writer killed between creating a file and allocating it leaves one, and the load
+    would refuse it. A short file holding data is left for the load to name."""
+    if not os.path.isdir(directory):
+        return
+    holder = written - written % file_size
+    for name in os.listdir(directory):
+        if not name.isdigit() or int(name) < holder:
+            continue
+        path = os.path.join(directory, name)
+        size = os.path.getsize(path)
+        if size == file_size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            holds_data = file_may_hold_data(fd, size)
+        finally:
+            os.close(fd)
+        if not holds_data:
+            log.warning("unlinking %s: %d of %d bytes allocated and never written (its "
+                        "creator died)", path, size, file_size)
+            os.unlink(path)
+
+
+def _unmap_all_but_last(commit_log: CommitLog) -> None:
+    """The writer only appends: unmap every file but the last."""
+    files = commit_log.mapped_file_queue.mapped_files
+    if len(files) > 1:
+        for mf in files[:-1]:
+            mf.close()
+        del files[:-1]
+
+
+SERVICE = WriterService

@@ -1,0 +1,223 @@
+"""The multiprocess store end to end: ``rocketstore up`` with every process, real
+sockets, real shared memory, real files; children and the whole tree SIGKILLed under
+load; every acknowledged message checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+import zmq
+
+from procs import protocol
+from procs.client import Consumer, Producer, ReaderClient, RequestTimeout
+from shm import bus
+from shm.positions import Slot
+from storage import Message, MessageStore, StoreConfig
+from storage.config import recorded_geometry
+from store_processes import RunningStore, cli, wait_for
+
+TOPIC = "Orders"
+
+
+def reopen(store_dir: str) -> MessageStore:
+    s = MessageStore(StoreConfig(store_path_root_dir=store_dir, **recorded_geometry(store_dir)))
+    s.load()
+    return s
+
+
+def consume_all(store_dir: str, group: str, expected: int, timeout: float = 60) -> list:
+    got = []
+    deadline = time.monotonic() + timeout
+    with Consumer(store_dir, group, TOPIC) as c:
+        while len(got) < expected and time.monotonic() < deadline:
+            got.extend(c.poll(256, 500))
+        c.commit()
+    return got
+
+
+def check_exactly_once(acked: dict, got: list) -> None:
+    """Every acknowledged message exactly once, each queue in order with no gap."""
+    seen = {}
+    for m in got:
+        assert m.msg_id not in seen, f"{m.msg_id} delivered twice"
+        seen[m.msg_id] = m
+    missing = [mid for mid in acked if mid not in seen]
+    assert not missing, f"{len(missing)} acknowledged messages missing"
+    for mid, (queue_id, queue_offset, body) in acked.items():
+        m = seen[mid]
+        assert (m.queue_id, m.queue_offset, m.body) == (queue_id, queue_offset, body)
+    by_queue: dict[int, list[int]] = {}
+    for m in got:
+        by_queue.setdefault(m.queue_id, []).append(m.queue_offset)
+    for offsets in by_queue.values():
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+
+
+def send_some(producer: Producer, acked: dict, start: int, n: int, batch: int = 50) -> None:
+    for i in range(start, start + n, batch):
+        msgs = [Message(topic=TOPIC, body=f"m{j}".encode(), tags=f"T{j % 3}", keys=[f"k{j}"],
+                        queue_id=j % 4) for j in range(i, min(i + batch, start + n))]
+        for m, r in zip(msgs, producer.send_batch(msgs)):
+            assert r.ok, r
+            acked[r.msg_id] = (r.queue_id, r.queue_offset, m.body)
+
+
+def test_up_send_consume_query_status_stop(tmp_path):
+    rs = RunningStore(tmp_path)
+    with rs:
+        acked: dict = {}
+        with Producer(rs.store_dir) as p:
+            send_some(p, acked, 0, 3000)
+            r = p.send(TOPIC, b"one", tags="X", keys=["only-key"], queue_id=1)
+        got = consume_all(rs.store_dir, "g1", 3001)
+        check_exactly_once(acked, [m for m in got if m.msg_id in acked])
+        with ReaderClient(rs.store_dir) as reader:
+            assert [m.body for m in reader.query_by_key(TOPIC, "only-key")] == [b"one"]
+            assert reader.query_by_msg_id(r.msg_id)[0].body == b"one"
+            pulled = reader.pull(TOPIC, 1, 0, 8)
+            assert pulled.status.name == "FOUND" and len(pulled.messages) == 8
+        status = json.loads(cli("status", "--config", rs.config_path, "--json").stdout)
+        assert status["state"] == "RUNNING" and status["writeable"]
+        assert all(p["state"] == "RUNNING" and p["pid"] > 0 for p in status["processes"].values())
+        assert status["positions"]["written"] > 0
+        assert rs.stop() == 0, rs.log()
+    assert not os.path.exists(os.path.join(rs.store_dir, "abort"))
+    s = reopen(rs.store_dir)
+    try:
+        assert s.last_exit_ok and s.check() == []
+    finally:
+        s.close()
+
+
+def test_second_up_on_the_same_directory_is_refused(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        r = cli("up", "--config", rs.config_path, timeout=60)
+        assert r.returncode == 3 and "in use" in r.stderr
+
+
+def test_bad_frames_get_named_errors_and_the_store_keeps_serving(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.connect(bus.endpoint(rs.store_dir, "ingest"))
+        try:
+            for frame in (b"garbage", b"RS\x09\x01" + bytes(12),
+                          protocol.encode_send(7, [Message(topic="T", body=b"x")])[:-3]):
+                s.send(frame)
+                assert s.poll(10_000)
+                reply = s.recv()
+                assert protocol.peek_header(reply).kind == protocol.Kind.ERROR
+            s.send(protocol.encode_send(8, [Message(topic="bad topic", body=b"x"),
+                                            Message(topic="T", body=b"x" * 10_000_000)]))
+            assert s.poll(10_000)
+            _, results = protocol.decode_send_reply(s.recv())
+            assert [r.status.name for r in results] == ["MESSAGE_ILLEGAL", "MESSAGE_ILLEGAL"]
+        finally:
+            s.close(0)
+            ctx.term()
+        with Producer(rs.store_dir) as p:
+            assert p.send(TOPIC, b"still fine").ok
+
+
+def test_sync_flush_never_shows_an_unflushed_message(tmp_path):
+    with RunningStore(tmp_path, flush_disk_type="SYNC_FLUSH", sync_flush_timeout=1000) as rs:
+        with Producer(rs.store_dir) as p:
+            assert p.send(TOPIC, b"before").status.name == "PUT_OK"
+            flusher = rs.child_pid("flusher")
+            os.kill(flusher, signal.SIGSTOP)
+            try:
+                r = p.send(TOPIC, b"unflushed")
+                assert r.status.name == "FLUSH_DISK_TIMEOUT"
+                assert rs.slot(Slot.DISPATCHED) <= rs.slot(Slot.FLUSHED) < rs.slot(Slot.WRITTEN)
+                with Consumer(rs.store_dir, "g", TOPIC) as c:
+                    assert [m.body for m in c.poll(10, 500)] == [b"before"]
+            finally:
+                os.kill(flusher, signal.SIGCONT)
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="catch-up")
+
+
+@pytest.mark.parametrize("victim", ["writer", "flusher", "dispatcher", "cleaner", "scheduler",
+                                    "reader"])
+def test_a_killed_child_is_restarted_and_nothing_acknowledged_is_lost(tmp_path, victim):
+    rng = random.Random(victim)
+    acked: dict = {}
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir, timeout_ms=3000) as p:
+            sent = 0
+            for _ in range(3):
+                n = rng.randint(100, 400)
+                pid = rs.child_pid(victim)
+                try:
+                    send_some(p, acked, sent, n // 2)
+                    os.kill(pid, signal.SIGKILL)
+                    send_some(p, acked, sent + n // 2, n - n // 2)
+                except RequestTimeout:
+                    pass  # the writer died with this batch: its outcome is unknown
+                sent += n
+                wait_for(lambda: rs.child_pid(victim) not in (0, pid), what=f"{victim} restart")
+        assert rs.restarts(victim) >= 3
+        got = consume_all(rs.store_dir, "g", len(acked))
+        check_exactly_once(acked, [m for m in got if m.msg_id in acked])
+        assert rs.stop() == 0, rs.log()
+    s = reopen(rs.store_dir)
+    try:
+        assert s.check() == []
+    finally:
+        s.close()
+
+
+def test_the_whole_tree_killed_then_restarted_keeps_every_acknowledged_message(tmp_path):
+    acked: dict = {}
+    rs = RunningStore(tmp_path)
+    with rs:
+        with Producer(rs.store_dir) as p:
+            send_some(p, acked, 0, 1500)
+        rs.kill_all()
+    assert os.path.exists(os.path.join(rs.store_dir, "abort"))
+    with rs:
+        got = consume_all(rs.store_dir, "g", len(acked))
+        check_exactly_once(acked, got)
+        with Producer(rs.store_dir) as p:
+            r = p.send(TOPIC, b"after", queue_id=0)
+            assert r.queue_offset == sum(1 for q, _, _ in acked.values() if q == 0)
+        assert rs.stop() == 0, rs.log()
+
+
+def test_delayed_message_is_delivered_by_the_scheduler(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            r = p.send(TOPIC, b"later", delay_level=1, queue_id=2)
+            assert r.ok
+        with Consumer(rs.store_dir, "g", TOPIC) as c:
+            start = time.monotonic()
+            got = []
+            while not got and time.monotonic() - start < 30:
+                got = c.poll(10, 1000)
+        assert [m.body for m in got] == [b"later"] and got[0].queue_id == 2
+        assert time.monotonic() - start >= 0.5
+
+
+def test_consumers_of_one_group_share_the_queues(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        acked: dict = {}
+        with Producer(rs.store_dir) as p:
+            send_some(p, acked, 0, 400)
+        a = Consumer(rs.store_dir, "shared", TOPIC)
+        b = Consumer(rs.store_dir, "shared", TOPIC)
+        try:
+            got_a, got_b = [], []
+            deadline = time.monotonic() + 30
+            while len(got_a) + len(got_b) < 400 and time.monotonic() < deadline:
+                got_a += a.poll(100, 200)
+                got_b += b.poll(100, 200)
+            assert sorted(a.assignment() + b.assignment()) == list(range(8))
+            assert not set(a.assignment()) & set(b.assignment())
+            check_exactly_once(acked, got_a + got_b)
+        finally:
+            a.close()
+            b.close()

@@ -1,0 +1,834 @@
+"""The writer and flusher processes, run for real: spawned processes, ipc sockets, shm.
+
+Each process test builds a store (8 KiB commitlog files, ``small_config``), optionally
+preloads it through the embedded store, and does what the supervisor does before its
+children start: ``procs.recovery.recover_and_publish`` (the position table and the
+lock), STATE = RUNNING. It then starts the flusher and the writer as spawned processes
+running ``procs.service.run_service`` and waits until their HEARTBEAT_MS slots move.
+Producers are zmq DEALERs speaking ``procs.protocol``. At the end the children get
+SIGTERM and are joined, the lock and the table are given up, and the embedded
+``MessageStore`` reopens the store: ``check() == []``, every acknowledged message is
+readable by msg id and by (queue, offset) with its body, and every queue holds exactly
+the messages acknowledged for it (no gap, no duplicate, nothing refused).
+
+Fault injection, and where a test stands in for another process:
+
+* a stopped flusher: SIGSTOP (SYNC acks wait, time out as FLUSH_DISK_TIMEOUT, and the
+  per-client window fills up);
+* a killed writer: SIGKILL between batches, then a new writer process; a torn append
+  past WRITTEN is made by writing part of a record into the file before it starts;
+* a failed fdatasync: a spawned process cannot be monkeypatched, so the writer's
+  refusal is tested by setting the FLUSH_ERROR slot from the test (standing in for the
+  flusher, as it does for the cleaner's DISK_FULL and the supervisor's STATE), and the
+  flusher's EIO handling by running its flush (``FlusherService.flush_commit_log``) in
+  this process with ``storage.mapped_file.FILE_OPS.fdatasync`` replaced;
+* the writer's restart decision table and ``storage.topic_queue_table.rebuild`` run in
+  this process too, over every case, against counts known from what was put.
+
+Nothing here sleeps in place of waiting: replies are waited for with zmq polls, state
+with ``wait_until`` (a condition polled until a generous deadline). Processes and shm
+segments are cleaned up by the fixture even when a test fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import time
+from collections import Counter
+
+import multiprocess
+import pytest
+import zmq
+
+from conftest import small_config
+from procs import protocol, recovery
+from procs.flusher import FlusherService
+from procs.protocol import ErrorCode, Kind
+from procs.service import run_service
+from procs.writer import WINDOW, WriterService
+from shm import bus
+from shm.positions import HEARTBEAT_MS, PositionTable, Slot, StoreState
+from storage import Message, MessageStore, PutMessageStatus, record
+from storage.checkpoint import StoreCheckpoint
+from storage.commit_log import CommitLog
+from storage.config import StoreConfig
+from storage.mapped_file import FILE_OPS, offset_to_file_name
+from storage.message import TRANSACTION_PREPARED_TYPE
+from storage.topic_queue_table import rebuild
+
+SPAWN = multiprocess.get_context("spawn")
+DEADLINE_S = 20
+FILE_SIZE = 8192
+TOPICS = ("TopicA", "TopicB")
+
+
+# ============================================================================ helpers
+def wait_until(condition, what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def message(i: int, topic: str = "TopicA", queue_id: int | None = None, **kw) -> Message:
+    body = f"{topic}-{i}-".encode().ljust(100, b".")
+    return Message(topic=topic, body=body, tags=f"Tag{i % 3}", keys=[f"k{i}"],
+                   queue_id=queue_id, **kw)
+
+
+def preload_messages(n: int) -> list[Message]:
+    """Plain messages on two topics and three queues, every 7th delayed (it goes to
+    SCHEDULE_TOPIC_XXXX) and every 9th a PREPARED transaction half (no queue offset)."""
+    msgs = []
+    for i in range(n):
+        m = message(1000 + i, TOPICS[i % 2], i % 3)
+        if i % 7 == 6:
+            m.delay_level = 2
+        elif i % 9 == 8:
+            m.sys_flag = TRANSACTION_PREPARED_TYPE
+        msgs.append(m)
+    return msgs
+
+
+def queue_counts(msgs: list[Message]) -> Counter:
+    """Next queue offset per (topic, queue) after putting ``msgs`` with explicit queues."""
+    counts: Counter = Counter()
+    for m in msgs:
+        if m.sys_flag & TRANSACTION_PREPARED_TYPE:
+            continue
+        key = (record.SCHEDULE_TOPIC, m.delay_level - 1) if m.delay_level else (m.topic, m.queue_id)
+        counts[key] += 1
+    return counts
+
+
+def preload(config: StoreConfig, msgs: list[Message]) -> None:
+    store = MessageStore(config)
+    store.load()
+    try:
+        assert all(r.ok for r in store.put_batch(msgs))
+    finally:
+        store.close()
+
+
+class Client:
+    """A producer: one DEALER on the ingest socket."""
+
+    def __init__(self, context: zmq.Context, store_dir: str):
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(bus.endpoint(store_dir, "ingest"))
+        self.next_id = 1
+
+    def send(self, msgs: list[Message]) -> int:
+        request_id = self.next_id
+        self.next_id += 1
+        self.socket.send(protocol.encode_send(request_id, msgs))
+        return request_id
+
+    def recv(self, timeout_s: float = DEADLINE_S):
+        """The next reply: ``(request_id, [SendResult])`` or an ``ErrorReply``;
+        None when none came within ``timeout_s``."""
+        if not self.socket.poll(int(timeout_s * 1000)):
+            return None
+        frame = self.socket.recv()
+        if protocol.peek_header(frame).kind is Kind.ERROR:
+            return protocol.decode_error(frame)
+        return protocol.decode_send_reply(frame)
+
+    def put(self, msgs: list[Message]) -> list[protocol.SendResult]:
+        request_id = self.send(msgs)
+        reply = self.recv()
+        assert reply is not None, "no reply from the writer"
+        assert reply[0] == request_id
+        return reply[1]
+
+
+class RunningStore:
+    """A store with its flusher and writer running, as the supervisor would have it."""
+
+    def __init__(self, root, **overrides):
+        self.config = small_config(root, **overrides)
+        self.root = self.config.store_path_root_dir
+        self.procs: dict[str, multiprocess.Process] = {}
+        self.acks: list[tuple[Message, protocol.SendResult]] = []
+        self.expected: Counter = Counter()
+        self.recovered: recovery.Recovered | None = None
+        self.context = zmq.Context()
+        self.stopped_pids: set[int] = set()
+
+    @property
+    def table(self) -> PositionTable:
+        return self.recovered.table
+
+    # ------------------------------------------------------------------ life
+    def start(self, preloaded: list[Message] = ()) -> "RunningStore":
+        if preloaded:
+            preload(self.config, list(preloaded))
+            self.expected.update(queue_counts(list(preloaded)))
+        self.recovered = recovery.recover_and_publish(self.config)
+        self.table.set(Slot.STATE, StoreState.RUNNING)
+        self.start_process("flusher")
+        self.start_process("writer")
+        return self
+
+    def start_process(self, name: str) -> None:
+        self.table.set_process(name, HEARTBEAT_MS, 0)
+        p = SPAWN.Process(target=run_service,
+                          args=(f"procs.{name}", self.root, self.config.to_dict()), daemon=True)
+        p.start()
+        self.procs[name] = p
+
+        def beating() -> bool:
+            if not p.is_alive():
+                raise RuntimeError(f"{name} exited with {p.exitcode} before its first turn")
+            return self.table.get_process(name, HEARTBEAT_MS) != 0
+        wait_until(beating, f"the {name}'s heartbeat")
+
+    def signal(self, name: str, sig: int) -> None:
+        pid = self.procs[name].pid
+        os.kill(pid, sig)
+        if sig == signal.SIGSTOP:
+            self.stopped_pids.add(pid)
+        elif sig == signal.SIGCONT:
+            self.stopped_pids.discard(pid)
+
+    def kill(self, name: str) -> None:
+        p = self.procs.pop(name)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(DEADLINE_S)
+        assert p.exitcode == -signal.SIGKILL
+
+    def stop(self) -> None:
+        """SIGTERM, writer first (the supervisor stops in descending priority)."""
+        for name in ("writer", "flusher"):
+            p = self.procs.pop(name, None)
+            if p is None:
+                continue
+            if p.pid in self.stopped_pids:
+                os.kill(p.pid, signal.SIGCONT)
+            p.terminate()
+            p.join(DEADLINE_S)
+            assert p.exitcode == 0, f"{name} exited with {p.exitcode}"
+
+    def release(self) -> None:
+        if self.recovered is not None:
+            self.recovered.table.close()
+            self.recovered.table.unlink()
+            self.recovered.lock.release()
+            self.recovered = None
+
+    def cleanup(self) -> None:
+        """Whatever happened: no process, segment, lock or socket left behind."""
+        for p in self.procs.values():
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join(DEADLINE_S)
+        self.procs.clear()
+        self.release()
+        self.context.destroy(linger=0)
+        rundir = bus.run_dir(self.root)
+        if rundir.startswith("/tmp/rocketstore-"):
+            shutil.rmtree(rundir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ producing
+    def client(self) -> Client:
+        return Client(self.context, self.root)
+
+    def record(self, msgs: list[Message], results: list[protocol.SendResult]) -> None:
+        """Remember what was stored, for the final check."""
+        assert len(results) == len(msgs)
+        for m, r in zip(msgs, results):
+            if r.ok:
+                self.acks.append((m, r))
+                self.expected[(m.topic, r.queue_id)] += 1
+
+    def put(self, client: Client, msgs: list[Message]) -> list[protocol.SendResult]:
+        results = client.put(msgs)
+        self.record(msgs, results)
+        return results
+
+    # ------------------------------------------------------------------ the final check
+    def reopen_and_verify(self) -> None:
+        self.stop()
+        self.release()
+        store = MessageStore(self.config)
+        store.load()
+        try:
+            assert store.check() == []
+            for m, r in self.acks:
+                got = store.look_message_by_id(r.msg_id)
+                assert got is not None, r
+                assert (got.topic, got.queue_id, got.queue_offset, got.commit_log_offset,
+                        got.body) == (m.topic, r.queue_id, r.queue_offset,
+                                      r.commit_log_offset, bytes(m.body))
+                pulled = store.get_message("g", m.topic, r.queue_id, r.queue_offset, 1)
+                assert [x.msg_id for x in pulled.messages] == [r.msg_id]
+            for (topic, queue_id), n in self.expected.items():
+                assert store.get_max_offset_in_queue(topic, queue_id) == n, (topic, queue_id)
+            acked = Counter((m.topic, r.queue_id, r.queue_offset) for m, r in self.acks)
+            assert max(acked.values(), default=1) == 1, "a queue offset acknowledged twice"
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def running(tmp_path):
+    stores = []
+
+    def make(**overrides) -> RunningStore:
+        s = RunningStore(tmp_path / f"store{len(stores)}", **overrides)
+        stores.append(s)
+        return s
+    yield make
+    for s in stores:
+        s.cleanup()
+
+
+def end_of_last(results) -> int:
+    """A lower bound that a FLUSHED/WRITTEN covering these records must pass."""
+    return max(r.commit_log_offset for r in results if r.ok) + 1
+
+
+# ============================================================================ ASYNC
+def test_async_acks_publish_written_and_the_flusher_catches_up(running):
+    s = running(flush_commit_log_thorough_interval=200).start(preload_messages(40))
+    c = s.client()
+    base = Counter(s.expected)
+    written_before = s.table.read_written()[0]
+    results = []
+    for frame in range(3):
+        msgs = [message(frame * 100 + i, TOPICS[i % 2],
+                        None if i % 4 else i % 3) for i in range(100)]
+        got = s.put(c, msgs)
+        assert [r.status for r in got] == [PutMessageStatus.PUT_OK] * 100
+        # WRITTEN already covers every acknowledged record when the reply arrives
+        assert s.table.read_written()[0] >= end_of_last(got)
+        results += zip(msgs, got)
+    offsets = [r.commit_log_offset for _, r in results]
+    assert offsets == sorted(offsets)
+    assert offsets[0] in (written_before, _next_file(written_before))
+    by_queue: dict = {}
+    for m, r in results:
+        by_queue.setdefault((m.topic, r.queue_id), []).append(r.queue_offset)
+    for key, seen in by_queue.items():
+        assert seen == list(range(base[key], base[key] + len(seen))), key
+    assert {r.queue_id for m, r in results if m.queue_id is None} == set(range(8))
+    written, store_ts = s.table.read_written()
+    assert store_ts == results[-1][1].store_timestamp
+    wait_until(lambda: s.table.get(Slot.FLUSHED) == written, "FLUSHED to reach WRITTEN")
+    wait_until(lambda: StoreCheckpoint(os.path.join(s.root, "checkpoint"), read_only=True)
+               .physic_msg_timestamp == store_ts, "the checkpoint's physic time")
+    s.reopen_and_verify()
+
+
+# ============================================================================ SYNC
+def test_sync_acks_wait_for_flushed_and_time_out_when_the_flusher_stops(running):
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=1000).start()
+    c = s.client()
+    got = s.put(c, [message(i, queue_id=i % 2) for i in range(50)])
+    assert all(r.status is PutMessageStatus.PUT_OK for r in got)
+    assert s.table.get(Slot.FLUSHED) >= end_of_last(got)
+
+    # flusher stopped: the reply waits, then says FLUSH_DISK_TIMEOUT; the data is stored
+    s.signal("flusher", signal.SIGSTOP)
+    flushed = s.table.get(Slot.FLUSHED)
+    sent_at = time.monotonic()
+    msgs = [message(100 + i, queue_id=0) for i in range(5)]
+    got = s.put(c, msgs)
+    assert time.monotonic() - sent_at >= 0.9
+    assert [r.status for r in got] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 5
+    assert "sync_flush_timeout" in got[0].reason
+    assert s.table.read_written()[0] >= end_of_last(got) and s.table.get(Slot.FLUSHED) == flushed
+
+    # no reply while FLUSHED is short of the record; one as soon as it is not
+    msgs = [message(200 + i, queue_id=1) for i in range(5)]
+    request_id = c.send(msgs)
+    assert c.recv(timeout_s=0.3) is None
+    assert s.table.get(Slot.FLUSHED) == flushed
+    s.signal("flusher", signal.SIGCONT)
+    reply = c.recv()
+    assert reply[0] == request_id
+    assert [r.status for r in reply[1]] == [PutMessageStatus.PUT_OK] * 5
+    assert s.table.get(Slot.FLUSHED) >= end_of_last(reply[1])
+    s.record(msgs, reply[1])
+    s.reopen_and_verify()
+
+
+def test_sync_window_full_replies_busy_and_stores_nothing(running):
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=8000).start()
+    c = s.client()
+    s.signal("flusher", signal.SIGSTOP)
+    sent = {}
+    for i in range(WINDOW + 6):
+        msgs = [message(i, queue_id=i % 4)]
+        sent[c.send(msgs)] = msgs
+    busy = [c.recv() for _ in range(6)]
+    assert sorted(r[0] for r in busy) == sorted(sent)[WINDOW:]
+    for _, results in busy:
+        assert [(r.status, r.reason) for r in results] == \
+            [(PutMessageStatus.OS_PAGECACHE_BUSY, protocol.BUSY_REASON)]
+    s.signal("flusher", signal.SIGCONT)
+    for _ in range(WINDOW):
+        request_id, results = c.recv()
+        assert results[0].status is PutMessageStatus.PUT_OK
+        s.record(sent[request_id], results)
+    # the window is free again; the busy requests took no queue offset
+    got = s.put(c, [message(999, queue_id=0)])
+    assert (got[0].status, got[0].queue_offset) == (PutMessageStatus.PUT_OK, WINDOW // 4)
+    s.reopen_and_verify()
+
+
+def test_a_stopping_writer_answers_its_parked_requests(running):
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=1000).start()
+    c = s.client()
+    s.signal("flusher", signal.SIGSTOP)
+    msgs = [message(i, queue_id=0) for i in range(3)]
+    request_id = c.send(msgs)
+    assert c.recv(timeout_s=0.2) is None
+    writer = s.procs.pop("writer")
+    writer.terminate()
+    reply = c.recv()
+    assert reply[0] == request_id
+    assert [r.status for r in reply[1]] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 3
+    writer.join(DEADLINE_S)
+    assert writer.exitcode == 0
+    s.record(msgs, reply[1])
+    s.reopen_and_verify()
+
+
+def test_a_flush_error_answers_parked_requests_and_refuses_new_ones(running):
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=8000).start()
+    c = s.client()
+    s.signal("flusher", signal.SIGSTOP)
+    msgs = [message(i, queue_id=0) for i in range(3)]
+    request_id = c.send(msgs)
+    assert c.recv(timeout_s=0.2) is None
+    s.table.set(Slot.FLUSH_ERROR, errno.EIO)   # standing in for the flusher
+    reply = c.recv(timeout_s=2)
+    assert reply[0] == request_id
+    assert [r.status for r in reply[1]] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 3
+    assert "EIO" in reply[1][0].reason
+    s.record(msgs, reply[1])
+    refused = c.put([message(10, queue_id=0)])
+    assert refused[0].status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert "flush failed" in refused[0].reason and "EIO" in refused[0].reason
+    s.table.set(Slot.FLUSH_ERROR, 0)
+    s.signal("flusher", signal.SIGCONT)
+    s.reopen_and_verify()
+
+
+# ============================================================================ refusals
+def test_position_table_refusals_store_nothing(running):
+    s = running().start()
+    c = s.client()
+    s.put(c, [message(0, queue_id=0)])
+    written = s.table.read_written()
+    cases = [(Slot.FLUSH_ERROR, errno.EIO, 0, "flush failed (EIO"),   # the flusher's slot
+             (Slot.DISK_FULL, 1, 0, "disk full"),                     # the cleaner's
+             (Slot.STATE, StoreState.STOPPING, StoreState.RUNNING, "STOPPING")]  # supervisor's
+    for slot, bad, good, reason in cases:
+        s.table.set(slot, bad)
+        got = c.put([message(1, queue_id=0), message(2, queue_id=1)])
+        assert [r.status for r in got] == [PutMessageStatus.SERVICE_NOT_AVAILABLE] * 2
+        assert reason in got[0].reason
+        assert s.table.read_written() == written
+        s.table.set(slot, good)
+    got = s.put(c, [message(3, queue_id=0)])
+    assert got[0].status is PutMessageStatus.PUT_OK and got[0].queue_offset == 1
+    s.reopen_and_verify()
+
+
+# ============================================================================ bad input
+def test_bad_input_is_named_and_the_writer_keeps_serving(running):
+    s = running().start()
+    c = s.client()
+    good = s.put(c, [message(0, queue_id=0)])
+    assert good[0].ok
+
+    def error_for(frame: bytes) -> protocol.ErrorReply:
+        c.socket.send(frame)
+        reply = c.recv()
+        assert isinstance(reply, protocol.ErrorReply), reply
+        return reply
+
+    assert error_for(b"hello").code is ErrorCode.MALFORMED_FRAME
+    v9 = protocol.HEADER.pack(protocol.MAGIC, 9, Kind.SEND, 77, 0)
+    assert error_for(v9)[:2] == (77, ErrorCode.UNSUPPORTED_VERSION)
+    assert error_for(protocol.encode_pull(78, "TopicA", 0, 0, 1))[:2] == \
+        (78, ErrorCode.UNKNOWN_KIND)
+    unknown_kind = protocol.HEADER.pack(protocol.MAGIC, 1, 12, 79, 0)
+    assert error_for(unknown_kind)[:2] == (79, ErrorCode.UNKNOWN_KIND)
+    truncated = protocol.encode_send(80, [message(1)])[:-5]
+    assert error_for(truncated)[:2] == (80, ErrorCode.MALFORMED_FRAME)
+    garbage_after = protocol.encode_send(81, [message(1)]) + b"xx"
+    assert error_for(garbage_after)[:2] == (81, ErrorCode.MALFORMED_FRAME)
+    c.socket.send_multipart([b"", protocol.encode_send(83, [message(1)])])   # REQ-style
+    reply = c.recv()
+    assert isinstance(reply, protocol.ErrorReply)
+    assert reply[:2] == (83, ErrorCode.MALFORMED_FRAME) and "one message part" in reply.message
+    oversized = protocol.HEADER.pack(protocol.MAGIC, 1, Kind.SEND, 82, 1) \
+        + bytes(protocol.MAX_FRAME_BYTES)
+    assert error_for(oversized)[:2] == (82, ErrorCode.FRAME_TOO_LARGE)
+
+    msgs = [message(10, queue_id=1),
+            Message(topic="../../etc", body=b"x"),
+            Message(topic=record.SCHEDULE_TOPIC, body=b"x"),
+            Message(topic="TopicA", body=b"x" * FILE_SIZE),
+            Message(topic="TopicA", body=b"x", queue_id=99),
+            Message(topic="TopicA", body=b"x", tags="a\x02b"),
+            message(11, queue_id=1)]
+    got = s.put(c, msgs)
+    assert [r.status for r in got] == [PutMessageStatus.PUT_OK] + \
+        [PutMessageStatus.MESSAGE_ILLEGAL] * 5 + [PutMessageStatus.PUT_OK]
+    for r, word in zip(got[1:6], ("must match", "reserved", "cannot fit", "queue id",
+                                  "tags must be")):
+        assert word in r.reason and r.queue_offset == -1 and r.msg_id == ""
+    assert (got[0].queue_offset, got[-1].queue_offset) == (0, 1)
+
+    # peers that vanish before their answer are dropped and the others still served
+    # (their messages, on a topic of their own, may or may not be stored: nobody was
+    # told, so only check() judges them)
+    for i in range(20):
+        gone = s.client()
+        gone.send([message(100 + i, "TopicGone", 0)])
+        gone.socket.close(linger=-1)
+    assert s.put(c, [message(12, queue_id=1)])[0].queue_offset == 2
+    s.reopen_and_verify()
+
+
+# ============================================================================ writer restarts
+def test_writer_killed_between_batches_continues_without_gap_or_duplicate(running):
+    s = running().start(preload_messages(30))
+    c = s.client()
+    first = s.put(c, [message(i, TOPICS[i % 2], i % 3) for i in range(60)])
+    assert all(r.status is PutMessageStatus.PUT_OK for r in first)
+    written = s.table.read_written()
+    s.kill("writer")
+    assert s.table.read_written() == written
+    s.start_process("writer")
+    assert s.table.read_written() == written     # a restart publishes nothing
+    c = s.client()
+    second = s.put(c, [message(100 + i, TOPICS[i % 2], i % 3) for i in range(60)])
+    assert all(r.status is PutMessageStatus.PUT_OK for r in second)
+    assert second[0].commit_log_offset in (written[0], _next_file(written[0]))
+    s.reopen_and_verify()   # dense queues, each offset once, every ack readable
+
+
+def test_torn_append_past_written_is_cut_by_the_next_writer(running):
+    s = running().start()
+    c = s.client()
+    first = s.put(c, [message(i, queue_id=0) for i in range(10)])
+    written = s.table.read_written()[0]
+    s.kill("writer")
+    path, pos = _file_and_pos(s.config, written)
+    last = first[-1].commit_log_offset
+    with open(path, "r+b") as f:
+        f.seek(last % FILE_SIZE)
+        whole = f.read(written - last)
+        torn = bytearray(whole[:len(whole) // 2])           # the head of a record, no tail
+        record.LONG.pack_into(torn, record.PHYSICALOFFSET_POS, written)
+        f.seek(pos)
+        f.write(torn)
+    s.start_process("writer")
+    with open(path, "rb") as f:
+        f.seek(pos)
+        assert f.read(len(torn)) == bytes(len(torn))
+    second = s.put(s.client(), [message(100 + i, queue_id=0) for i in range(3)])
+    assert second[0].commit_log_offset == written and second[0].queue_offset == 10
+    s.reopen_and_verify()
+
+
+def _file_and_pos(config: StoreConfig, offset: int) -> tuple[str, int]:
+    start = offset - offset % FILE_SIZE
+    return os.path.join(config.commit_log_dir, offset_to_file_name(start)), offset - start
+
+
+def _next_file(offset: int) -> int:
+    return offset - offset % FILE_SIZE + FILE_SIZE
+
+
+# ---------------------------------------------------------------------------- decision table
+RESTART_CASES = ("clean", "torn_record", "unallocated_next_file", "data_in_next_file",
+                 "dispatch_behind")
+
+
+@pytest.mark.parametrize("case", RESTART_CASES)
+def test_writer_restart_decision_table(tmp_path, case):
+    """Each row of procs/writer.py's restart table, run in this process: the CommitLog
+    ends at WRITTEN, nothing past it survives, and the topic-queue table is what the
+    puts imply (counts known from the messages, not read back)."""
+    config = small_config(tmp_path / "store")
+    msgs = preload_messages(150)
+    preload(config, msgs)
+    recovered = recovery.recover_and_publish(config)
+    table = recovered.table
+    try:
+        written = table.read_written()[0]
+        path, pos = _file_and_pos(config, written)
+        next_path = os.path.join(config.commit_log_dir, offset_to_file_name(_next_file(written)))
+        later_path = os.path.join(config.commit_log_dir,
+                                  offset_to_file_name(_next_file(written) + FILE_SIZE))
+        if case == "torn_record":
+            with open(path, "r+b") as f:
+                f.seek(pos)
+                f.write(record.SIZE_MAGIC.pack(300, record.MESSAGE_MAGIC_CODE) + b"\x07" * 100)
+        elif case == "unallocated_next_file":
+            open(later_path, "wb").close()          # created, never allocated
+        elif case == "data_in_next_file":
+            with open(next_path, "r+b") as f:
+                f.write(b"\x55" * 500)
+        elif case == "dispatch_behind":
+            # a record boundary well inside the CommitLog: the dispatcher is behind,
+            # and its consume queues hold units past the position it published
+            cl = CommitLog(config, read_only=True)
+            cl.load()
+            table.set(Slot.DISPATCHED, _record_boundary(cl, written // 3))
+            cl.close()
+        writer = WriterService(config.store_path_root_dir, config)
+        writer.table = table
+        cl = writer._open_commit_log()
+        try:
+            assert cl.mapped_file_queue.get_max_wrote_position() == written
+            assert dict(cl.topic_queue_table) == dict(queue_counts(msgs))
+            with open(path, "rb") as f:
+                f.seek(pos)
+                assert f.read() == bytes(FILE_SIZE - pos)     # nothing past WRITTEN
+            assert not os.path.exists(later_path)
+            if os.path.exists(next_path):
+                with open(next_path, "rb") as f:
+                    assert f.read() == bytes(FILE_SIZE)
+            assert len(cl.mapped_file_queue.mapped_files) == 1   # only the last stays mapped
+        finally:
+            cl.close()
+    finally:
+        table.close()
+        table.unlink()
+        recovered.lock.release()
+
+
+def _record_boundary(cl: CommitLog, near: int) -> int:
+    """The start of the first record at or after ``near``."""
+    offset = 0
+    while offset < near:
+        mf = cl.mapped_file_queue.find_mapped_file_by_offset(offset)
+        req = cl.check_message_and_return_size(mf, offset - mf.file_from_offset, FILE_SIZE, False)
+        offset = offset + req.msg_size if req.msg_size else mf.file_from_offset + FILE_SIZE
+    return offset
+
+
+# ============================================================================ rebuild (pure)
+@pytest.mark.parametrize("dispatch_fraction", [0.0, 0.4, 1.0])
+def test_rebuild_matches_the_stores_table(tmp_path, dispatch_fraction):
+    """``rebuild`` from (DISPATCHED, WRITTEN) equals the embedded store's own table, with
+    dispatch at the start, in the middle (consume queues reach past DISPATCHED) or done,
+    and with a torn unit after a queue's last one."""
+    config = small_config(tmp_path / "store")
+    store = MessageStore(config)
+    store.load()
+    try:
+        first = preload_messages(120)
+        assert all(r.ok for r in store.put_batch(first))
+        store.dispatch()
+        more = preload_messages(200)[120:]
+        assert all(r.ok for r in store.put_batch(more))
+        written = store.commit_log.get_max_offset()
+        dispatched = _record_boundary(store.commit_log,
+                                      int(store.reput_from_offset * dispatch_fraction))
+        cq = store.find_consume_queue("TopicA", 0, create=False)
+        last = cq.mapped_file_queue.get_last_mapped_file()
+        torn = (1).to_bytes(8, "big") + (90).to_bytes(4, "big")   # a unit cut after its size
+        last.buf[last.wrote_position:last.wrote_position + len(torn)] = torn
+        got = rebuild(config, store.commit_log, dispatched, written)
+        assert got == store.commit_log.topic_queue_table
+        assert got == dict(queue_counts(first + more))
+    finally:
+        store.close()
+
+
+# ============================================================================ the flusher
+class InProcessFlusher:
+    """The flusher's code in this process (so FILE_OPS can be replaced), on a store
+    whose position table says [0, WRITTEN) still needs flushing."""
+
+    def __init__(self, tmp_path):
+        self.config = small_config(tmp_path / "store")
+        preload(self.config, preload_messages(120))
+        self.recovered = recovery.recover_and_publish(self.config)
+        self.table = self.recovered.table
+        self.written, self.store_ts = self.table.read_written()
+        self.table.set(Slot.FLUSHED, 0)     # standing in for a run that never flushed
+        self.context = zmq.Context()
+        self.service = self.make()
+
+    def make(self) -> FlusherService:
+        svc = FlusherService(self.config.store_path_root_dir, self.config)
+        svc.table = self.table
+        svc.context = self.context
+        svc.setup()
+        return svc
+
+    def physic_ts(self) -> int:
+        return StoreCheckpoint(os.path.join(self.config.store_path_root_dir, "checkpoint"),
+                               read_only=True).physic_msg_timestamp
+
+    def close(self) -> None:
+        self.service.teardown()
+        self.context.destroy(linger=0)
+        self.table.close()
+        self.table.unlink()
+        self.recovered.lock.release()
+
+
+@pytest.fixture
+def flusher(tmp_path):
+    f = InProcessFlusher(tmp_path)
+    yield f
+    f.close()
+
+
+def test_flush_syncs_data_before_publishing_flushed_and_the_checkpoint(flusher, monkeypatch):
+    calls = []
+    real = FILE_OPS.fdatasync
+    cp_before = flusher.physic_ts()
+
+    def recording(fd):
+        calls.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")),
+                      flusher.table.get(Slot.FLUSHED)))
+        real(fd)
+    monkeypatch.setattr(FILE_OPS, "fdatasync", recording)
+    assert flusher.service.flush_commit_log() is True
+    files = [offset_to_file_name(o) for o in range(0, flusher.written, FILE_SIZE)]
+    assert calls[:-1] == [(name, 0) for name in files]          # every file, before FLUSHED
+    assert calls[-1] == ("checkpoint", flusher.written)         # the checkpoint after it
+    assert flusher.table.get(Slot.FLUSHED) == flusher.written
+    assert flusher.physic_ts() == flusher.store_ts >= cp_before
+    assert set(flusher.service.fds) == {flusher.written - flusher.written % FILE_SIZE}
+    assert flusher.service.flush_commit_log() is False          # nothing left
+    assert flusher.table.get(Slot.FLUSH_ERROR) == 0
+
+
+def test_fdatasync_eio_sets_flush_error_and_flushed_stops(flusher, monkeypatch):
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    cp_before = flusher.physic_ts()
+    monkeypatch.setattr(FILE_OPS, "fdatasync", eio)
+    assert flusher.service.flush_commit_log() is False
+    assert flusher.table.get(Slot.FLUSH_ERROR) == errno.EIO
+    assert flusher.table.get(Slot.FLUSHED) == 0
+    assert flusher.physic_ts() == cp_before
+    monkeypatch.undo()                                       # the disk "recovers": no retry
+    assert flusher.service.flush_commit_log() is False
+    assert flusher.table.get(Slot.FLUSHED) == 0
+    flusher.service.teardown()
+    flusher.service = flusher.make()                         # a restarted flusher neither
+    assert flusher.service.flush_commit_log() is False
+    assert flusher.table.get(Slot.FLUSHED) == 0
+    assert flusher.table.get(Slot.FLUSH_ERROR) == errno.EIO
+
+
+# ============================================================================ append faults
+class InProcessWriter:
+    """The writer's code in this process (so FILE_OPS and the CommitLog can be made to
+    fail), fed frames directly; its replies are collected instead of sent."""
+
+    def __init__(self, tmp_path):
+        self.config = small_config(tmp_path / "store")
+        self.recovered = recovery.recover_and_publish(self.config)
+        self.table = self.recovered.table
+        self.table.set(Slot.STATE, StoreState.RUNNING)
+        self.context = zmq.Context()
+        self.service = WriterService(self.config.store_path_root_dir, self.config)
+        self.service.table = self.table
+        self.service.context = self.context
+        self.service.setup()
+        self.replies: list[bytes] = []
+        self.service._send = lambda envelope, payload: self.replies.append(payload)
+        self.next_id = 1
+        self.closed = False
+
+    def put(self, msgs: list[Message]) -> list[protocol.SendResult]:
+        frame = protocol.encode_send(self.next_id, msgs)
+        self.next_id += 1
+        self.service._serve([([b"client"], frame)])
+        request_id, results = protocol.decode_send_reply(self.replies.pop())
+        assert request_id == self.next_id - 1 and not self.replies
+        return results
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.service.teardown()
+        self.context.destroy(linger=0)
+        self.table.close()
+        self.table.unlink()
+        self.recovered.lock.release()
+
+
+@pytest.fixture
+def writer(tmp_path):
+    w = InProcessWriter(tmp_path)
+    yield w
+    w.close()
+
+
+def _verify_embedded(config: StoreConfig, stored: list[protocol.SendResult]) -> None:
+    store = MessageStore(config)
+    store.load()
+    try:
+        assert store.check() == []
+        for r in stored:
+            assert store.look_message_by_id(r.msg_id).queue_offset == r.queue_offset
+    finally:
+        store.close()
+
+
+def test_a_file_that_cannot_be_created_fails_only_its_records(writer, monkeypatch):
+    first = writer.put([message(i, queue_id=0) for i in range(5)])
+    written = writer.table.read_written()[0]
+    for name in os.listdir(writer.config.commit_log_dir):      # no preallocated next file
+        if int(name) > written:
+            os.unlink(os.path.join(writer.config.commit_log_dir, name))
+
+    def enospc(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(FILE_OPS, "fallocate", enospc)
+    got = writer.put([message(10 + i, queue_id=0) for i in range(60)])   # crosses the file end
+    fits = [r for r in got if r.status is PutMessageStatus.PUT_OK]
+    failed = got[len(fits):]
+    assert fits and failed and all(
+        r.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED and "commitlog file" in r.reason
+        for r in failed)
+    assert writer.table.read_written()[0] < _next_file(written)     # nothing past what fits
+    monkeypatch.undo()
+    again = writer.put([message(100, queue_id=0)])
+    assert again[0].status is PutMessageStatus.PUT_OK
+    assert again[0].commit_log_offset == _next_file(written)
+    assert again[0].queue_offset == len(first) + len(fits)
+    writer.close()
+    _verify_embedded(writer.config, first + fits + again)
+
+
+def test_an_append_that_raises_publishes_nothing_and_cuts_back(writer, monkeypatch):
+    first = writer.put([message(i, queue_id=0) for i in range(5)])
+    written = writer.table.read_written()
+    real_append = writer.service.commit_log.append
+
+    def append_then_fail(batch, now):
+        real_append(batch[:2], now)                 # two records copied, then a fault
+        raise RuntimeError("injected")
+    monkeypatch.setattr(writer.service.commit_log, "append", append_then_fail)
+    got = writer.put([message(10 + i, queue_id=0) for i in range(4)])
+    assert [r.status for r in got] == [PutMessageStatus.CREATE_MAPEDFILE_FAILED] * 4
+    assert writer.table.read_written() == written
+    cl = writer.service.commit_log                  # reopened at WRITTEN, table rebuilt
+    assert cl.mapped_file_queue.get_max_wrote_position() == written[0]
+    assert cl.topic_queue_table[("TopicA", 0)] == 5
+    again = writer.put([message(100, queue_id=0)])
+    assert (again[0].commit_log_offset, again[0].queue_offset) == (written[0], 5)
+    writer.close()
+    _verify_embedded(writer.config, first + again)
