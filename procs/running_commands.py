@@ -14,7 +14,7 @@ import sys
 import time
 import tomllib
 
-from procs.client import Producer, ReaderClient
+from procs.client import Consumer, Producer, ReaderClient
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
 from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
@@ -137,6 +137,30 @@ def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
     return sent, failed
 
 
+# ------------------------------------------------------------------------------ consume
+def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Print messages of a topic for a consumer group, committing as it goes; with
+    ``--follow`` keep waiting for new ones until Ctrl-C."""
+    count = 0
+    with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
+                  from_where=args.from_where, tags=args.tags) as consumer:
+        try:
+            while args.max is None or count < args.max:
+                want = 256 if args.max is None else min(256, args.max - count)
+                batch = consumer.poll(want, 1000 if args.follow else 200)
+                if not batch and not args.follow:
+                    break
+                for m in batch:
+                    print(json.dumps(m.to_dict()) if args.json else _one_line(m), flush=True)
+                count += len(batch)
+                consumer.commit()
+        except KeyboardInterrupt:
+            pass
+    if not args.json:
+        print(f"consumed {count} message(s)", file=sys.stderr)
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------ query
 def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
     with ReaderClient(config.store_path_root_dir) as reader:
@@ -176,6 +200,15 @@ def add_parsers(sub, common) -> None:
     se.add_argument("--queue-id", type=int)
     se.add_argument("--delay-level", type=int, default=0)
     se.set_defaults(running="send")
+    co = sub.add_parser("consume", parents=[common], help="read a topic as a consumer group")
+    co.add_argument("--group", required=True)
+    co.add_argument("--topic", required=True)
+    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+    co.add_argument("--max", type=int, help="stop after N messages")
+    co.add_argument("--tags", help="only messages with this tag")
+    co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",
+                    help="where a queue without a committed offset starts")
+    co.set_defaults(running="consume")
     q = sub.add_parser("query", parents=[common], help="find messages in a running store")
     how = q.add_mutually_exclusive_group(required=True)
     how.add_argument("--key")

@@ -221,3 +221,29 @@ def test_consumers_of_one_group_share_the_queues(tmp_path):
         finally:
             a.close()
             b.close()
+
+
+def test_cli_send_consume_query_status(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        c = rs.config_path
+        r = cli("send", "--config", c, "--topic", TOPIC, "--body", "hi", "--count", "5",
+                "--tags", "T", "--keys", "k1,k2", "--json")
+        assert r.returncode == 0, r.stderr
+        sent = [json.loads(line) for line in r.stdout.splitlines()]
+        assert [s["status"] for s in sent] == ["PUT_OK"] * 5
+        r = cli("send", "--config", c, "--topic", "bad topic", "--body", "x")
+        assert r.returncode == 1 and "MESSAGE_ILLEGAL" in r.stderr
+        r = cli("consume", "--config", c, "--group", "g", "--topic", TOPIC, "--json")
+        assert r.returncode == 0, r.stderr
+        got = [json.loads(line) for line in r.stdout.splitlines()]
+        assert sorted(m["msg_id"] for m in got) == sorted(s["msg_id"] for s in sent)
+        r = cli("consume", "--config", c, "--group", "g", "--topic", TOPIC, "--json")
+        assert r.stdout == ""  # committed: nothing left for the group
+        r = cli("query", "--config", c, "--topic", TOPIC, "--key", "k2", "--json")
+        assert len(r.stdout.splitlines()) == 5
+        r = cli("query", "--config", c, "--msg-id", sent[0]["msg_id"])
+        assert r.returncode == 0 and "hi" in r.stdout
+        r = cli("status", "--config", c)
+        assert r.returncode == 0 and "writer" in r.stdout and "RUNNING" in r.stdout
+    r = cli("status", "--config", rs.config_path, "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["state"] == "NOT_RUNNING"
