@@ -71,6 +71,11 @@ CLEAN_NOW_FILE = "clean-now"
 disk_used_ratio = expiry.disk_partition_used_ratio
 
 
+def _existing(path: str, cfg) -> str:
+    """``path``, or the store's root while it does not exist yet (same partition)."""
+    return path if os.path.isdir(path) else cfg.store_path_root_dir
+
+
 def clean_now_path(store_dir: str) -> str:
     """The file whose existence asks the cleaner for a manual (forced) clean."""
     return os.path.join(store_dir, "run", CLEAN_NOW_FILE)
@@ -121,10 +126,9 @@ class Cleaner(Service):
         ``delete_when`` hour test. Raises ``OSError`` when a directory cannot be read.
         """
         cfg = self.config
-        cq_dir = cfg.consume_queue_dir if os.path.isdir(cfg.consume_queue_dir) \
-            else cfg.store_path_root_dir
-        decision = expiry.decide_space(disk_used_ratio(cfg.commit_log_dir),
-                                       disk_used_ratio(cq_dir), cfg)
+        decision = expiry.decide_space(disk_used_ratio(_existing(cfg.commit_log_dir, cfg)),
+                                       disk_used_ratio(_existing(cfg.consume_queue_dir, cfg)),
+                                       cfg)
         self._apply_disk_decision(decision)
         report = CleanReport(disk_full=bool(self.table.get(Slot.DISK_FULL)),
                              ratios=decision.ratios)

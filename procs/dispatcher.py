@@ -77,10 +77,12 @@ Why re-dispatch after a SIGKILL at any instant neither loses nor duplicates a un
   Nothing is zeroed, truncated or unlinked: consumers may map these files, and only
   read units whose message ends at or below DISPATCHED, which the rewind never touches.
 * The index keeps what the predecessor wrote past DISPATCHED: an IndexFile writes the
-  entry, then the slot, then the header, so entries below indexCount are whole, and
+  entry, then the header, then the slot, so every entry below indexCount is whole, and
   ``build_index`` skips messages below the last file's endPhyOffset. The message at
-  endPhyOffset is indexed a second time (as in RocketMQ): a query may see its offset
-  twice and drops the duplicate; every query hit is verified against the CommitLog.
+  endPhyOffset is indexed again (as in RocketMQ), which also re-links the one entry a
+  kill between header and slot can leave unlinked (it is that message's); a query may
+  see its offset twice and drops the duplicate; every hit is verified against the
+  CommitLog.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ from shm.bus import (
 from shm.positions import Slot, now_ms
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
 from storage.errors import CorruptRecordError, StoreError
 from storage.index_service import IndexService
 from storage.mapped_file import MappedFile
@@ -110,7 +112,6 @@ log = logging.getLogger(__name__)
 CHUNK_RECORDS = 2048              # records per dispatch pass between two publications
 DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
 STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
-BLANK_UNIT_SIZE = 0x7FFFFFFF
 
 
 class IndexBuildError(StoreError):

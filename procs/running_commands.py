@@ -14,6 +14,7 @@ import sys
 import time
 import tomllib
 
+from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
@@ -161,6 +162,20 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ clean
+def cmd_clean(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Ask the running store's cleaner for a manual clean (RocketMQ's
+    ``excuteDeleteFilesManualy``): expired files go now, whatever the hour."""
+    path = clean_now_path(config.store_path_root_dir)
+    table = PositionTable.attach(config.store_path_root_dir)  # raises when not running
+    table.close()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w"):
+        pass
+    print(f"asked the cleaner for a manual clean ({path})", file=sys.stderr)
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------ query
 def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
     with ReaderClient(config.store_path_root_dir) as reader:
@@ -209,6 +224,8 @@ def add_parsers(sub, common) -> None:
     co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",
                     help="where a queue without a committed offset starts")
     co.set_defaults(running="consume")
+    cl = sub.add_parser("clean", parents=[common], help="ask a running store to delete expired files now")
+    cl.set_defaults(running="clean")
     q = sub.add_parser("query", parents=[common], help="find messages in a running store")
     how = q.add_mutually_exclusive_group(required=True)
     how.add_argument("--key")

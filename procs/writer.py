@@ -231,7 +231,7 @@ class WriterService(Service):
             req = _Request(envelope, send.request_id, len(send.messages))
             if refusal is not None:
                 req.results = [refusal] * len(send.messages)
-                self._reply(req)
+                self._reply(req, counted=False)
                 continue
             if self.unanswered.get(req.client, 0) >= WINDOW:
                 req.results = [PutMessageResult.refused(PutMessageStatus.OS_PAGECACHE_BUSY,

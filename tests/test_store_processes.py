@@ -247,3 +247,24 @@ def test_cli_send_consume_query_status(tmp_path):
         assert r.returncode == 0 and "writer" in r.stdout and "RUNNING" in r.stdout
     r = cli("status", "--config", rs.config_path, "--json")
     assert r.returncode == 3 and json.loads(r.stdout)["state"] == "NOT_RUNNING"
+
+
+def test_manual_clean_deletes_expired_files_of_a_running_store(tmp_path):
+    with RunningStore(tmp_path, file_reserved_time=1, delete_commit_log_files_interval=0) as rs:
+        acked: dict = {}
+        with Producer(rs.store_dir) as p:
+            send_some(p, acked, 0, 2000)
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        commit_dir = os.path.join(rs.store_dir, "commitlog")
+        names = sorted(os.listdir(commit_dir))
+        assert len(names) > 3
+        for name in names[:-2]:
+            os.utime(os.path.join(commit_dir, name), (0, 0))
+        r = cli("clean", "--config", rs.config_path)
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: rs.slot(Slot.MIN_OFFSET) > 0, what="min offset to move")
+        assert sorted(os.listdir(commit_dir))[0] > names[0]
+        with Consumer(rs.store_dir, "late", TOPIC) as c:
+            got = c.poll(5000, 2000)
+        assert got and all(m.commit_log_offset >= rs.slot(Slot.MIN_OFFSET) for m in got)
+        assert rs.stop() == 0, rs.log()

@@ -735,8 +735,8 @@ class InProcessWriter:
     """The writer's code in this process (so FILE_OPS and the CommitLog can be made to
     fail), fed frames directly; its replies are collected instead of sent."""
 
-    def __init__(self, tmp_path):
-        self.config = small_config(tmp_path / "store")
+    def __init__(self, tmp_path, **overrides):
+        self.config = small_config(tmp_path / "store", **overrides)
         self.recovered = recovery.recover_and_publish(self.config)
         self.table = self.recovered.table
         self.table.set(Slot.STATE, StoreState.RUNNING)
@@ -750,10 +750,13 @@ class InProcessWriter:
         self.next_id = 1
         self.closed = False
 
-    def put(self, msgs: list[Message]) -> list[protocol.SendResult]:
+    def serve(self, msgs: list[Message]) -> None:
         frame = protocol.encode_send(self.next_id, msgs)
         self.next_id += 1
         self.service._serve([([b"client"], frame)])
+
+    def put(self, msgs: list[Message]) -> list[protocol.SendResult]:
+        self.serve(msgs)
         request_id, results = protocol.decode_send_reply(self.replies.pop())
         assert request_id == self.next_id - 1 and not self.replies
         return results
@@ -832,3 +835,27 @@ def test_an_append_that_raises_publishes_nothing_and_cuts_back(writer, monkeypat
     assert (again[0].commit_log_offset, again[0].queue_offset) == (written[0], 5)
     writer.close()
     _verify_embedded(writer.config, first + again)
+
+
+def test_refused_and_busy_requests_leave_the_window_count_alone(tmp_path):
+    """Requests parked under SYNC_FLUSH (no flusher runs here) hold the client's window;
+    refusals and busy answers neither take a slot nor free one."""
+    w = InProcessWriter(tmp_path, flush_disk_type="SYNC_FLUSH")
+    try:
+        for i in range(3):
+            w.serve([message(i, queue_id=0)])
+        assert w.replies == [] and w.service.unanswered == {b"client": 3}
+        w.table.set(Slot.DISK_FULL, 1)                      # standing in for the cleaner
+        assert w.put([message(9, queue_id=0)])[0].status is \
+            PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert w.service.unanswered == {b"client": 3}
+        w.table.set(Slot.DISK_FULL, 0)
+        for i in range(WINDOW - 3):
+            w.serve([message(10 + i, queue_id=0)])
+        assert w.put([message(99, queue_id=0)])[0].status is PutMessageStatus.OS_PAGECACHE_BUSY
+        assert w.service.unanswered == {b"client": WINDOW}
+        w.table.set(Slot.FLUSHED, w.table.read_written()[0])  # standing in for the flusher
+        w.service._release_parked()
+        assert len(w.replies) == WINDOW and w.service.unanswered == {}
+    finally:
+        w.close()
