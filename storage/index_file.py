@@ -179,6 +179,41 @@ def _time_diff_s(store_timestamp: int, begin_timestamp: int) -> int:
     return diff if diff > 0 else 0
 
 
+# --------------------------------------------------------------------- reads
+def time_matched(begin_ms: int, end_ms: int, begin_timestamp: int, end_timestamp: int) -> bool:
+    """``IndexFile.isTimeMatched``: ``[begin_ms, end_ms]`` overlaps the file's range."""
+    b, e = begin_timestamp, end_timestamp
+    return (begin_ms < b and end_ms > e) or b <= begin_ms <= e or b <= end_ms <= e
+
+
+def select_phy_offsets(buf, hash_slot_num: int, begin_timestamp: int, index_count: int,
+                       key_hash: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+    """``IndexFile.select_phy_offset`` over any buffer holding an index file: candidate
+    offsets of entries hashed ``key_hash`` and stored in ``[begin_ms, end_ms]``, newest
+    first, at most ``max_num``. Never reads an entry numbered ``>= index_count`` (a slot
+    naming one is empty) and stops at the first link that does not point backwards."""
+    found: list[int] = []
+    slot_value = HASH_SLOT.unpack_from(
+        buf, INDEX_HEADER_SIZE + (key_hash % hash_slot_num) * HASH_SLOT_SIZE)[0]
+    if slot_value <= INVALID_INDEX or slot_value >= index_count or index_count <= 1:
+        return found
+    index_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+    unpack_from = INDEX_ENTRY.unpack_from
+    next_index = slot_value
+    while len(found) < max_num:
+        key_hash_read, phy_offset_read, time_diff, prev_index = unpack_from(
+            buf, index_base + next_index * INDEX_SIZE)
+        if time_diff < 0:
+            break
+        time_read = begin_timestamp + time_diff * 1000
+        if key_hash_read == key_hash and begin_ms <= time_read <= end_ms:
+            found.append(phy_offset_read)
+        if prev_index <= INVALID_INDEX or prev_index >= next_index or time_read < begin_ms:
+            break
+        next_index = prev_index
+    return found
+
+
 # --------------------------------------------------------------------- the file
 class IndexFile:
     """One IndexFile, mapped read-write; its header is cached here and written through.
@@ -340,10 +375,8 @@ class IndexFile:
 
     def is_time_matched(self, begin: int, end: int) -> bool:
         """``isTimeMatched``: ``[begin, end]`` overlaps ``[beginTimestamp, endTimestamp]``."""
-        b, e = self._begin_timestamp, self._end_timestamp
-        return (begin < b and end > e) or b <= begin <= e or b <= end <= e
+        return time_matched(begin, end, self._begin_timestamp, self._end_timestamp)
 
-    # ----------------------------------------------------------------- put
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """``putKey``: add ``key -> phy_offset`` as the newest entry of its slot's chain.
 
@@ -393,33 +426,9 @@ class IndexFile:
         buf = self._buf
         if buf is None:
             raise StoreClosedError(f"{self.path} is closed")
-        found: list[int] = []
-        index_count = self._index_count
-        key_hash = index_key_hash(key)
-        abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
-        slot_value = HASH_SLOT.unpack_from(buf, abs_slot_pos)[0]
-        # Java's bound is ``> indexCount``; a slot equal to indexCount names an entry
-        # that was never completed (a crash between slot and header), so it is empty.
-        if slot_value <= INVALID_INDEX or slot_value >= index_count or index_count <= 1:
-            return found
-        begin_timestamp = self._begin_timestamp
-        index_base = self._index_base
-        unpack_from = INDEX_ENTRY.unpack_from
-        next_index = slot_value
-        while len(found) < max_num:
-            key_hash_read, phy_offset_read, time_diff, prev_index = unpack_from(
-                buf, index_base + next_index * INDEX_SIZE)
-            if time_diff < 0:
-                break
-            time_read = begin_timestamp + time_diff * 1000
-            if key_hash_read == key_hash and begin_ms <= time_read <= end_ms:
-                found.append(phy_offset_read)
-            # Java stops on prev == next; prev > next is just as impossible in a file
-            # written in order, and stopping there bounds the walk on corrupt bytes.
-            if prev_index <= INVALID_INDEX or prev_index >= next_index or time_read < begin_ms:
-                break
-            next_index = prev_index
-        return found
+        return select_phy_offsets(buf, self.hash_slot_num, self._begin_timestamp,
+                                  self._index_count, index_key_hash(key), max_num,
+                                  begin_ms, end_ms)
 
     def first_entry_at_or_after(self, phy_offset: int) -> int:
         """The number of the first entry whose phyOffset >= ``phy_offset`` (indexCount

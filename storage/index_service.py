@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from storage.errors import StoreError
 from storage.index_file import (
@@ -63,6 +63,26 @@ class QueryOffsetResult(NamedTuple):
 def build_key(topic: str, key: str) -> str:
     """``IndexService.buildKey``: ``topic#key``."""
     return topic + "#" + key
+
+
+def query_offset(files: Sequence, topic: str, key: str, max_num: int, begin_ms: int,
+                 end_ms: int) -> QueryOffsetResult:
+    """``IndexService.queryOffset`` over index files given oldest first (IndexFile or
+    anything with ``begin_timestamp``, ``end_timestamp``, ``end_phy_offset``,
+    ``is_time_matched`` and ``select_phy_offset``): candidates, newest file first."""
+    phy_offsets: list[int] = []
+    if not files:
+        return QueryOffsetResult(phy_offsets, 0, 0)
+    last = files[-1]
+    last_timestamp, last_phy_offset = last.end_timestamp, last.end_phy_offset
+    index_key = build_key(topic, key)
+    for f in reversed(files):
+        if f.is_time_matched(begin_ms, end_ms):
+            phy_offsets.extend(f.select_phy_offset(
+                index_key, max_num - len(phy_offsets), begin_ms, end_ms))
+        if f.begin_timestamp < begin_ms or len(phy_offsets) >= max_num:
+            break
+    return QueryOffsetResult(phy_offsets, last_timestamp, last_phy_offset)
 
 
 class IndexService:
@@ -237,22 +257,8 @@ class IndexService:
         raw: the caller re-reads each message and checks topic and key (and caps
         ``max_num``, at 64 in RocketMQ). Raises ``StoreClosedError`` after close.
         """
-        phy_offsets: list[int] = []
-        files = self._files
-        if not files:
-            return QueryOffsetResult(phy_offsets, 0, 0)
-        last = files[-1]
-        last_timestamp, last_phy_offset = last.end_timestamp, last.end_phy_offset
-        index_key = build_key(topic, key)
-        for f in reversed(list(files)):
-            if f.is_time_matched(begin_ms, end_ms):
-                phy_offsets.extend(f.select_phy_offset(
-                    index_key, max_num - len(phy_offsets), begin_ms, end_ms))
-            if f.begin_timestamp < begin_ms or len(phy_offsets) >= max_num:
-                break
-        return QueryOffsetResult(phy_offsets, last_timestamp, last_phy_offset)
+        return query_offset(self._files, topic, key, max_num, begin_ms, end_ms)
 
-    # ----------------------------------------------------------------- expiry
     def delete_expired_file(self, min_commit_log_offset: int) -> int:
         """``deleteExpiredFile(offset)``: destroy the index files every entry of which
         points below ``min_commit_log_offset`` (the CommitLog's new min offset).

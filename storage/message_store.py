@@ -45,12 +45,15 @@ from storage import expiry
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.config import StoreConfig, check_geometry, record_geometry
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
-from storage.errors import CorruptRecordError, StoreClosedError, StoreError, StoreFileError
+from storage.consume_queue import ConsumeQueue
+from storage.errors import StoreClosedError, StoreError, StoreFileError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
-from storage.message import Message, MessageExt, decode_message_id
-from storage.record import SCHEDULE_TOPIC, RecordFormatError, decode_at
+from storage.message import Message, MessageExt
+from storage.read_path import (
+    GetMessageResult, QueryMessageResult, check_unit_record, get_from_queue, look_message_by_id,
+    memory_limit_bytes, query_messages)
+from storage.record import SCHEDULE_TOPIC
 from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
@@ -60,23 +63,6 @@ from storage.validation import check_message, check_topic
 
 log = logging.getLogger(__name__)
 
-MAX_SCAN_UNITS = 16000 // CQ_STORE_UNIT_SIZE
-
-
-@dataclasses.dataclass
-class GetMessageResult:
-    status: GetMessageStatus
-    messages: list[MessageExt]
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-
-
-@dataclasses.dataclass
-class QueryMessageResult:
-    messages: list[MessageExt]
-    index_last_update_timestamp: int = 0
-    index_last_update_phyoffset: int = 0
 
 
 @dataclasses.dataclass
@@ -497,7 +483,7 @@ class MessageStore:
 
     # ================================================================== reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int,
-                    max_msgs: int = 32, tags: Iterable[str] | None = None) -> GetMessageResult:
+                    max_msgs: int = 32, tags: Iterable[str] | str | None = None) -> GetMessageResult:
         """Pull up to ``max_msgs`` messages of one queue from logical ``offset``.
 
         ``tags`` (optional) keeps only messages whose tag is one of them. Raises
@@ -510,90 +496,18 @@ class MessageStore:
             cq = self.find_consume_queue(topic, queue_id, create=False)
             if cq is None:
                 return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
-            if hi == 0:
-                return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
-            if offset < lo:
-                return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
-            if offset == hi:
-                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
-            if offset > hi:
-                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
-                                        lo if lo == 0 else hi, lo, hi)
-            wanted = {tags} if isinstance(tags, str) else set(tags or ())
-            return self._read_queue(cq, offset, max(1, max_msgs), wanted - {"*"}, lo, hi)
 
-    def _read_queue(self, cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str],
-                    lo: int, hi: int) -> GetMessageResult:
-        found = cq.get_index_buffer(offset)
-        if found is None:
-            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, [],
-                                    cq.roll_next_file(offset), lo, hi)
-        mf, pos, limit = found
-        cfg = self.config
-        messages: list[MessageExt] = []
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        total_bytes = 0
-        max_phy = self.commit_log.get_max_offset()
-        memory_limit = _total_physical_memory() * cfg.access_message_in_memory_max_ratio // 100
-        next_phy_file_start = -1
-        index = offset
-        end = min(limit, pos + max(MAX_SCAN_UNITS, max_msgs) * CQ_STORE_UNIT_SIZE)
-        for p in range(pos, end, CQ_STORE_UNIT_SIZE):
-            phy, size, tags_code = CQ_UNIT.unpack_from(mf.buf, p)
-            if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
-                index += 1
-                continue
-            in_disk = max_phy - phy > memory_limit
-            if self._batch_full(size, total_bytes, len(messages), max_msgs, in_disk):
-                break
-            msg = self._read_unit(cq, index, phy, size, (mf.path, p))
-            if msg is None:
-                status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
-                next_phy_file_start = self.commit_log.roll_next_file(phy)
-                index += 1
-                continue
-            index += 1
-            if tags and msg.tags not in tags:
-                continue
-            messages.append(msg)
-            total_bytes += size
-            status = GetMessageStatus.FOUND
-        return GetMessageResult(status, messages, index, lo, hi)
+            def read_unit(index: int, phy: int, size: int, where: tuple[str, int]):
+                data = self.commit_log.get_message(phy, size)
+                return None if data is None else \
+                    check_unit_record(data, topic, queue_id, index, phy, size, where)
 
-    def _batch_full(self, size: int, total_bytes: int, count: int, max_msgs: int,
-                    in_disk: bool) -> bool:
-        """``isTheBatchFull``: count and byte limits, tighter for data not in memory."""
-        cfg = self.config
-        if count == 0:
-            return False
-        if count >= max_msgs:
-            return True
-        if in_disk:
-            return (total_bytes + size > cfg.max_transfer_bytes_on_message_in_disk
-                    or count > cfg.max_transfer_count_on_message_in_disk - 1)
-        return (total_bytes + size > cfg.max_transfer_bytes_on_message_in_memory
-                or count > cfg.max_transfer_count_on_message_in_memory - 1)
-
-    def _read_unit(self, cq: ConsumeQueue, index: int, phy: int, size: int,
-                   where: tuple[str, int]) -> MessageExt | None:
-        """The message a unit points at, checked against the unit; None when deleted.
-
-        ``where`` is the unit's (file, position), named by the error a mismatch raises.
-        """
-        data = self.commit_log.get_message(phy, size)
-        if data is None:
-            return None
-        path, pos = where
-        try:
-            msg = decode_at(data, 0)
-        except RecordFormatError as e:
-            raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
-        if (msg.store_size != size or msg.commit_log_offset != phy or msg.topic != cq.topic
-                or msg.queue_id != cq.queue_id or msg.queue_offset != index):
-            raise CorruptRecordError(path, pos, f"unit {index} points at commitlog offset {phy}, "
-                                     f"which holds {msg.topic}/{msg.queue_id}@{msg.queue_offset}")
-        return msg
+            return get_from_queue(
+                cq, offset, max_msgs, [tags] if isinstance(tags, str) else tags,
+                cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue(), read_unit,
+                config=self.config, max_phy=self.commit_log.get_max_offset(),
+                memory_limit=memory_limit_bytes(self.config),
+                roll_next_file=self.commit_log.roll_next_file)
 
     def look_message_by_offset(self, commit_log_offset: int) -> MessageExt | None:
         with self._mutex:
@@ -603,9 +517,7 @@ class MessageStore:
     def look_message_by_id(self, msg_id: str) -> MessageExt | None:
         """The message an offset msgId names; None for an id of another store or a
         message that is gone. Raises ``ValueError`` for text that is not a msgId."""
-        host, offset = decode_message_id(msg_id)
-        msg = self.look_message_by_offset(offset)
-        return msg if msg is not None and msg.msg_id == msg_id.upper() else None
+        return look_message_by_id(self.look_message_by_offset, msg_id)
 
     def query_message(self, topic: str, key: str, max_num: int | None = None, begin_ms: int = 0,
                       end_ms: int = 2**63 - 1) -> QueryMessageResult:
@@ -616,25 +528,11 @@ class MessageStore:
         with self._mutex:
             self._check_running()
             self._dispatch_to(self._confirm_offset())
-            if max_num is None:
-                max_num = self.config.default_query_max_num
-            max_num = max(0, min(max_num, self.config.max_msgs_num_batch))
-            res = self.index_service.query_offset(topic, key, max_num * 4 + 16,
-                                                  max(0, begin_ms - 1000), end_ms)
-            found: dict[int, MessageExt] = {}
-            for phy in res.phy_offsets:
-                if len(found) >= max_num:
-                    break
-                if phy in found:
-                    continue
-                msg = self.commit_log.look_message_by_offset(phy)
-                if (msg is not None and msg.topic == topic
-                        and (key in msg.keys or msg.uniq_key == key)
-                        and begin_ms <= msg.store_timestamp <= end_ms):
-                    found[phy] = msg
-            return QueryMessageResult([found[p] for p in sorted(found)],
-                                      res.index_last_update_timestamp,
-                                      res.index_last_update_phyoffset)
+            return query_messages(
+                self.index_service.files, self.commit_log.look_message_by_offset,
+                self.config.max_msgs_num_batch, topic, key,
+                self.config.default_query_max_num if max_num is None else max_num,
+                begin_ms, end_ms)
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         with self._mutex:
@@ -781,10 +679,3 @@ class _EmbeddedDelayQueues:
     def put_again(self, msg: Message) -> tuple[bool, str]:
         result = self.store.put(msg)
         return result.ok, f"{result.status.name} {result.reason}".strip()
-
-
-def _total_physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 << 30

@@ -84,31 +84,25 @@ import logging
 import mmap
 import os
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
-from storage import record
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
 from storage.index_file import (
-    HASH_SLOT, HASH_SLOT_SIZE, INDEX_COUNT_POS, INDEX_ENTRY, INDEX_HEADER_SIZE, INDEX_SIZE,
-    INVALID_INDEX, decode_header, index_file_size)
-from storage.index_service import QueryOffsetResult, build_key
+    HASH_SLOT, HASH_SLOT_SIZE, INDEX_COUNT_POS, INDEX_HEADER_SIZE, decode_header,
+    index_file_size, select_phy_offsets, time_matched)
 from storage.mapped_file import MappedFile, offset_to_file_name
-from storage.message import MessageExt, decode_message_id
-from storage.message_store import (
-    BLANK_UNIT_SIZE, MAX_SCAN_UNITS, GetMessageResult, QueryMessageResult,
-    _total_physical_memory)
-from storage.record import RecordFormatError, decode_at
+from storage.message import MessageExt
+from storage.read_path import (
+    NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_record, get_from_queue,
+    look_message_by_id, memory_limit_bytes, query_messages, tags_of_message, tags_of_raw)
 from storage.status import GetMessageStatus
 from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
-
-NOT_YET = object()
-"""What a unit reader returns for a unit that is still being written: the batch ends."""
 
 _UNIT_SETTLE_CHECKS = 5      # re-reads of a mismatching unit before it is called corrupt
 _UNIT_SETTLE_SLEEP_S = 0.001
@@ -116,261 +110,8 @@ _SLOT_SETTLE_CHECKS = 20     # header re-reads while a slot names the entry bein
 _SLOT_SETTLE_SLEEP_S = 0.00005
 _HEADER_READS = 8            # reads until two consecutive index headers agree
 
-ReadUnit = Callable[[int, int, int, tuple[str, int]], object]
 
 
-@dataclasses.dataclass
-class GetRawMessagesResult:
-    """``get_raw_messages``: the records exactly as the CommitLog holds them."""
-
-    status: GetMessageStatus
-    records: list[bytes]
-    next_begin_offset: int
-    min_offset: int
-    max_offset: int
-
-
-# ===================================================================== shared read path
-def offset_status(offset: int, lo: int, hi: int) -> GetMessageResult | None:
-    """The answer of a pull at ``offset`` when it needs no read (queue empty, offset out
-    of ``[lo, hi)``), else None. ``next_begin_offset`` is RocketMQ's for each status."""
-    if hi == 0:
-        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
-    if offset < lo:
-        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
-    if offset == hi:
-        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
-    if offset > hi:
-        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
-                                lo if lo == 0 else hi, lo, hi)
-    return None
-
-
-def batch_full(config: StoreConfig, size: int, total_bytes: int, count: int, max_msgs: int,
-               in_disk: bool) -> bool:
-    """``isTheBatchFull``: count and byte limits, tighter for data not in memory."""
-    if count == 0:
-        return False
-    if count >= max_msgs:
-        return True
-    if in_disk:
-        return (total_bytes + size > config.max_transfer_bytes_on_message_in_disk
-                or count > config.max_transfer_count_on_message_in_disk - 1)
-    return (total_bytes + size > config.max_transfer_bytes_on_message_in_memory
-            or count > config.max_transfer_count_on_message_in_memory - 1)
-
-
-def memory_limit_bytes(config: StoreConfig) -> int:
-    """Messages further than this behind the CommitLog end count as "in disk"."""
-    return _total_physical_memory() * config.access_message_in_memory_max_ratio // 100
-
-
-def _unit_mismatch(index: int, phy: int, size: int, topic: str, queue_id: int,
-                   got: tuple[str, int, int, int, int]) -> str | None:
-    got_topic, got_queue_id, got_queue_offset, got_phy, got_size = got
-    if (got_size != size or got_phy != phy or got_topic != topic or got_queue_id != queue_id
-            or got_queue_offset != index):
-        return (f"unit {index} points at commitlog offset {phy}, which holds "
-                f"{got_topic}/{got_queue_id}@{got_queue_offset} (size {got_size}, "
-                f"PHYSICALOFFSET {got_phy})")
-    return None
-
-
-def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, size: int,
-                      where: tuple[str, int]) -> MessageExt:
-    """Decode the record unit ``index`` of ``topic``/``queue_id`` points at (``data`` is
-    its ``size`` bytes read at ``phy``) and check it is that unit's message.
-
-    Raises ``CorruptRecordError`` naming ``where`` (the unit's file and position) when
-    the bytes are not a record or are another message.
-    """
-    path, pos = where
-    try:
-        msg = decode_at(data, 0)
-    except RecordFormatError as e:
-        raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
-    detail = _unit_mismatch(index, phy, size, topic, queue_id,
-                            (msg.topic, msg.queue_id, msg.queue_offset, msg.commit_log_offset,
-                             msg.store_size))
-    if detail:
-        raise CorruptRecordError(path, pos, detail)
-    return msg
-
-
-def check_unit_raw(data, topic: str, queue_id: int, index: int, phy: int, size: int,
-                   where: tuple[str, int]) -> bytes:
-    """``check_unit_record`` without building a MessageExt: the record's own checks
-    (``record.check_message_and_return_size``) and the unit's; returns ``bytes(data)``."""
-    path, pos = where
-    req = record.check_message_and_return_size(data, 0, len(data), phy, False)
-    if not req.success or req.msg_size <= 0:
-        raise CorruptRecordError(path, pos, f"unit {index} points at commitlog offset {phy}, "
-                                 "which does not hold a whole record")
-    detail = _unit_mismatch(index, phy, size, topic, queue_id,
-                            (req.topic, req.queue_id, req.consume_queue_offset,
-                             req.commit_log_offset, req.msg_size))
-    if detail:
-        raise CorruptRecordError(path, pos, detail)
-    return bytes(data)
-
-
-def _tags_of_message(msg: MessageExt) -> str | None:
-    return msg.tags
-
-
-def _tags_of_raw(data: bytes) -> str | None:
-    return decode_at(data, 0).tags
-
-
-def read_queue(cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str], lo: int,
-               hi: int, read_unit: ReadUnit, *, config: StoreConfig, max_phy: int,
-               memory_limit: int, roll_next_file: Callable[[int], int],
-               tags_of: Callable[[object], str | None] = _tags_of_message) -> GetMessageResult:
-    """MessageStore's ``_read_queue``: up to ``max_msgs`` messages from unit ``offset``
-    (``lo <= offset < hi``), within one consume queue file and ``MAX_SCAN_UNITS`` units.
-
-    ``read_unit(index, phy, size, (path, pos))`` returns the message (checked), None
-    when its CommitLog data is gone, or ``NOT_YET`` to end the batch there. ``tags``
-    keeps only messages whose TAGS is one of them (empty: all).
-    """
-    found = cq.get_index_buffer(offset)
-    if found is None:
-        return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, [],
-                                cq.roll_next_file(offset), lo, hi)
-    mf, pos, limit = found
-    buf, path = mf.buf, mf.path
-    messages: list = []
-    status = GetMessageStatus.NO_MATCHED_MESSAGE
-    total_bytes = 0
-    next_phy_file_start = -1
-    index = offset
-    end = min(limit, pos + max(MAX_SCAN_UNITS, max_msgs) * CQ_STORE_UNIT_SIZE)
-    for p in range(pos, end, CQ_STORE_UNIT_SIZE):
-        phy, size, _ = CQ_UNIT.unpack_from(buf, p)
-        if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
-            index += 1
-            continue
-        if batch_full(config, size, total_bytes, len(messages), max_msgs,
-                      max_phy - phy > memory_limit):
-            break
-        msg = read_unit(index, phy, size, (path, p))
-        if msg is NOT_YET:
-            break
-        if msg is None:
-            status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
-            next_phy_file_start = roll_next_file(phy)
-            index += 1
-            continue
-        index += 1
-        if tags and tags_of(msg) not in tags:
-            continue
-        messages.append(msg)
-        total_bytes += size
-        status = GetMessageStatus.FOUND
-    return GetMessageResult(status, messages, index, lo, hi)
-
-
-def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
-                   tags: Iterable[str] | None, lo: int, hi: int, read_unit: ReadUnit,
-                   **kw) -> GetMessageResult:
-    """MessageStore's ``get_message`` once the queue and its ``[lo, hi)`` are known;
-    ``kw`` are ``read_queue``'s keyword arguments."""
-    early = offset_status(offset, lo, hi)
-    if early is not None:
-        return early
-    return read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi,
-                      read_unit, **kw)
-
-
-def look_message_by_id(look: Callable[[int], MessageExt | None],
-                       msg_id: str) -> MessageExt | None:
-    """The message an offset msgId names (``look(offset)`` reads it); None for an id of
-    another store or a message that is gone. Raises ``ValueError`` for text that is not
-    a msgId."""
-    _, offset = decode_message_id(msg_id)
-    msg = look(offset)
-    return msg if msg is not None and msg.msg_id == msg_id.upper() else None
-
-
-# ===================================================================== shared index reads
-def time_matched(begin_ms: int, end_ms: int, begin_timestamp: int, end_timestamp: int) -> bool:
-    """``IndexFile.isTimeMatched``: ``[begin_ms, end_ms]`` overlaps the file's range."""
-    b, e = begin_timestamp, end_timestamp
-    return (begin_ms < b and end_ms > e) or b <= begin_ms <= e or b <= end_ms <= e
-
-
-def select_phy_offsets(buf, hash_slot_num: int, begin_timestamp: int, index_count: int,
-                       key_hash: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
-    """``IndexFile.select_phy_offset`` over any buffer holding an index file: candidate
-    offsets of entries hashed ``key_hash`` and stored in ``[begin_ms, end_ms]``, newest
-    first, at most ``max_num``. Never reads an entry numbered ``>= index_count`` (a slot
-    naming one is empty) and stops at the first link that does not point backwards."""
-    found: list[int] = []
-    slot_value = HASH_SLOT.unpack_from(
-        buf, INDEX_HEADER_SIZE + (key_hash % hash_slot_num) * HASH_SLOT_SIZE)[0]
-    if slot_value <= INVALID_INDEX or slot_value >= index_count or index_count <= 1:
-        return found
-    index_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
-    unpack_from = INDEX_ENTRY.unpack_from
-    next_index = slot_value
-    while len(found) < max_num:
-        key_hash_read, phy_offset_read, time_diff, prev_index = unpack_from(
-            buf, index_base + next_index * INDEX_SIZE)
-        if time_diff < 0:
-            break
-        time_read = begin_timestamp + time_diff * 1000
-        if key_hash_read == key_hash and begin_ms <= time_read <= end_ms:
-            found.append(phy_offset_read)
-        if prev_index <= INVALID_INDEX or prev_index >= next_index or time_read < begin_ms:
-            break
-        next_index = prev_index
-    return found
-
-
-def query_offset(files: Sequence, topic: str, key: str, max_num: int, begin_ms: int,
-                 end_ms: int) -> QueryOffsetResult:
-    """``IndexService.queryOffset`` over index files given oldest first (IndexFile or
-    anything with ``begin_timestamp``, ``end_timestamp``, ``end_phy_offset``,
-    ``is_time_matched`` and ``select_phy_offset``): candidates, newest file first."""
-    phy_offsets: list[int] = []
-    if not files:
-        return QueryOffsetResult(phy_offsets, 0, 0)
-    last = files[-1]
-    last_timestamp, last_phy_offset = last.end_timestamp, last.end_phy_offset
-    index_key = build_key(topic, key)
-    for f in reversed(files):
-        if f.is_time_matched(begin_ms, end_ms):
-            phy_offsets.extend(f.select_phy_offset(
-                index_key, max_num - len(phy_offsets), begin_ms, end_ms))
-        if f.begin_timestamp < begin_ms or len(phy_offsets) >= max_num:
-            break
-    return QueryOffsetResult(phy_offsets, last_timestamp, last_phy_offset)
-
-
-def query_messages(files: Sequence, look: Callable[[int], MessageExt | None],
-                   max_msgs_num_batch: int, topic: str, key: str, max_num: int,
-                   begin_ms: int, end_ms: int) -> QueryMessageResult:
-    """MessageStore's ``query_message`` over index ``files`` (oldest first), reading
-    candidates with ``look(offset)``: verified hits, deduplicated, oldest first, at most
-    ``min(max_num, max_msgs_num_batch)``."""
-    max_num = max(0, min(max_num, max_msgs_num_batch))
-    res = query_offset(files, topic, key, max_num * 4 + 16, max(0, begin_ms - 1000), end_ms)
-    found: dict[int, MessageExt] = {}
-    for phy in res.phy_offsets:
-        if len(found) >= max_num:
-            break
-        if phy in found:
-            continue
-        msg = look(phy)
-        if (msg is not None and msg.topic == topic
-                and (key in msg.keys or msg.uniq_key == key)
-                and begin_ms <= msg.store_timestamp <= end_ms):
-            found[phy] = msg
-    return QueryMessageResult([found[p] for p in sorted(found)],
-                              res.index_last_update_timestamp, res.index_last_update_phyoffset)
-
-
-# ===================================================================== views of files
 def _digit_names(directory: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(directory) if n.isdigit())
@@ -754,7 +495,7 @@ class StoreReader:
         within the bound points at a record that is not its message.
         """
         return self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
-                          min_commit_log_offset, check_unit_record, _tags_of_message)
+                          min_commit_log_offset, check_unit_record, tags_of_message)
 
     def get_raw_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                          dispatched: int, tags: Iterable[str] | None = None, *,
@@ -762,7 +503,7 @@ class StoreReader:
         """``get_message`` returning each record's bytes as the CommitLog holds them
         (checked the same way, never decoded unless ``tags`` filters)."""
         r = self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
-                       min_commit_log_offset, check_unit_raw, _tags_of_raw)
+                       min_commit_log_offset, check_unit_raw, tags_of_raw)
         return GetRawMessagesResult(r.status, r.messages, r.next_begin_offset, r.min_offset,
                                     r.max_offset)
 

@@ -501,15 +501,19 @@ def test_a_reader_in_another_process_reads_while_the_parent_writes(store, config
 
 
 # --------------------------------------------------------------------------- edges
-def test_batch_full_is_message_stores(store):
-    from storage.store_reader import batch_full
-    for size in (1, 100, 40_000, 300_000):
-        for total in (0, 10_000, 60_000, 250_000):
-            for count in (0, 1, 7, 8, 31, 32, 64):
-                for max_msgs in (1, 8, 32, 100):
-                    for in_disk in (False, True):
-                        assert batch_full(store.config, size, total, count, max_msgs, in_disk) \
-                            == store._batch_full(size, total, count, max_msgs, in_disk)
+@pytest.mark.parametrize("size,total,count,max_msgs,in_disk,full", [
+    (100, 0, 0, 1, False, False),          # the first message always fits
+    (100, 100, 1, 1, False, True),         # max_msgs reached
+    (100, 100, 31, 100, False, False),     # 32 in memory at most
+    (100, 100, 32, 100, False, True),
+    (100, 262_100, 5, 100, False, True),   # 256 KiB in memory at most
+    (100, 100, 7, 100, True, False),       # 8 from disk at most
+    (100, 100, 8, 100, True, True),
+    (100, 65_500, 2, 100, True, True),     # 64 KiB from disk at most
+])
+def test_batch_full_follows_rocketmq(store, size, total, count, max_msgs, in_disk, full):
+    from storage.read_path import batch_full
+    assert batch_full(store.config, size, total, count, max_msgs, in_disk) is full
 
 
 def test_a_given_min_offset_drops_the_files_below_it(tmp_path):

@@ -1,0 +1,261 @@
+"""The read path a message store and its read-only views share.
+
+``MessageStore`` (the embedded store, reading its own files) and ``StoreReader`` (another
+process's view, bounded by positions from shared memory) answer pulls, lookups and key
+queries with the same functions, taking what they read from as arguments:
+
+* ``get_from_queue``: RocketMQ's ``getMessage`` once the queue and its ``[lo, hi)`` are
+  known: the statuses, the batch limits (``batch_full``: fewer, smaller batches for data
+  far behind the CommitLog end), the ``MAX_SCAN_UNITS`` scan limit, tag filtering;
+* ``check_unit_record`` / ``check_unit_raw``: the record a consume-queue unit points at
+  must be that unit's message, else ``CorruptRecordError`` names the unit's file and
+  position;
+* ``query_messages``: index candidates re-read and verified (topic, key or UNIQ_KEY, store
+  time), so a hash collision never returns a wrong message;
+* ``look_message_by_id``: an offset msgId back to its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Iterable, Sequence
+
+from storage import record
+from storage.config import StoreConfig
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.errors import CorruptRecordError
+from storage.index_service import query_offset
+from storage.message import MessageExt, decode_message_id
+from storage.record import RecordFormatError, decode_at
+from storage.status import GetMessageStatus
+
+MAX_SCAN_UNITS = 16000 // CQ_STORE_UNIT_SIZE
+
+
+@dataclasses.dataclass
+class GetMessageResult:
+    status: GetMessageStatus
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclasses.dataclass
+class QueryMessageResult:
+    messages: list[MessageExt]
+    index_last_update_timestamp: int = 0
+    index_last_update_phyoffset: int = 0
+
+
+NOT_YET = object()
+"""What a unit reader returns for a unit that is still being written: the batch ends."""
+
+ReadUnit = Callable[[int, int, int, tuple[str, int]], object]
+
+
+@dataclasses.dataclass
+class GetRawMessagesResult:
+    """``get_raw_messages``: the records exactly as the CommitLog holds them."""
+
+    status: GetMessageStatus
+    records: list[bytes]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+# ===================================================================== shared read path
+def offset_status(offset: int, lo: int, hi: int) -> GetMessageResult | None:
+    """The answer of a pull at ``offset`` when it needs no read (queue empty, offset out
+    of ``[lo, hi)``), else None. ``next_begin_offset`` is RocketMQ's for each status."""
+    if hi == 0:
+        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, [], 0, lo, hi)
+    if offset < lo:
+        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+    if offset == hi:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+    if offset > hi:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, [],
+                                lo if lo == 0 else hi, lo, hi)
+    return None
+
+
+def batch_full(config: StoreConfig, size: int, total_bytes: int, count: int, max_msgs: int,
+               in_disk: bool) -> bool:
+    """``isTheBatchFull``: count and byte limits, tighter for data not in memory."""
+    if count == 0:
+        return False
+    if count >= max_msgs:
+        return True
+    if in_disk:
+        return (total_bytes + size > config.max_transfer_bytes_on_message_in_disk
+                or count > config.max_transfer_count_on_message_in_disk - 1)
+    return (total_bytes + size > config.max_transfer_bytes_on_message_in_memory
+            or count > config.max_transfer_count_on_message_in_memory - 1)
+
+
+def memory_limit_bytes(config: StoreConfig) -> int:
+    """Messages further than this behind the CommitLog end count as "in disk"."""
+    return total_physical_memory() * config.access_message_in_memory_max_ratio // 100
+
+
+def _unit_mismatch(index: int, phy: int, size: int, topic: str, queue_id: int,
+                   got: tuple[str, int, int, int, int]) -> str | None:
+    got_topic, got_queue_id, got_queue_offset, got_phy, got_size = got
+    if (got_size != size or got_phy != phy or got_topic != topic or got_queue_id != queue_id
+            or got_queue_offset != index):
+        return (f"unit {index} points at commitlog offset {phy}, which holds "
+                f"{got_topic}/{got_queue_id}@{got_queue_offset} (size {got_size}, "
+                f"PHYSICALOFFSET {got_phy})")
+    return None
+
+
+def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, size: int,
+                      where: tuple[str, int]) -> MessageExt:
+    """Decode the record unit ``index`` of ``topic``/``queue_id`` points at (``data`` is
+    its ``size`` bytes read at ``phy``) and check it is that unit's message.
+
+    Raises ``CorruptRecordError`` naming ``where`` (the unit's file and position) when
+    the bytes are not a record or are another message.
+    """
+    path, pos = where
+    try:
+        msg = decode_at(data, 0)
+    except RecordFormatError as e:
+        raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
+    detail = _unit_mismatch(index, phy, size, topic, queue_id,
+                            (msg.topic, msg.queue_id, msg.queue_offset, msg.commit_log_offset,
+                             msg.store_size))
+    if detail:
+        raise CorruptRecordError(path, pos, detail)
+    return msg
+
+
+def check_unit_raw(data, topic: str, queue_id: int, index: int, phy: int, size: int,
+                   where: tuple[str, int]) -> bytes:
+    """``check_unit_record`` without building a MessageExt: the record's own checks
+    (``record.check_message_and_return_size``) and the unit's; returns ``bytes(data)``."""
+    path, pos = where
+    req = record.check_message_and_return_size(data, 0, len(data), phy, False)
+    if not req.success or req.msg_size <= 0:
+        raise CorruptRecordError(path, pos, f"unit {index} points at commitlog offset {phy}, "
+                                 "which does not hold a whole record")
+    detail = _unit_mismatch(index, phy, size, topic, queue_id,
+                            (req.topic, req.queue_id, req.consume_queue_offset,
+                             req.commit_log_offset, req.msg_size))
+    if detail:
+        raise CorruptRecordError(path, pos, detail)
+    return bytes(data)
+
+
+def tags_of_message(msg: MessageExt) -> str | None:
+    return msg.tags
+
+
+def tags_of_raw(data: bytes) -> str | None:
+    return decode_at(data, 0).tags
+
+
+def read_queue(cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str], lo: int,
+               hi: int, read_unit: ReadUnit, *, config: StoreConfig, max_phy: int,
+               memory_limit: int, roll_next_file: Callable[[int], int],
+               tags_of: Callable[[object], str | None] = tags_of_message) -> GetMessageResult:
+    """MessageStore's ``_read_queue``: up to ``max_msgs`` messages from unit ``offset``
+    (``lo <= offset < hi``), within one consume queue file and ``MAX_SCAN_UNITS`` units.
+
+    ``read_unit(index, phy, size, (path, pos))`` returns the message (checked), None
+    when its CommitLog data is gone, or ``NOT_YET`` to end the batch there. ``tags``
+    keeps only messages whose TAGS is one of them (empty: all).
+    """
+    found = cq.get_index_buffer(offset)
+    if found is None:
+        return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, [],
+                                cq.roll_next_file(offset), lo, hi)
+    mf, pos, limit = found
+    buf, path = mf.buf, mf.path
+    messages: list = []
+    status = GetMessageStatus.NO_MATCHED_MESSAGE
+    total_bytes = 0
+    next_phy_file_start = -1
+    index = offset
+    end = min(limit, pos + max(MAX_SCAN_UNITS, max_msgs) * CQ_STORE_UNIT_SIZE)
+    for p in range(pos, end, CQ_STORE_UNIT_SIZE):
+        phy, size, _ = CQ_UNIT.unpack_from(buf, p)
+        if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
+            index += 1
+            continue
+        if batch_full(config, size, total_bytes, len(messages), max_msgs,
+                      max_phy - phy > memory_limit):
+            break
+        msg = read_unit(index, phy, size, (path, p))
+        if msg is NOT_YET:
+            break
+        if msg is None:
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING if not messages else status
+            next_phy_file_start = roll_next_file(phy)
+            index += 1
+            continue
+        index += 1
+        if tags and tags_of(msg) not in tags:
+            continue
+        messages.append(msg)
+        total_bytes += size
+        status = GetMessageStatus.FOUND
+    return GetMessageResult(status, messages, index, lo, hi)
+
+
+def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
+                   tags: Iterable[str] | None, lo: int, hi: int, read_unit: ReadUnit,
+                   **kw) -> GetMessageResult:
+    """MessageStore's ``get_message`` once the queue and its ``[lo, hi)`` are known;
+    ``kw`` are ``read_queue``'s keyword arguments."""
+    early = offset_status(offset, lo, hi)
+    if early is not None:
+        return early
+    return read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi,
+                      read_unit, **kw)
+
+
+def look_message_by_id(look: Callable[[int], MessageExt | None],
+                       msg_id: str) -> MessageExt | None:
+    """The message an offset msgId names (``look(offset)`` reads it); None for an id of
+    another store or a message that is gone. Raises ``ValueError`` for text that is not
+    a msgId."""
+    _, offset = decode_message_id(msg_id)
+    msg = look(offset)
+    return msg if msg is not None and msg.msg_id == msg_id.upper() else None
+
+
+def query_messages(files: Sequence, look: Callable[[int], MessageExt | None],
+                   max_msgs_num_batch: int, topic: str, key: str, max_num: int,
+                   begin_ms: int, end_ms: int) -> QueryMessageResult:
+    """MessageStore's ``query_message`` over index ``files`` (oldest first), reading
+    candidates with ``look(offset)``: verified hits, deduplicated, oldest first, at most
+    ``min(max_num, max_msgs_num_batch)``."""
+    max_num = max(0, min(max_num, max_msgs_num_batch))
+    res = query_offset(files, topic, key, max_num * 4 + 16, max(0, begin_ms - 1000), end_ms)
+    found: dict[int, MessageExt] = {}
+    for phy in res.phy_offsets:
+        if len(found) >= max_num:
+            break
+        if phy in found:
+            continue
+        msg = look(phy)
+        if (msg is not None and msg.topic == topic
+                and (key in msg.keys or msg.uniq_key == key)
+                and begin_ms <= msg.store_timestamp <= end_ms):
+            found[phy] = msg
+    return QueryMessageResult([found[p] for p in sorted(found)],
+                              res.index_last_update_timestamp, res.index_last_update_phyoffset)
+
+
+# ===================================================================== views of files
+
+
+def total_physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
