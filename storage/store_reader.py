@@ -79,7 +79,6 @@ from the bound of the call in progress).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import mmap
 import os
