@@ -99,6 +99,7 @@ class Producer:
         self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms)
         self.window = window
         self._in_flight: list[int] = []
+        self._done: dict[int, list[protocol.SendResult] | Exception] = {}
 
     def send(self, topic: str, body: bytes, tags: str | None = None,
              keys: Sequence[str] | None = None, properties: dict[str, str] | None = None,
@@ -110,18 +111,33 @@ class Producer:
         return self.send_batch([msg])[0]
 
     def send_batch(self, messages: Sequence[Message]) -> list[protocol.SendResult]:
-        """Send messages in one frame; one result each, in order."""
+        """Send messages in one frame; one result each, in order. A message's
+        ``queue_id`` is honoured; set it to None to let the store choose."""
         return self.send_async(messages).result()
 
     def send_async(self, messages: Sequence[Message]) -> "PendingSend":
         """Send without waiting; at most ``window`` batches stay unanswered (older
         ones are waited for first). ``result()`` on the returned handle waits."""
         while len(self._in_flight) >= self.window:
-            self._complete(self._in_flight[0])
+            self._settle(self._in_flight[0])
         request_id = self._dealer.next_id()
         self._dealer.send(protocol.encode_send(request_id, list(messages)))
         self._in_flight.append(request_id)
         return PendingSend(self, request_id)
+
+    def _settle(self, request_id: int) -> None:
+        """Wait for one batch and keep its outcome for its handle's ``result()``."""
+        try:
+            self._done[request_id] = self._complete(request_id)
+        except ClientError as e:
+            self._done[request_id] = e
+
+    def _result(self, request_id: int) -> list[protocol.SendResult]:
+        outcome = self._done.pop(request_id) if request_id in self._done \
+            else self._complete(request_id)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _complete(self, request_id: int) -> list[protocol.SendResult]:
         try:
@@ -133,9 +149,9 @@ class Producer:
         return protocol.decode_send_reply(frame)[1]
 
     def flush(self) -> None:
-        """Wait for every batch in flight."""
+        """Wait for every batch in flight (their handles still give their results)."""
         for request_id in list(self._in_flight):
-            self._complete(request_id)
+            self._settle(request_id)
 
     def close(self) -> None:
         self._dealer.close()
@@ -154,7 +170,7 @@ class PendingSend:
 
     def result(self) -> list[protocol.SendResult]:
         if self._results is None:
-            self._results = self._producer._complete(self.request_id)
+            self._results = self._producer._result(self.request_id)
         return self._results
 
 

@@ -196,6 +196,7 @@ class FlusherService(Service):
             os.close(self.fds.pop(file_offset))
 
     def _fail(self, e: OSError, what: str) -> None:
+        """Set FLUSH_ERROR (the flusher process only) and stop flushing for good."""
         code = e.errno or errno.EIO
         self.table.set(Slot.FLUSH_ERROR, code)
         self.failed = True

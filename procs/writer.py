@@ -218,6 +218,8 @@ class WriterService(Service):
 
     # ================================================================== requests
     def _serve(self, frames: list[tuple[list, bytes]]) -> None:
+        """One batch: validate and encode every request, one append, then WRITTEN and
+        LAST_STORE_TS (``publish_written``: the writer process only), APPENDED, replies."""
         refusal = self._refusal()
         now = max(now_ms(), self.last_store_ts)
         batch: list[EncodedMessage] = []

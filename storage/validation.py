@@ -25,6 +25,7 @@ and are stored with the v2 record layout.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -100,10 +101,16 @@ def _check_born_host(msg: Message) -> str | None:
     if not (isinstance(host, tuple) and len(host) == 2 and isinstance(host[0], str)
             and isinstance(host[1], int) and 0 <= host[1] <= 65535):
         return f"born_host {host!r} must be an (ip, port) pair"
+    return _check_address(host[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_address(address: str) -> str | None:
+    """Parsing an address costs more than the rest of a put: hosts repeat, so cache."""
     try:
-        ipaddress.ip_address(host[0])
+        ipaddress.ip_address(address)
     except ValueError:
-        return f"born_host address {host[0]!r} is not an IPv4 or IPv6 address"
+        return f"born_host address {address!r} is not an IPv4 or IPv6 address"
     return None
 
 

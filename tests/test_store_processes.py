@@ -268,3 +268,13 @@ def test_manual_clean_deletes_expired_files_of_a_running_store(tmp_path):
             got = c.poll(5000, 2000)
         assert got and all(m.commit_log_offset >= rs.slot(Slot.MIN_OFFSET) for m in got)
         assert rs.stop() == 0, rs.log()
+
+
+def test_send_async_keeps_results_past_its_window(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir, window=2) as p:
+            handles = [p.send_async([Message(topic=TOPIC, body=f"{i}".encode(), queue_id=None)])
+                       for i in range(6)]
+            results = [h.result()[0] for h in handles]
+        assert all(r.ok for r in results)
+        assert len({r.msg_id for r in results}) == 6
