@@ -56,3 +56,13 @@ def crash(s: MessageStore) -> None:
     nothing closed cleanly (the lock goes with the descriptor)."""
     s._lock_file.release()
     s._state = "crashed"
+
+
+def destroy_context(context) -> None:
+    """Close a ZeroMQ context's sockets at once and end it; a term() that does not
+    return within 5 s (seen once under a loaded machine) is left to the daemon thread
+    instead of hanging the test run."""
+    import threading
+    worker = threading.Thread(target=context.destroy, kwargs={"linger": 0}, daemon=True)
+    worker.start()
+    worker.join(5)

@@ -43,7 +43,7 @@ import zmq
 import procs.cleaner
 import procs.service
 import refcodec
-from conftest import msg, small_config
+from conftest import destroy_context, msg, small_config
 from procs.cleaner import Cleaner, clean_now_path
 from procs.recovery import recover_and_publish
 from shm.bus import (
@@ -207,7 +207,7 @@ class Env:
             p.join(DEADLINE_S)
         self.waiter.close()
         self.appender.bus.close()
-        self.context.destroy(linger=0)
+        destroy_context(self.context)
         self.appender.close()
         self.table.close()
         self.table.unlink()

@@ -43,7 +43,7 @@ import multiprocess
 import pytest
 import zmq
 
-from conftest import small_config
+from conftest import destroy_context, small_config
 from procs import protocol, recovery
 from procs.flusher import FlusherService
 from procs.protocol import ErrorCode, Kind
@@ -229,7 +229,7 @@ class RunningStore:
             p.join(DEADLINE_S)
         self.procs.clear()
         self.release()
-        self.context.destroy(linger=0)
+        destroy_context(self.context)
         rundir = bus.run_dir(self.root)
         if rundir.startswith("/tmp/rocketstore-"):
             shutil.rmtree(rundir, ignore_errors=True)
@@ -677,7 +677,7 @@ class InProcessFlusher:
 
     def close(self) -> None:
         self.service.teardown()
-        self.context.destroy(linger=0)
+        destroy_context(self.context)
         self.table.close()
         self.table.unlink()
         self.recovered.lock.release()
@@ -766,7 +766,7 @@ class InProcessWriter:
             return
         self.closed = True
         self.service.teardown()
-        self.context.destroy(linger=0)
+        destroy_context(self.context)
         self.table.close()
         self.table.unlink()
         self.recovered.lock.release()
