@@ -29,7 +29,7 @@ import uuid
 import zmq
 
 from shm import bus
-from shm.positions import PositionTable, Slot
+from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
 from storage.message import MessageExt
@@ -146,7 +146,10 @@ class Consumer:
         if now < self._next_rebalance:
             return
         self._next_rebalance = now + self.rebalance_interval_ms / 1000
+        self._follow_restart()
         members = self._member.live_members()
+        if self._member.name not in members:
+            members = sorted(members + [self._member.name])
         me = members.index(self._member.name)
         queues = sorted(set(range(self.config.default_topic_queue_nums))
                         | set(self.reader.topics().get(self.topic, [])))
@@ -155,6 +158,20 @@ class Consumer:
             for q in set(self._assigned) - set(assigned):
                 self._offsets.pop(q, None)  # another member continues from the commit
             self._assigned = assigned
+
+    def _follow_restart(self) -> None:
+        """A restarted store has a new position table (and maybe files recovery cut and
+        created again): map both afresh. Offsets stay: they are logical."""
+        try:
+            fresh = PositionTable.attach(self.store_dir)
+        except PositionTableError:
+            return  # not running now: keep the last view until it is
+        if fresh.get(Slot.GENERATION) == self.table.get(Slot.GENERATION):
+            fresh.close()
+            return
+        self.table.close()
+        self.table = fresh
+        self.reader.reopen()
 
     def close(self) -> None:
         """Commit, leave the group, release everything."""
@@ -204,19 +221,27 @@ class _Membership:
         os.makedirs(self.dir, exist_ok=True)
         self.name = f"{os.getpid():08d}-{uuid.uuid4().hex[:8]}"
         self.path = os.path.join(self.dir, self.name)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Locked before it appears under its name, so no member can take it for dead.
+        tmp = os.path.join(self.dir, f".{self.name}.new")
+        self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(tmp, self.path)
 
     def live_members(self) -> list[str]:
         live = []
         for name in sorted(os.listdir(self.dir)):
+            if name.startswith("."):
+                continue  # a member being born
             if name == self.name or _held(os.path.join(self.dir, name)):
                 live.append(name)
         return live
 
     def leave(self) -> None:
         if self._fd >= 0:
-            os.unlink(self.path)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
             os.close(self._fd)
             self._fd = -1
 
@@ -230,9 +255,8 @@ def _held(path: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        os.close(fd)
         return True
-    finally:
-        pass
     try:
         os.unlink(path)
     except FileNotFoundError:

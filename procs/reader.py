@@ -6,10 +6,11 @@ A ROUTER at ``ipc://{run}/reader.sock`` answers PULL and QUERY frames
 message a crash could take back under SYNC_FLUSH). Records travel as the raw CommitLog
 bytes; the client decodes them.
 
-Long polling: a PULL that finds nothing new and carries ``timeout_ms`` > 0 is parked
-until the dispatcher announces an ARRIVAL on its queue or the budget runs out; it is
-then answered with whatever the queue holds (``OFFSET_OVERFLOW_ONE`` when still
-nothing). Bad frames get an ERROR reply and the reader keeps serving.
+Long polling: a PULL that finds nothing new and carries ``timeout_ms`` > 0 is parked;
+every ARRIVAL the dispatcher announces, and every turn, retries the parked pulls, and
+one whose budget ran out is answered with whatever its queue holds
+(``OFFSET_OVERFLOW_ONE`` when still nothing). Every read stops at DISPATCHED. Bad frames
+get an ERROR reply and the reader keeps serving.
 
 Restart: it holds nothing but mappings and parked requests; a restarted reader maps the
 files afresh and clients whose requests were parked time out and ask again.
@@ -107,8 +108,10 @@ class ReaderService(Service):
 
     # ------------------------------------------------------------------ query
     def _query(self, req: protocol.QueryRequest) -> bytes:
-        written = self.table.read_written()[0]
+        # Every read stops at DISPATCHED (<= FLUSHED under SYNC_FLUSH): a query never
+        # shows a message a consumer could not see, nor one a crash could take back.
         dispatched = self.table.get(Slot.DISPATCHED)
+        written = dispatched
         if req.mode == protocol.QueryMode.BY_KEY:
             found = self.reader.query_message(req.topic, req.key, req.max_num, req.begin_ms,
                                               req.end_ms, dispatched)
@@ -127,11 +130,13 @@ class ReaderService(Service):
         return protocol.encode_query_reply(req.request_id, [r for r in records if r])
 
     def _reply(self, identity: bytes, frame: bytes) -> None:
+        """Send without blocking: a peer that left, or that stopped reading, loses its
+        reply and never holds up the others."""
         try:
-            self.socket.send_multipart((identity, frame))
+            self.socket.send_multipart((identity, frame), zmq.NOBLOCK)
         except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise  # a peer that left is not an error; anything else is
+            if e.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
 
     def teardown(self) -> None:
         for identity, req, _ in self.parked:

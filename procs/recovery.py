@@ -9,7 +9,7 @@ and fills it from the recovered files:
 
     WRITTEN = FLUSHED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the checkpoint's
     physic time; MIN_OFFSET = the first CommitLog byte on disk; FLUSH_DISK_TYPE from the
-    configuration; STATE = STARTING; GENERATION = the previous one + 1.
+    configuration; STATE = STARTING; GENERATION = the start time in ms (unique per start).
 
 Everything in shared memory is rebuilt from the files; nothing there survives a crash.
 """
@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 
-from shm.positions import PositionTable, Slot, StoreState
+from shm.positions import PositionTable, Slot, StoreState, now_ms
 from storage import MessageStore, StoreConfig
 from storage.store_lock import StoreLock
 
@@ -57,7 +57,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         lock.release()
         raise
     table.set(Slot.SUPERVISOR_PID, os.getpid())
-    table.set(Slot.GENERATION, table.get(Slot.GENERATION) + 1)
+    table.set(Slot.GENERATION, now_ms())  # unique per start: clients notice a restart
     table.set(Slot.FLUSH_DISK_TYPE, 1 if config.sync_flush else 0)
     table.publish_written(written, physic_ts)
     table.set(Slot.FLUSHED, written)

@@ -6,8 +6,9 @@ or mapping is inherited across a fork). Then:
 
 1. it asks the kernel to kill it when the supervisor dies (``PR_SET_PDEATHSIG``), and
    exits at once if the supervisor is already gone;
-2. SIGTERM and SIGINT only set ``stopping``; the loop finishes its turn and the service
-   tears down cleanly (flushes, replies, closes);
+2. SIGTERM only sets ``stopping``; the loop finishes its turn and the service tears
+   down cleanly (flushes, replies, closes). SIGINT is ignored: a terminal's Ctrl-C
+   reaches the whole group, and the supervisor turns it into an ordered stop;
 3. it attaches the position table, builds its ZeroMQ context, and calls ``setup``;
 4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
    ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
@@ -104,5 +105,7 @@ def run_service(module: str, store_dir: str, config: dict) -> None:
     configure_logging(store_dir, service_class.name)
     service = service_class(store_dir, StoreConfig(**config))
     signal.signal(signal.SIGTERM, service.request_stop)
-    signal.signal(signal.SIGINT, service.request_stop)
+    # Ctrl-C reaches the whole process group: only the supervisor acts on it, stopping
+    # the processes one by one in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     service.serve()

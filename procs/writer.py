@@ -153,7 +153,7 @@ class WriterService(Service):
         cl = CommitLog(cfg)
         cl.load()
         mfq = cl.mapped_file_queue
-        mfq.truncate_dirty_files(written)
+        mfq.truncate_dirty_files(written, keep_files=True)  # others may map these files
         if mfq.get_max_wrote_position() != written:
             raise StoreFileError(cfg.commit_log_dir, f"the files end at "
                                  f"{mfq.get_max_wrote_position()}, WRITTEN is {written}")

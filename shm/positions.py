@@ -11,7 +11,7 @@ it at a clean stop.
     --------------  -----------  -----  ---------  ------------------------------------------
     MAGIC           supervisor   -      -          0x52534D50_4F530001 once initialised
     SUPERVISOR_PID  supervisor   pid    -          the running supervisor
-    GENERATION      supervisor   count  yes        bumped at each supervisor start
+    GENERATION      supervisor   ms     yes        the supervisor's start time: new at each start
     STATE           supervisor   enum   -          StoreState: STARTING, RUNNING, STOPPING
     FLUSH_DISK_TYPE supervisor   enum   -          0 ASYNC_FLUSH, 1 SYNC_FLUSH
     WRITTEN_SEQ     writer       count  yes        seqlock over WRITTEN + LAST_STORE_TS: odd

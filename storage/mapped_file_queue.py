@@ -253,7 +253,8 @@ class MappedFileQueue:
                              f"short of {target}")
 
     # ------------------------------------------------------------------ truncation
-    def truncate_dirty_files(self, offset: int, quarantine_dir: str | None = None) -> None:
+    def truncate_dirty_files(self, offset: int, quarantine_dir: str | None = None, *,
+                             keep_files: bool = False) -> None:
         """Cut the queue back to ``offset``: the file holding it is reset and zeroed past
         it; every later file goes, except a never-written file right after it (the
         preallocated next file), which is only closed and stays on disk for later use.
@@ -261,6 +262,10 @@ class MappedFileQueue:
         With ``quarantine_dir``, nothing that holds data is destroyed: the non-zero bytes
         cut from the holding file are copied there first, and later files that hold data
         are moved there instead of unlinked.
+
+        With ``keep_files`` (a process restarting while others run and may have these
+        files mapped), later files are zeroed in place and closed, never unlinked: a file
+        created again under the same name would leave the others reading the old inode.
         """
         remove = []
         holder = None
@@ -279,7 +284,11 @@ class MappedFileQueue:
             never_written = not mf.may_hold_data()
             next_to_holder = holder is not None and \
                 mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
-            if never_written and next_to_holder:
+            if keep_files:
+                if not never_written:
+                    mf.zero_tail(0)
+                mf.close()
+            elif never_written and next_to_holder:
                 mf.close()
             elif quarantine_dir and not never_written:
                 _quarantine_file(mf, quarantine_dir)

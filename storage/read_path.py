@@ -214,7 +214,8 @@ def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
     early = offset_status(offset, lo, hi)
     if early is not None:
         return early
-    return read_queue(cq, offset, max(1, max_msgs), set(tags or ()) - {"*"}, lo, hi,
+    wanted = {tags} if isinstance(tags, str) else set(tags or ())
+    return read_queue(cq, offset, max(1, max_msgs), wanted - {"*"}, lo, hi,
                       read_unit, **kw)
 
 

@@ -652,3 +652,25 @@ def test_refresh_maps_new_files_and_drops_deleted_ones(tmp_path):
     finally:
         reader.close()
         writer.close()
+
+
+def test_truncate_keeping_files_zeroes_later_files_in_place(tmp_path):
+    """A restarting writer must not unlink files other processes map: the next file
+    is zeroed and closed, keeping its inode, and comes back when the log reaches it."""
+    q = MappedFileQueue(str(tmp_path), SIZE)
+    first = q.get_or_create_last_mapped_file(0)
+    fill(first)
+    second = q.get_or_create_last_mapped_file(0)
+    assert second.append(b"\x07" * 100)
+    inode = os.stat(second.path).st_ino
+    q.truncate_dirty_files(SIZE - 500, keep_files=True)
+    try:
+        assert [m.file_from_offset for m in q.mapped_files] == [0]
+        assert os.stat(path_of(tmp_path, SIZE)).st_ino == inode
+        with open(path_of(tmp_path, SIZE), "rb") as f:
+            assert f.read() == bytes(SIZE)
+        fill(q.mapped_files[0])
+        again = q.get_or_create_last_mapped_file(0)
+        assert os.stat(again.path).st_ino == inode
+    finally:
+        q.close()

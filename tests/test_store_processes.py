@@ -136,6 +136,9 @@ def test_sync_flush_never_shows_an_unflushed_message(tmp_path):
                 assert rs.slot(Slot.DISPATCHED) <= rs.slot(Slot.FLUSHED) < rs.slot(Slot.WRITTEN)
                 with Consumer(rs.store_dir, "g", TOPIC) as c:
                     assert [m.body for m in c.poll(10, 500)] == [b"before"]
+                with ReaderClient(rs.store_dir) as reader:  # nor does a query
+                    assert reader.query_by_msg_id(r.msg_id) == []
+                    assert reader.query_by_offset(r.commit_log_offset) == []
             finally:
                 os.kill(flusher, signal.SIGCONT)
         wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="catch-up")
@@ -278,3 +281,26 @@ def test_send_async_keeps_results_past_its_window(tmp_path):
             results = [h.result()[0] for h in handles]
         assert all(r.ok for r in results)
         assert len({r.msg_id for r in results}) == 6
+
+
+def test_consumer_tag_filter_and_a_store_restart(tmp_path):
+    rs = RunningStore(tmp_path)
+    with rs:
+        with Producer(rs.store_dir) as p:
+            p.send_batch([Message(topic=TOPIC, body=f"{i}".encode(), tags=("A", "B")[i % 2],
+                                  queue_id=0) for i in range(10)])
+        c = Consumer(rs.store_dir, "tagged", TOPIC, tags="A", rebalance_interval_ms=100)
+        try:
+            got = c.poll(100, 2000)
+            assert [m.body for m in got] == [b"0", b"2", b"4", b"6", b"8"]
+            assert rs.stop() == 0, rs.log()
+            rs.start()
+            with Producer(rs.store_dir) as p:
+                p.send(TOPIC, b"10", tags="A", queue_id=0)
+            later = []
+            deadline = time.monotonic() + 30
+            while not later and time.monotonic() < deadline:
+                later = c.poll(10, 500)
+            assert [m.body for m in later] == [b"10"]
+        finally:
+            c.close()
