@@ -58,6 +58,7 @@ from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, now_ms
 from storage.checkpoint import StoreCheckpoint
+from storage.errors import errno_text
 from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class FlusherService(Service):
         self.failed = self.table.get(Slot.FLUSH_ERROR) != 0
         if self.failed:
             log.critical("FLUSH_ERROR is set (%s): this flusher will not flush; restart the "
-                         "store", _errno_text(self.table.get(Slot.FLUSH_ERROR)))
+                         "store", errno_text(self.table.get(Slot.FLUSH_ERROR)))
 
     def teardown(self) -> None:
         if not self.failed:
@@ -202,11 +203,7 @@ class FlusherService(Service):
         self.failed = True
         log.critical("%s FAILED (%s): FLUSHED stays at %d, the writer refuses puts; the "
                      "store must be restarted (and recovered from its files)", what,
-                     _errno_text(code), self.table.get(Slot.FLUSHED))
-
-
-def _errno_text(code: int) -> str:
-    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"
+                     errno_text(code), self.table.get(Slot.FLUSHED))
 
 
 SERVICE = FlusherService

@@ -64,7 +64,6 @@ Only the last CommitLog file stays mapped after setup: the writer appends, never
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import time
@@ -77,7 +76,7 @@ from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
-from storage.errors import StoreFileError
+from storage.errors import StoreFileError, errno_text
 from storage.mapped_file import file_may_hold_data
 from storage.status import AppendMessageStatus, PutMessageStatus
 from storage.topic_queue_table import rebuild
@@ -225,10 +224,8 @@ class WriterService(Service):
         batch: list[EncodedMessage] = []
         accepted: list[_Request] = []
         for envelope, frame in frames:
-            try:
-                send = protocol.decode_send(frame)
-            except ProtocolError as e:
-                self._send(envelope, _error_frame(e, frame))
+            send = self._decode(envelope, frame)
+            if send is None:
                 continue
             req = _Request(envelope, send.request_id, len(send.messages))
             if refusal is not None:
@@ -346,7 +343,7 @@ class WriterService(Service):
             if req.end <= flushed:
                 pass
             elif flush_error:
-                _time_out(req, f"commitlog flush failed: {_errno_text(flush_error)}")
+                _time_out(req, f"commitlog flush failed: {errno_text(flush_error)}")
             elif final or req.deadline_ms <= now:
                 _time_out(req, f"not flushed within sync_flush_timeout "
                                f"{self.config.sync_flush_timeout} ms")
@@ -355,14 +352,20 @@ class WriterService(Service):
             parked.popleft()
             self._reply(req)
 
+    def _decode(self, envelope: list, frame: bytes) -> protocol.SendRequest | None:
+        """The SEND request in ``frame``; None after answering a bad frame with ERROR."""
+        try:
+            return protocol.decode_send(frame)
+        except ProtocolError as e:
+            self._send(envelope, _error_frame(e, frame))
+            return None
+
     def _refuse_queued(self, reason: str) -> None:
         """Answer every request still queued on the socket with SERVICE_NOT_AVAILABLE."""
         refusal = PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
         for envelope, frame in self._drain():
-            try:
-                send = protocol.decode_send(frame)
-            except ProtocolError as e:
-                self._send(envelope, _error_frame(e, frame))
+            send = self._decode(envelope, frame)
+            if send is None:
                 continue
             req = _Request(envelope, send.request_id, len(send.messages))
             req.results = [refusal] * len(send.messages)
@@ -375,7 +378,7 @@ class WriterService(Service):
         flush_error = table.get(Slot.FLUSH_ERROR)
         state = table.get(Slot.STATE)
         if flush_error:
-            reason = (f"commitlog flush failed ({_errno_text(flush_error)}): the store "
+            reason = (f"commitlog flush failed ({errno_text(flush_error)}): the store "
                       "refuses writes until it is restarted")
         elif table.get(Slot.DISK_FULL):
             reason = "disk full: the store refuses writes until space is freed"
@@ -432,10 +435,6 @@ def _time_out(req: _Request, reason: str) -> None:
             results[i] = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.msg_id,
                                           r.wrote_offset, r.wrote_bytes, r.queue_id,
                                           r.queue_offset, r.store_timestamp, reason)
-
-
-def _errno_text(code: int) -> str:
-    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"
 
 
 def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:

@@ -13,6 +13,9 @@ opened, a configuration that cannot work. Every message names the file and the o
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class StoreError(Exception):
     """Base of every fault the store raises."""
@@ -40,3 +43,8 @@ class StoreConfigError(StoreError):
 
 class StoreClosedError(StoreError):
     """The store (or one of its files) was used after it was closed."""
+
+
+def errno_text(code: int) -> str:
+    """``EIO: Input/output error`` for an errno."""
+    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"

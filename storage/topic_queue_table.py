@@ -46,14 +46,13 @@ import os
 from storage import record
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, CQ_UNIT
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
 from storage.errors import CorruptRecordError
 from storage.message import is_consumable
 from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
-BLANK_UNIT_SIZE = 0x7FFFFFFF
 TopicQueueTable = dict[tuple[str, int], int]
 
 
