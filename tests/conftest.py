@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from storage import Message, MessageStore, StoreConfig  # noqa: E402
+from storage import GetMessageStatus, Message, MessageStore, StoreConfig  # noqa: E402
 
 SMALL = dict(mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=20 * 32,
              max_hash_slot_num=64, max_index_num=256, flush_interval_commit_log=0,
@@ -66,3 +66,17 @@ def destroy_context(context) -> None:
     worker = threading.Thread(target=context.destroy, kwargs={"linger": 0}, daemon=True)
     worker.start()
     worker.join(5)
+
+
+def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
+    """Every message of a queue through ``get_message``, from offset 0."""
+    out, offset = [], 0
+    while True:
+        r = store.get_message("g", topic, queue_id, offset, 32)
+        if r.status is not GetMessageStatus.FOUND:
+            assert r.status in (GetMessageStatus.OFFSET_OVERFLOW_ONE,
+                                GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+                                GetMessageStatus.NO_MATCHED_LOGIC_QUEUE), (topic, queue_id, r)
+            return out
+        out += r.messages
+        offset = r.next_begin_offset

@@ -33,6 +33,7 @@ import pytest
 
 from crash_writer import (
     KILL_QUEUES, PAUSES, body_hash, parse_body, writer_config, writer_message)
+from conftest import read_queue
 from storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,19 +154,6 @@ def run_and_kill(root: str, seed: int, count: int, *, flush: str = "ASYNC_FLUSH"
 
 # ============================================================================ the checks
 Model = dict  # (topic, queue id) -> [(msg_id, sha1 of body)], what the store must still hold
-
-
-def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
-    out, offset = [], 0
-    while True:
-        r = store.get_message("g", topic, queue_id, offset, 32)
-        if r.status is not GetMessageStatus.FOUND:
-            assert r.status in (GetMessageStatus.OFFSET_OVERFLOW_ONE,
-                                GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-                                GetMessageStatus.NO_MATCHED_LOGIC_QUEUE), (topic, queue_id, r)
-            return out
-        out += r.messages
-        offset = r.next_begin_offset
 
 
 def verify_after_kill(store: MessageStore, model: Model, rounds: list[Round],

@@ -45,7 +45,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import refcodec
-from conftest import crash, msg, reopen, small_config
+from conftest import crash, msg, read_queue, reopen, small_config
 from storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreConfig, StoreFileError)
 
@@ -264,20 +264,6 @@ def index_entries_on_disk(cfg: StoreConfig) -> list[tuple[str, int, int]]:
         decoded = refcodec.decode_index_file(data, cfg.max_hash_slot_num, cfg.max_index_num)
         out += [(name, key_hash, phy) for _, key_hash, phy, _, _ in decoded["entries"]]
     return out
-
-
-def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
-    """Every message of a queue through ``get_message``, from offset 0."""
-    out, offset = [], 0
-    while True:
-        r = store.get_message("g", topic, queue_id, offset, 32)
-        if r.status is not GetMessageStatus.FOUND:
-            assert r.status in (GetMessageStatus.OFFSET_OVERFLOW_ONE,
-                                GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-                                GetMessageStatus.NO_MATCHED_LOGIC_QUEUE), (topic, queue_id, r)
-            return out
-        out += r.messages
-        offset = r.next_begin_offset
 
 
 def by_queue(recs: Iterable[Rec]) -> dict[tuple[str, int], list[Rec]]:

@@ -649,38 +649,55 @@ def test_rebuild_matches_the_stores_table(tmp_path, dispatch_fraction):
         store.close()
 
 
-# ============================================================================ the flusher
-class InProcessFlusher:
-    """The flusher's code in this process (so FILE_OPS can be replaced), on a store
-    whose position table says [0, WRITTEN) still needs flushing."""
+# ============================================================================ in process
+class InProcessService:
+    """A service's code in this process (so FILE_OPS can be replaced) on a recovered
+    store whose position table it shares; ``close`` tears it all down."""
 
-    def __init__(self, tmp_path):
-        self.config = small_config(tmp_path / "store")
-        preload(self.config, preload_messages(120))
-        self.recovered = recovery.recover_and_publish(self.config)
+    def __init__(self, config):
+        self.config = config
+        self.recovered = recovery.recover_and_publish(config)
         self.table = self.recovered.table
-        self.written, self.store_ts = self.table.read_written()
-        self.table.set(Slot.FLUSHED, 0)     # standing in for a run that never flushed
         self.context = zmq.Context()
-        self.service = self.make()
+        self.closed = False
 
-    def make(self) -> FlusherService:
-        svc = FlusherService(self.config.store_path_root_dir, self.config)
+    def start(self, service_class):
+        svc = service_class(self.config.store_path_root_dir, self.config)
         svc.table = self.table
         svc.context = self.context
         svc.setup()
         return svc
 
-    def physic_ts(self) -> int:
-        return StoreCheckpoint(os.path.join(self.config.store_path_root_dir, "checkpoint"),
-                               read_only=True).physic_msg_timestamp
-
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.service.teardown()
         destroy_context(self.context)
         self.table.close()
         self.table.unlink()
         self.recovered.lock.release()
+
+
+# ============================================================================ the flusher
+class InProcessFlusher(InProcessService):
+    """The flusher on a store whose position table says [0, WRITTEN) still needs
+    flushing."""
+
+    def __init__(self, tmp_path):
+        config = small_config(tmp_path / "store")
+        preload(config, preload_messages(120))
+        super().__init__(config)
+        self.written, self.store_ts = self.table.read_written()
+        self.table.set(Slot.FLUSHED, 0)     # standing in for a run that never flushed
+        self.service = self.make()
+
+    def make(self) -> FlusherService:
+        return self.start(FlusherService)
+
+    def physic_ts(self) -> int:
+        return StoreCheckpoint(os.path.join(self.config.store_path_root_dir, "checkpoint"),
+                               read_only=True).physic_msg_timestamp
 
 
 @pytest.fixture
@@ -731,24 +748,17 @@ def test_fdatasync_eio_sets_flush_error_and_flushed_stops(flusher, monkeypatch):
 
 
 # ============================================================================ append faults
-class InProcessWriter:
-    """The writer's code in this process (so FILE_OPS and the CommitLog can be made to
-    fail), fed frames directly; its replies are collected instead of sent."""
+class InProcessWriter(InProcessService):
+    """The writer (so FILE_OPS and the CommitLog can be made to fail), fed frames
+    directly; its replies are collected instead of sent."""
 
     def __init__(self, tmp_path, **overrides):
-        self.config = small_config(tmp_path / "store", **overrides)
-        self.recovered = recovery.recover_and_publish(self.config)
-        self.table = self.recovered.table
+        super().__init__(small_config(tmp_path / "store", **overrides))
         self.table.set(Slot.STATE, StoreState.RUNNING)
-        self.context = zmq.Context()
-        self.service = WriterService(self.config.store_path_root_dir, self.config)
-        self.service.table = self.table
-        self.service.context = self.context
-        self.service.setup()
+        self.service = self.start(WriterService)
         self.replies: list[bytes] = []
         self.service._send = lambda envelope, payload: self.replies.append(payload)
         self.next_id = 1
-        self.closed = False
 
     def serve(self, msgs: list[Message]) -> None:
         frame = protocol.encode_send(self.next_id, msgs)
@@ -760,16 +770,6 @@ class InProcessWriter:
         request_id, results = protocol.decode_send_reply(self.replies.pop())
         assert request_id == self.next_id - 1 and not self.replies
         return results
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.service.teardown()
-        destroy_context(self.context)
-        self.table.close()
-        self.table.unlink()
-        self.recovered.lock.release()
 
 
 @pytest.fixture
