@@ -46,7 +46,7 @@ from typing import NamedTuple, Sequence
 from storage.errors import StoreError
 from storage.index_file import (
     IndexFile, human_string_to_time_millis, time_millis_to_human_string)
-from storage.mapped_file import now_ms
+from storage.mapped_file import now_ms, unlink_quietly
 from storage.message import KEY_SEPARATOR, TRANSACTION_ROLLBACK_TYPE
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,10 @@ class IndexService:
         """``IndexService.load(lastExitOK)``: open every index file, in name order.
 
         After an abnormal exit a file whose endTimestamp is newer than
-        ``index_checkpoint_ms`` is destroyed (see the module's decision table). Names
-        that are not all digits are skipped. Raises ``StoreFileError`` (wrong size,
+        ``index_checkpoint_ms`` is destroyed (see the module's decision table), and so
+        is every file after it: re-dispatch rebuilds the index from the last file kept,
+        so what is kept must be a prefix, never one with a hole. Names that are not all
+        digits are skipped. Raises ``StoreFileError`` (wrong size,
         unreadable) or ``CorruptRecordError`` (impossible header) for a file that cannot
         be loaded; files opened before it are closed again.
         """
@@ -117,26 +119,33 @@ class IndexService:
         except FileNotFoundError:
             names = []
         try:
-            for name in names:
-                self._load_one(name, last_exit_ok, index_checkpoint_ms)
+            for i, name in enumerate(names):
+                if not self._load_one(name, last_exit_ok, index_checkpoint_ms):
+                    for later in names[i + 1:]:
+                        if later.isdigit():
+                            log.info("destroy index file %s: it follows one destroyed", later)
+                            unlink_quietly(os.path.join(self.index_dir, later))
+                    break
         except BaseException:
             self.close()
             raise
         self.durable_timestamp = index_checkpoint_ms
 
-    def _load_one(self, name: str, last_exit_ok: bool, index_checkpoint_ms: int) -> None:
+    def _load_one(self, name: str, last_exit_ok: bool, index_checkpoint_ms: int) -> bool:
+        """Load one file; False when it was destroyed instead."""
         path = os.path.join(self.index_dir, name)
         if not name.isdigit() or not os.path.isfile(path):
             log.warning("skip %s: not an index file", path)
-            return
+            return True
         f = IndexFile(path, self.hash_slot_num, self.index_num)
         if not last_exit_ok and f.end_timestamp > index_checkpoint_ms:
             log.info("destroy index file %s: endTimestamp %d is newer than the "
                      "checkpoint's %d", name, f.end_timestamp, index_checkpoint_ms)
             f.destroy()
-            return
+            return False
         log.info("load index file OK, %s", name)
         self._files.append(f)
+        return True
 
     # ----------------------------------------------------------------- build
     def build_index(self, topic: str, commit_log_offset: int, store_timestamp: int,

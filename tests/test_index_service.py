@@ -332,3 +332,22 @@ def test_close_keeps_files(service):
     names = sorted(os.listdir(service.index_dir))
     service.close()
     assert service.files == [] and sorted(os.listdir(service.index_dir)) == names
+
+
+def test_abnormal_load_keeps_only_a_prefix_of_files(index_dir):
+    """A file newer than the checkpoint takes every later file with it, even one whose
+    own end time is older (a torn or fresh header): the kept files stay a prefix, so
+    re-dispatch from the last one leaves no hole in the index."""
+    names = ["20260101000000001", "20260101000000002", "20260101000000003"]
+    for name, ts in zip(names, (1000, 5000, 0)):
+        f = IndexFile(os.path.join(index_dir, name), 16, 16)
+        if ts:
+            f.put_key("T#k", ts, ts)
+        f.close()
+    svc = IndexService(index_dir, 16, 16)
+    svc.load(False, 2000)
+    try:
+        assert [f.file_name for f in svc.files] == names[:1]
+        assert sorted(os.listdir(index_dir)) == names[:1]
+    finally:
+        svc.close()
