@@ -34,6 +34,10 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
+# rocketstore's idempotent producers: the writer stores each record's identity here so a
+# restarted writer can rebuild which sequences it already holds (procs.writer).
+PROPERTY_PRODUCER_ID = "__PID"
+PROPERTY_PRODUCER_SEQUENCE = "__SEQ"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
