@@ -10,15 +10,28 @@ cannot map the files).
         for m in c.poll(max_msgs=32, timeout_ms=1000):
             ...
         c.commit()
+    with ReaderClient("store") as rc:              # or "tcp://host:port"
+        for q in rc.offsets(["Orders"]):           # protocol.QueueOffsets
+            r = rc.fetch(q.topic, q.queue_id, q.min_offset, 4096, 8 << 20)
+            ...                                    # r.records: raw CommitLog records
+            rc.commit_offsets("billing", q.topic, {q.queue_id: r.next_begin_offset})
 
 Each client owns its ZeroMQ context and sockets and must be used from one thread. A
 request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
-is unknown (the store may have stored it); send it again only if duplicates are fine.
+is unknown (the store may have stored it); send it again only if duplicates are fine,
+or from an idempotent producer, whose resends the store stores once:
+
+    with Producer("store", idempotent=True) as p:   # or producer_id=<your u64 != 0>
+        first = p.next_sequence
+        handle = p.send_async(batch)                # sequences first .. first+len-1
+        ...                                         # a timeout, or OUT_OF_ORDER_SEQUENCE:
+        p.send_async(unacknowledged, first_sequence=first_unacknowledged)
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from typing import Iterable, Sequence
 
@@ -87,19 +100,63 @@ def _raise_if_error(frame: bytes) -> None:
         raise ClientError(f"{err.code.name}: {err.message}")
 
 
+MAX_PRODUCER_ID = (1 << 64) - 1
+
+
 class Producer:
     """Sends messages to the store's writer.
 
     ``window`` bounds the batches in flight for ``send_async``; the writer answers
     OS_PAGECACHE_BUSY ("busy") to a client that sends more than it accepts.
+
+    Idempotent (exactly-once) sending: with ``producer_id`` (a u64 other than 0, e.g.
+    one every attempt of a Spark task derives alike) or ``idempotent=True`` (a random
+    non-zero 63-bit id), every record carries the id and the next sequence, the first
+    being 0 (``next_sequence``). The writer stores each (id, sequence) once, in sequence
+    order (``storage.producer_state``): a record sent again is answered PUT_OK with a
+    reason starting ``"duplicate:"``; one after a gap (an earlier batch was lost or
+    refused) is answered OUT_OF_ORDER_SEQUENCE, nothing stored, with the expected
+    sequence in the result's ``queue_offset`` and reason. After a ``RequestTimeout`` or
+    an OUT_OF_ORDER_SEQUENCE, wait for the batches in flight, then resend from the
+    first unacknowledged sequence with ``send_async(messages, first_sequence=n)``. A
+    record the store refused (MESSAGE_ILLEGAL, ...) was not stored and took no
+    sequence: the next record must take its sequence. The store forgets a producer that
+    stored nothing for ``producer_id_expiration_ms`` (a day by default); it then
+    expects sequence 0 again: set ``next_sequence = 0`` and resend the unacknowledged
+    records from there.
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
-                 window: int = 16):
+                 window: int = 16, producer_id: int | None = None, idempotent: bool = False):
+        if producer_id is None:
+            producer_id = secrets.randbelow((1 << 63) - 1) + 1 if idempotent else 0
+        elif isinstance(producer_id, bool) or not isinstance(producer_id, int) or \
+                not 0 < producer_id <= MAX_PRODUCER_ID:
+            raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
         self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms)
         self.window = window
+        self.producer_id = producer_id   # 0: not idempotent
+        self._next_sequence = 0
         self._in_flight: list[int] = []
         self._done: dict[int, list[protocol.SendResult] | Exception] = {}
+
+    @property
+    def idempotent(self) -> bool:
+        return self.producer_id != 0
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence the next record sent without ``first_sequence`` carries."""
+        return self._next_sequence
+
+    @next_sequence.setter
+    def next_sequence(self, value: int) -> None:
+        if not self.producer_id:
+            raise ValueError("only an idempotent producer numbers its records")
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not 0 <= value <= MAX_PRODUCER_ID:
+            raise ValueError(f"sequence {value!r} is not a u64")
+        self._next_sequence = value
 
     def send(self, topic: str, body: bytes, tags: str | None = None,
              keys: Sequence[str] | None = None, properties: dict[str, str] | None = None,
@@ -110,20 +167,42 @@ class Producer:
                       delay_level=delay_level)
         return self.send_batch([msg])[0]
 
-    def send_batch(self, messages: Sequence[Message]) -> list[protocol.SendResult]:
+    def send_batch(self, messages: Sequence[Message],
+                   first_sequence: int | None = None) -> list[protocol.SendResult]:
         """Send messages in one frame; one result each, in order. A message's
         ``queue_id`` is honoured; set it to None to let the store choose."""
-        return self.send_async(messages).result()
+        return self.send_async(messages, first_sequence).result()
 
-    def send_async(self, messages: Sequence[Message]) -> "PendingSend":
+    def send_async(self, messages: Sequence[Message],
+                   first_sequence: int | None = None) -> "PendingSend":
         """Send without waiting; at most ``window`` batches stay unanswered (older
-        ones are waited for first). ``result()`` on the returned handle waits."""
+        ones are waited for first). ``result()`` on the returned handle waits.
+
+        An idempotent producer numbers the messages from ``first_sequence`` (a resend),
+        by default from ``next_sequence``; ``next_sequence`` then becomes at least one
+        past the last. Raises ``ValueError`` for ``first_sequence`` without a producer
+        id, or for a message that does not fit the wire (nothing is sent, no sequence
+        is taken).
+        """
+        messages = list(messages)
+        seq = 0
+        if self.producer_id:
+            seq = self._next_sequence if first_sequence is None else first_sequence
+            if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0 or \
+                    seq + len(messages) - 1 > MAX_PRODUCER_ID:
+                raise ValueError(f"first sequence {seq!r} does not leave room for "
+                                 f"{len(messages)} u64 sequences")
+        elif first_sequence is not None:
+            raise ValueError("first_sequence needs a producer id (idempotent=True)")
+        request_id = self._dealer.next_id()
+        frame = protocol.encode_send(request_id, messages, self.producer_id, seq)
         while len(self._in_flight) >= self.window:
             self._settle(self._in_flight[0])
-        request_id = self._dealer.next_id()
-        self._dealer.send(protocol.encode_send(request_id, list(messages)))
+        self._dealer.send(frame)
         self._in_flight.append(request_id)
-        return PendingSend(self, request_id)
+        if self.producer_id:
+            self._next_sequence = max(self._next_sequence, seq + len(messages))
+        return PendingSend(self, request_id, seq if self.producer_id else None)
 
     def _settle(self, request_id: int) -> None:
         """Wait for one batch and keep its outcome for its handle's ``result()``."""
@@ -164,8 +243,13 @@ class Producer:
 
 
 class PendingSend:
-    def __init__(self, producer: Producer, request_id: int):
+    """A batch sent by ``Producer.send_async``; ``first_sequence`` is its first record's
+    sequence (None when the producer is not idempotent)."""
+
+    def __init__(self, producer: Producer, request_id: int,
+                 first_sequence: int | None = None):
         self._producer, self.request_id = producer, request_id
+        self.first_sequence = first_sequence
         self._results: list[protocol.SendResult] | None = None
 
     def result(self) -> list[protocol.SendResult]:
@@ -175,10 +259,18 @@ class PendingSend:
 
 
 class ReaderClient:
-    """Pulls and queries through the reader socket (no file access needed)."""
+    """Pulls, queries, queue offsets, bulk fetches and group commits through the reader
+    socket (no file access needed).
+
+    ``dispatched`` and ``generation`` are those of the last OFFSETS reply (None before
+    the first): offsets are bounded by that DISPATCHED, and a new generation means the
+    store restarted in between.
+    """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000):
         self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "reader"), timeout_ms)
+        self.dispatched: int | None = None
+        self.generation: int | None = None
 
     def _ask(self, frame: bytes, request_id: int) -> bytes:
         self._dealer.send(frame)
@@ -207,6 +299,56 @@ class ReaderClient:
         rid = self._dealer.next_id()
         return protocol.decode_query_reply(self._ask(
             protocol.encode_query_by_offset(rid, commit_log_offset), rid))[1]
+
+    def offsets(self, topics: Iterable[str] | None = None,
+                timestamp_ms: int | None = None) -> list[protocol.QueueOffsets]:
+        """``QueueOffsets(topic, queue_id, min_offset, max_offset, time_offset)`` of every
+        queue of ``topics`` (None or empty: every topic the store has, less the reserved
+        ones; a topic without queues yet has no entry). With ``timestamp_ms``,
+        ``time_offset`` is each queue's first offset stored at or after it (``max_offset``
+        when none was), else -1. Sets ``dispatched`` and ``generation``.
+
+        Raises ``ClientError`` (BAD_REQUEST) for a topic name outside the rule.
+        """
+        return self.offsets_reply(topics, timestamp_ms).queues
+
+    def offsets_reply(self, topics: Iterable[str] | None = None,
+                      timestamp_ms: int | None = None) -> protocol.OffsetsReply:
+        """``offsets`` with the reply's ``dispatched`` and ``generation`` beside the
+        queues."""
+        rid = self._dealer.next_id()
+        ts = protocol.NO_TIMESTAMP if timestamp_ms is None else timestamp_ms
+        reply = protocol.decode_offsets_reply(self._ask(
+            protocol.encode_offsets(rid, list(topics or ()), ts), rid))
+        self.dispatched, self.generation = reply.dispatched, reply.generation
+        return reply
+
+    def fetch(self, topic: str, queue_id: int, offset: int,
+              max_msgs: int = protocol.MAX_FETCH_MSGS,
+              max_bytes: int = protocol.MAX_FETCH_BYTES) -> protocol.PullReplyRaw:
+        """A bulk read from ``offset``: up to ``max_msgs`` records (the reader takes at
+        most 65536) and no more than ``max_bytes`` of them (at most 16 MiB), except that
+        a first record larger than that still comes. Answered at once, never long-polled.
+        The records are raw CommitLog bytes, memoryviews into the reply frame, not
+        decoded and not CRC-checked (``storage.record.decode_at(r, 0, check_crc=True)``
+        decodes one); status and offsets are ``pull``'s.
+        """
+        rid = self._dealer.next_id()
+        return protocol.decode_pull_reply_raw(self._ask(
+            protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes), rid))
+
+    def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Record consumer ``group``'s next offset per queue of ``topic`` in the store's
+        consumerOffset.json (merged with what local ``Consumer``s commit), all or
+        nothing.
+
+        Raises ``ClientError`` (BAD_REQUEST) for a group or topic name outside
+        ``[A-Za-z0-9_%|-]{1,255}``, a negative queue id or offset, or an offset past the
+        queue's max offset.
+        """
+        rid = self._dealer.next_id()
+        protocol.decode_commit_reply(self._ask(
+            protocol.encode_commit(rid, group, topic, offsets), rid))
 
     def close(self) -> None:
         self._dealer.close()

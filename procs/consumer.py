@@ -46,7 +46,7 @@ class Consumer:
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where is 'earliest' or 'latest'")
         self.store_dir, self.group, self.topic = store_dir, group, topic
-        self.config = config or _store_config(store_dir)
+        self.config = config or store_config(store_dir)
         self.from_where = from_where
         self.tags = tags
         self.rebalance_interval_ms = rebalance_interval_ms
@@ -191,7 +191,8 @@ class Consumer:
         self.close()
 
 
-def _store_config(store_dir: str) -> StoreConfig:
+def store_config(store_dir: str) -> StoreConfig:
+    """The settings of the store at ``store_dir``, with the file sizes it recorded."""
     recorded = recorded_geometry(store_dir) or {}
     return StoreConfig(store_path_root_dir=store_dir, **recorded)
 

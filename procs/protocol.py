@@ -71,6 +71,43 @@ QUERY body (count 0): mode u8 at 0, then by mode::
 
 QUERY_REPLY body: ``count`` raw records as in PULL_REPLY.
 
+OFFSETS body (count = the number of topics; 0 = every topic the store has but the
+reserved ones)::
+
+    0      8    timestamp_ms  i64  < 0 (-1) = no time lookup
+    8           topics        ``count`` times u16 len + UTF-8
+
+OFFSETS_REPLY body: dispatched i64 at 0 (the store's DISPATCHED, the bound of every
+offset below), generation i64 at 8 (the position table's GENERATION: it changes when
+the store restarts), then at 16 ``count`` records, one per queue::
+
+    0      2+T  topic        u16 len + UTF-8
+    2+T    4    queue_id     i32
+    6+T    8    min_offset   i64  first offset still stored (MIN_OFFSET respected)
+    14+T   8    max_offset   i64  one past the last unit within DISPATCHED
+    22+T   8    time_offset  i64  -1 without a timestamp; else the first offset in
+                                  [min, max) whose message's store timestamp is >=
+                                  timestamp_ms, max_offset when there is none
+    30+T        end
+
+FETCH body (count 0), answered at once (never parked) with a PULL_REPLY::
+
+    0      2+T  topic       u16 len + UTF-8
+    2+T    4    queue_id    i32
+    6+T    8    offset      i64  consume-queue (logical) offset
+    14+T   4    max_msgs    i32  the reader takes at most ``MAX_FETCH_MSGS``
+    18+T   4    max_bytes   i32  the reader takes at most ``MAX_FETCH_BYTES``
+    22+T        end
+
+COMMIT body: group (u16 len + UTF-8) at 0, topic (u16 len + UTF-8) at 2+G, then at
+4+G+T ``count`` records of 12 bytes: queue_id i32, offset i64 (the group's next offset
+in that queue). COMMIT_REPLY body: ``count`` records of the same 12 bytes from 0, the
+pairs stored, in the COMMIT's order.
+
+Kinds 7-11 (OFFSETS .. COMMIT_REPLY) and error code 7 (BAD_REQUEST) were added to
+version 1 without changing anything that was there: an older reader answers the new
+kinds UNKNOWN_KIND, and BAD_REQUEST answers only the new kinds.
+
 ERROR body (count 0): code u16 (``ErrorCode``) at 0, message (u16 len + UTF-8) at 2.
 
 Not carried in version 1: ``Message.reconsume_times`` and ``prepared_transaction_offset``
@@ -82,6 +119,14 @@ with the wrong magic MALFORMED_FRAME (request id 0: it cannot be trusted); anoth
 UNSUPPORTED_VERSION; an unassigned kind, or a kind the decoder does not take (PULL given to
 ``decode_send``), UNKNOWN_KIND; a count over ``MAX_RECORDS_PER_FRAME`` TOO_MANY_RECORDS;
 anything wrong in the body MALFORMED_FRAME. That is also the order of the checks.
+BAD_REQUEST is the server's, never a decoder's: a readable OFFSETS, FETCH or COMMIT whose
+values it refuses (a topic or group name outside the rule, a FETCH limit <= 0, a
+negative queue id or offset, a commit past a queue's max offset); the message names the
+value.
+
+``decode_pull_reply_raw`` takes the same PULL_REPLY as ``decode_pull_reply`` but leaves
+each record as a memoryview slice of the frame (no copy, no decoding; TOTALSIZE and the
+magic are checked, the body CRC is not), for callers that decode batches in bulk.
 
 Raises: every ``decode_*`` and ``peek_header`` raise only ``ProtocolError`` (a
 ``ValueError``) for bad bytes (truncated, trailing garbage, wrong magic, unknown version, unexpected kind, too
@@ -114,7 +159,8 @@ from storage.commit_log import PutMessageResult
 from storage.message import (
     PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
     encode_properties, format_host, parse_host)
-from storage.record import RecordFormatError, decode_at
+from storage.record import (
+    MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, SIZE_MAGIC, RecordFormatError, decode_at)
 from storage.status import GetMessageStatus, PutMessageStatus
 
 MAGIC = b"RS"
@@ -124,6 +170,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 BUSY_REASON = "busy"  # reason of the OS_PAGECACHE_BUSY answers beyond a client's window
 DEFAULT_BORN_HOST: Host = Message.__dataclass_fields__["born_host"].default
 INT64_MAX = (1 << 63) - 1
+MAX_FETCH_MSGS = MAX_RECORDS_PER_FRAME
+MAX_FETCH_BYTES = 16 * 1024 * 1024  # a FETCH's records; the reply stays far under a frame
+NO_TIMESTAMP = -1                   # OFFSETS without a time lookup
 
 
 class Kind(enum.IntEnum):
@@ -133,11 +182,17 @@ class Kind(enum.IntEnum):
     PULL_REPLY = 4
     QUERY = 5
     QUERY_REPLY = 6
+    OFFSETS = 7
+    OFFSETS_REPLY = 8
+    FETCH = 9            # answered with a PULL_REPLY
+    COMMIT = 10
+    COMMIT_REPLY = 11
     ERROR = 15
 
 
 REPLY_KIND = {Kind.SEND: Kind.SEND_REPLY, Kind.PULL: Kind.PULL_REPLY,
-              Kind.QUERY: Kind.QUERY_REPLY}
+              Kind.QUERY: Kind.QUERY_REPLY, Kind.OFFSETS: Kind.OFFSETS_REPLY,
+              Kind.FETCH: Kind.PULL_REPLY, Kind.COMMIT: Kind.COMMIT_REPLY}
 
 
 class ErrorCode(enum.IntEnum):
@@ -147,6 +202,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_KIND = 4       # a kind this decoder (endpoint) does not take
     TOO_MANY_RECORDS = 5
     INTERNAL = 6
+    BAD_REQUEST = 7        # a readable OFFSETS/FETCH/COMMIT whose values the server refuses
 
 
 class QueryMode(enum.IntEnum):
@@ -184,8 +240,14 @@ SEND_REPLY_FIXED = struct.Struct(">BiqqqB")  # status .. store_timestamp, msg id
 PULL_FIXED = struct.Struct(">iqii")       # queue_id, offset, max_msgs, timeout_ms
 PULL_REPLY_FIXED = struct.Struct(">Bqqq")  # status, next_begin, min, max offsets
 QUERY_KEY_FIXED = struct.Struct(">iqq")   # max_num, begin_ms, end_ms
+OFFSETS_REPLY_FIXED = struct.Struct(">qq")       # dispatched, generation
+QUEUE_OFFSETS_FIXED = struct.Struct(">iqqq")     # queue_id, min, max, time offsets
+FETCH_FIXED = struct.Struct(">iqii")      # queue_id, offset, max_msgs, max_bytes
+QUEUE_OFFSET = struct.Struct(">iq")       # COMMIT / COMMIT_REPLY record: queue_id, offset
 assert (SEND_IDS.size, SEND_FIXED.size, SEND_REPLY_FIXED.size) == (18, 25, 30)
 assert (PULL_FIXED.size, PULL_REPLY_FIXED.size, QUERY_KEY_FIXED.size) == (20, 25, 20)
+assert (OFFSETS_REPLY_FIXED.size, QUEUE_OFFSETS_FIXED.size, FETCH_FIXED.size,
+        QUEUE_OFFSET.size) == (16, 28, 20, 12)
 SEND_RECORD_MIN = SEND_IDS.size + SEND_FIXED.size + 2 + 2 + 4 + 4
 assert SEND_RECORD_MIN == 55
 
@@ -267,6 +329,62 @@ class ErrorReply(NamedTuple):
     request_id: int
     code: ErrorCode
     message: str
+
+
+class PullReplyRaw(NamedTuple):
+    """A PULL_REPLY whose records are left as bytes: each a memoryview into the frame
+    (no copy), checked for length, TOTALSIZE and magic only (not the body CRC)."""
+
+    request_id: int
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[memoryview]
+
+
+class OffsetsRequest(NamedTuple):
+    request_id: int
+    topics: list[str]       # empty: every topic the store has
+    timestamp_ms: int       # < 0: no time lookup
+
+
+class QueueOffsets(NamedTuple):
+    """One queue's offsets in an OFFSETS_REPLY (bounded by the reply's DISPATCHED)."""
+
+    topic: str
+    queue_id: int
+    min_offset: int         # first offset still stored
+    max_offset: int         # the next offset to be dispatched (one past the last visible)
+    time_offset: int        # first offset stored at or after the timestamp; -1 without one
+
+
+class OffsetsReply(NamedTuple):
+    request_id: int
+    dispatched: int         # the store's DISPATCHED when the reply was made
+    generation: int         # the position table's GENERATION: changes at every store start
+    queues: list[QueueOffsets]
+
+
+class FetchRequest(NamedTuple):
+    request_id: int
+    topic: str
+    queue_id: int
+    offset: int
+    max_msgs: int
+    max_bytes: int
+
+
+class CommitRequest(NamedTuple):
+    request_id: int
+    group: str
+    topic: str
+    offsets: list[tuple[int, int]]   # (queue_id, offset), in the frame's order
+
+
+class CommitReply(NamedTuple):
+    request_id: int
+    offsets: list[tuple[int, int]]   # (queue_id, offset) as stored
 
 
 # ------------------------------------------------------------------------------ header
@@ -635,6 +753,57 @@ def decode_pull_reply(frame) -> PullReply:
     return PullReply(request_id, status, next_begin, min_offset, max_offset, messages)
 
 
+_RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+
+
+def decode_pull_reply_raw(frame) -> PullReplyRaw:
+    """A PULL_REPLY (the answer to PULL or FETCH) without decoding its records: each is
+    a memoryview into ``frame`` (no copy; the views keep the frame alive), checked only
+    for its length prefix, TOTALSIZE and magic. The body CRC is not checked: callers
+    that decode in bulk check it themselves (``storage.record.decode_at(...,
+    check_crc=True)``).
+
+    Raises ``ProtocolError``.
+    """
+    h = peek_header(frame)
+    if h.kind is not Kind.PULL_REPLY:
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND,
+                            f"expected PULL_REPLY, got {h.kind.name}", h.request_id)
+    request_id, count = h.request_id, h.count
+    view = memoryview(frame).cast("B")
+    end = len(view)
+    try:
+        value, next_begin, min_offset, max_offset = PULL_REPLY_FIXED.unpack_from(view, HEADER_SIZE)
+    except struct.error as e:
+        raise _malformed(request_id, f"PULL_REPLY body: {e}") from None
+    status = _GET_STATUSES.get(value)
+    if status is None:
+        raise _malformed(request_id, f"PULL_REPLY: unknown status {value}")
+    p = HEADER_SIZE + PULL_REPLY_FIXED.size
+    if p + count * (4 + SIZE_MAGIC.size) > end:
+        raise _malformed(request_id, f"{end} bytes cannot hold {count} PULL_REPLY records")
+    records: list[memoryview] = []
+    u32_unpack, size_magic_unpack = U32.unpack_from, SIZE_MAGIC.unpack_from
+    for i in range(count):
+        if p + 4 > end:
+            raise _malformed(request_id, f"PULL_REPLY record {i}: truncated length")
+        (n,) = u32_unpack(view, p)
+        p += 4
+        if p + n > end:
+            raise _malformed(request_id, f"PULL_REPLY record {i} of {n} bytes runs past the frame")
+        if n < SIZE_MAGIC.size:
+            raise _malformed(request_id, f"PULL_REPLY record {i} of {n} bytes is no record")
+        total_size, magic = size_magic_unpack(view, p)
+        if total_size != n or magic not in _RECORD_MAGICS:
+            raise _malformed(request_id, f"PULL_REPLY record {i}: {n} bytes framed, TOTALSIZE "
+                                         f"{total_size}, magic {magic:#x}")
+        records.append(view[p:p + n])
+        p += n
+    if p != end:
+        _check_end(view, p, request_id, "the PULL_REPLY records")
+    return PullReplyRaw(request_id, status, next_begin, min_offset, max_offset, records)
+
+
 # ------------------------------------------------------------------------------ QUERY
 def encode_query_by_key(request_id: int, topic: str, key: str, max_num: int,
                         begin_ms: int = 0, end_ms: int = INT64_MAX) -> bytes:
@@ -707,6 +876,162 @@ def decode_query_reply(frame) -> tuple[int, list[MessageExt]]:
     """Raises ``ProtocolError``."""
     buf, request_id, count = _open(frame, Kind.QUERY_REPLY)
     return request_id, _decode_records(buf, HEADER_SIZE, count, request_id, Kind.QUERY_REPLY)
+
+
+# ------------------------------------------------------------------------------ OFFSETS
+def encode_offsets(request_id: int, topics: Sequence[str] = (),
+                   timestamp_ms: int = NO_TIMESTAMP) -> bytes:
+    """An OFFSETS frame: the offsets of every queue of ``topics`` (none: every topic
+    the store has), and with ``timestamp_ms`` >= 0 each queue's first offset stored at
+    or after it."""
+    try:
+        parts = [_header(Kind.OFFSETS, request_id, len(topics)), I64.pack(timestamp_ms)]
+    except struct.error as e:
+        raise ValueError(f"OFFSETS request does not fit the wire: {e}") from None
+    parts += [_str16(t, "topic") for t in topics]
+    return _finish(parts, request_id)
+
+
+def decode_offsets(frame) -> OffsetsRequest:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.OFFSETS)
+    if HEADER_SIZE + 8 + count * 2 > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold {count} OFFSETS topics")
+    topics: list[str] = []
+    p, i = HEADER_SIZE, 0
+    try:
+        (timestamp_ms,) = I64.unpack_from(buf, p)
+        p += 8
+        for i in range(count):
+            topic, p = _read_str16(buf, p)
+            topics.append(topic)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"OFFSETS topic {i} at byte {p}: {e}") from None
+    _check_end(buf, p, request_id, "the OFFSETS topics")
+    return OffsetsRequest(request_id, topics, timestamp_ms)
+
+
+def encode_offsets_reply(request_id: int, dispatched: int, generation: int,
+                         queues: Sequence[QueueOffsets]) -> bytes:
+    """An OFFSETS_REPLY frame: one record per queue, in the order given."""
+    try:
+        parts = [_header(Kind.OFFSETS_REPLY, request_id, len(queues)),
+                 OFFSETS_REPLY_FIXED.pack(dispatched, generation)]
+        for q in queues:
+            parts += (_str16(q.topic, "topic"),
+                      QUEUE_OFFSETS_FIXED.pack(q.queue_id, q.min_offset, q.max_offset,
+                                               q.time_offset))
+    except struct.error as e:
+        raise ValueError(f"OFFSETS_REPLY does not fit the wire: {e}") from None
+    return _finish(parts, request_id)
+
+
+def decode_offsets_reply(frame) -> OffsetsReply:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.OFFSETS_REPLY)
+    record_min = 2 + QUEUE_OFFSETS_FIXED.size
+    if HEADER_SIZE + OFFSETS_REPLY_FIXED.size + count * record_min > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold {count} OFFSETS_REPLY records")
+    queues: list[QueueOffsets] = []
+    p, i = HEADER_SIZE, 0
+    try:
+        dispatched, generation = OFFSETS_REPLY_FIXED.unpack_from(buf, p)
+        p += OFFSETS_REPLY_FIXED.size
+        for i in range(count):
+            topic, p = _read_str16(buf, p)
+            queue_id, lo, hi, at_time = QUEUE_OFFSETS_FIXED.unpack_from(buf, p)
+            p += QUEUE_OFFSETS_FIXED.size
+            queues.append(QueueOffsets(topic, queue_id, lo, hi, at_time))
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"OFFSETS_REPLY record {i} at byte {p}: {e}") from None
+    _check_end(buf, p, request_id, "the OFFSETS_REPLY records")
+    return OffsetsReply(request_id, dispatched, generation, queues)
+
+
+# ------------------------------------------------------------------------------ FETCH
+def encode_fetch(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
+                 max_bytes: int) -> bytes:
+    """A FETCH frame: a bulk read of one queue from ``offset``, answered at once with a
+    PULL_REPLY of at most ``max_msgs`` records and about ``max_bytes`` bytes of them."""
+    try:
+        body = _str16(topic, "topic") + FETCH_FIXED.pack(queue_id, offset, max_msgs, max_bytes)
+    except struct.error as e:
+        raise ValueError(f"FETCH request does not fit the wire: {e}") from None
+    return _header(Kind.FETCH, request_id, 0) + body
+
+
+def decode_fetch(frame) -> FetchRequest:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.FETCH)
+    _no_records(count, request_id, Kind.FETCH)
+    try:
+        topic, p = _read_str16(buf, HEADER_SIZE)
+        queue_id, offset, max_msgs, max_bytes = FETCH_FIXED.unpack_from(buf, p)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"FETCH body: {e}") from None
+    _check_end(buf, p + FETCH_FIXED.size, request_id, "the FETCH body")
+    return FetchRequest(request_id, topic, queue_id, offset, max_msgs, max_bytes)
+
+
+# ------------------------------------------------------------------------------ COMMIT
+def _queue_offset_records(parts: list, offsets: Iterable[tuple[int, int]], what: str) -> list:
+    pack = QUEUE_OFFSET.pack
+    for queue_id, offset in offsets:
+        try:
+            parts.append(pack(queue_id, offset))
+        except struct.error as e:
+            raise ValueError(f"{what} queue {queue_id!r} offset {offset!r} does not fit the "
+                             f"wire: {e}") from None
+    return parts
+
+
+def _read_queue_offsets(buf: bytes, p: int, count: int, request_id: int,
+                        kind: Kind) -> list[tuple[int, int]]:
+    if p + count * QUEUE_OFFSET.size > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold {count} {kind.name} records")
+    out = [QUEUE_OFFSET.unpack_from(buf, p + i * QUEUE_OFFSET.size) for i in range(count)]
+    _check_end(buf, p + count * QUEUE_OFFSET.size, request_id, f"the {kind.name} records")
+    return out
+
+
+def _pairs(offsets) -> list[tuple[int, int]]:
+    return list(offsets.items()) if hasattr(offsets, "items") else list(offsets)
+
+
+def encode_commit(request_id: int, group: str, topic: str, offsets) -> bytes:
+    """A COMMIT frame: consumer ``group``'s next offsets in queues of ``topic``;
+    ``offsets`` is a ``{queue_id: offset}`` mapping or ``(queue_id, offset)`` pairs."""
+    pairs = _pairs(offsets)
+    parts = [_header(Kind.COMMIT, request_id, len(pairs)), _str16(group, "group"),
+             _str16(topic, "topic")]
+    return _finish(_queue_offset_records(parts, pairs, "COMMIT"), request_id)
+
+
+def decode_commit(frame) -> CommitRequest:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.COMMIT)
+    try:
+        group, p = _read_str16(buf, HEADER_SIZE)
+        topic, p = _read_str16(buf, p)
+    except _DECODE_FAULTS as e:
+        raise _malformed(request_id, f"COMMIT group and topic: {e}") from None
+    return CommitRequest(request_id, group, topic,
+                         _read_queue_offsets(buf, p, count, request_id, Kind.COMMIT))
+
+
+def encode_commit_reply(request_id: int, offsets) -> bytes:
+    """A COMMIT_REPLY frame: the ``(queue_id, offset)`` pairs stored, in the COMMIT's
+    order."""
+    pairs = _pairs(offsets)
+    parts = [_header(Kind.COMMIT_REPLY, request_id, len(pairs))]
+    return _finish(_queue_offset_records(parts, pairs, "COMMIT_REPLY"), request_id)
+
+
+def decode_commit_reply(frame) -> CommitReply:
+    """Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.COMMIT_REPLY)
+    return CommitReply(request_id, _read_queue_offsets(buf, HEADER_SIZE, count, request_id,
+                                                       Kind.COMMIT_REPLY))
 
 
 # ------------------------------------------------------------------------------ ERROR

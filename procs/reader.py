@@ -1,10 +1,25 @@
-"""The reader process: pulls and queries over ZeroMQ for clients that cannot map the
-store's files (Spark executors on other machines, above all).
+"""The reader process: pulls, queries, offsets and bulk fetches over ZeroMQ for clients
+that cannot map the store's files (Spark executors on other machines, above all).
 
-A ROUTER at ``ipc://{run}/reader.sock`` answers PULL and QUERY frames
-(``procs.protocol``) from a read-only ``StoreReader`` bounded by DISPATCHED (never a
-message a crash could take back under SYNC_FLUSH). Records travel as the raw CommitLog
+A ROUTER at ``ipc://{run}/reader.sock`` answers PULL, QUERY, OFFSETS, FETCH and COMMIT
+frames (``procs.protocol``) from a read-only ``StoreReader`` bounded by DISPATCHED (never
+a message a crash could take back under SYNC_FLUSH). Records travel as the raw CommitLog
 bytes; the client decodes them.
+
+- OFFSETS: each queue's min and max offset (and, given a timestamp, the first offset
+  stored at or after it), with DISPATCHED and GENERATION so a planner can tell the
+  offsets' bound and notice a store restart. No topics named: every topic the store
+  has, less the reserved ones (``SCHEDULE_TOPIC_XXXX``, ``RMQ_SYS_*``).
+- FETCH: a bulk read for batch readers, answered at once (never parked) with a
+  PULL_REPLY of up to ``MAX_FETCH_MSGS`` records and about ``max_bytes`` (at most
+  ``MAX_FETCH_BYTES``) of them, read across consume queue files; RocketMQ's per-pull
+  transfer limits (32 messages / 256 KiB) are for consumers and do not apply.
+- COMMIT: the reader writes ``config/consumerOffset.json`` on behalf of remote clients:
+  their group's offsets are merged in through ``procs.consumer.update_offsets`` (the
+  same flock and RocketMQ shape local ``Consumer``s use), so a remote group's progress
+  sits where a local one's does. It is the one file this process writes; a commit past
+  a queue's max offset, or a bad group or topic name, is refused (BAD_REQUEST) and
+  nothing of it is written.
 
 Long polling: a PULL that finds nothing new and carries ``timeout_ms`` > 0 is parked;
 every ARRIVAL the dispatcher announces, and every turn, retries the parked pulls, and
@@ -24,12 +39,14 @@ import time
 import zmq
 
 from procs import protocol
+from procs.consumer import update_offsets
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot
 from storage.errors import StoreError
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
+from storage.validation import TOPIC_PATTERN, check_topic
 
 log = logging.getLogger(__name__)
 MAX_PARKED = 10_000
@@ -73,10 +90,17 @@ class ReaderService(Service):
                 self._pull(identity, protocol.decode_pull(frame))
             elif header.kind == protocol.Kind.QUERY:
                 self._reply(identity, self._query(protocol.decode_query(frame)))
+            elif header.kind == protocol.Kind.OFFSETS:
+                self._reply(identity, self._offsets(protocol.decode_offsets(frame)))
+            elif header.kind == protocol.Kind.FETCH:
+                self._reply(identity, self._fetch(protocol.decode_fetch(frame)))
+            elif header.kind == protocol.Kind.COMMIT:
+                self._reply(identity, self._commit(protocol.decode_commit(frame)))
             else:
                 raise protocol.ProtocolError(protocol.ErrorCode.UNKNOWN_KIND,
-                                             f"the reader answers PULL and QUERY, not "
-                                             f"kind {header.kind}", header.request_id)
+                                             f"the reader answers PULL, QUERY, OFFSETS, FETCH "
+                                             f"and COMMIT, not kind {header.kind}",
+                                             header.request_id)
         except protocol.ProtocolError as e:
             self._reply(identity, protocol.encode_error(e.request_id, e.code, e.detail))
         except StoreError as e:
@@ -129,6 +153,100 @@ class ReaderService(Service):
                    for m in found]
         return protocol.encode_query_reply(req.request_id, [r for r in records if r])
 
+    # ------------------------------------------------------------------ offsets
+    def _offsets(self, req: protocol.OffsetsRequest) -> bytes:
+        dispatched = self.table.get(Slot.DISPATCHED)
+        min_phy = self.table.get(Slot.MIN_OFFSET)
+        generation = self.table.get(Slot.GENERATION)
+        for topic in req.topics:
+            _refuse_if(check_topic(topic, internal=True), req.request_id)
+        queues = self.reader.topics()
+        topics = list(dict.fromkeys(req.topics)) if req.topics else \
+            [t for t in queues if check_topic(t) is None]
+        found = []
+        for topic in topics:
+            for queue_id in queues.get(topic, ()):
+                lo = self.reader.get_min_offset_in_queue(topic, queue_id, dispatched,
+                                                         min_commit_log_offset=min_phy)
+                hi = self.reader.get_max_offset_in_queue(topic, queue_id, dispatched)
+                at_time = -1
+                if req.timestamp_ms >= 0:
+                    at_time = self.reader.first_offset_stored_since(
+                        topic, queue_id, req.timestamp_ms, dispatched,
+                        min_commit_log_offset=min_phy)
+                found.append(protocol.QueueOffsets(topic, queue_id, lo, hi, at_time))
+        return protocol.encode_offsets_reply(req.request_id, dispatched, generation, found)
+
+    # ------------------------------------------------------------------ fetch
+    def _fetch(self, req: protocol.FetchRequest) -> bytes:
+        """Records from ``req.offset`` on, read chunk after chunk (a chunk ends at a
+        consume queue file's end) until ``max_msgs``, ``max_bytes`` or the queue's end.
+        Every chunk is bounded by the same DISPATCHED."""
+        _refuse_if(check_topic(req.topic, internal=True), req.request_id)
+        if req.max_msgs <= 0 or req.max_bytes <= 0:
+            _refuse_if(f"max_msgs {req.max_msgs} and max_bytes {req.max_bytes} must be "
+                       "positive", req.request_id)
+        max_msgs = min(req.max_msgs, protocol.MAX_FETCH_MSGS)
+        max_bytes = min(req.max_bytes, protocol.MAX_FETCH_BYTES)
+        dispatched = self.table.get(Slot.DISPATCHED)
+        min_phy = self.table.get(Slot.MIN_OFFSET)
+        records: list[bytes] = []
+        total = 0
+        offset = req.offset
+        first = last = None
+        while len(records) < max_msgs and total < max_bytes:
+            r = self.reader.get_raw_messages(
+                req.topic, req.queue_id, offset, max_msgs - len(records), dispatched,
+                min_commit_log_offset=min_phy,
+                batch_limits=(max_msgs - len(records), max_bytes - total))
+            if first is None:
+                first = r
+            if r.status is not GetMessageStatus.FOUND:
+                break
+            if records and total + len(r.records[0]) > max_bytes:
+                break  # the first record of a later chunk always comes: not over the limit
+            records += r.records
+            total += sum(len(x) for x in r.records)
+            last = r
+            if r.next_begin_offset >= r.max_offset:
+                break
+            offset = r.next_begin_offset
+        if last is None:
+            return protocol.encode_pull_reply(req.request_id, first.status,
+                                              first.next_begin_offset, first.min_offset,
+                                              first.max_offset, [])
+        return protocol.encode_pull_reply(req.request_id, GetMessageStatus.FOUND,
+                                          last.next_begin_offset, last.min_offset,
+                                          last.max_offset, records)
+
+    # ------------------------------------------------------------------ commit
+    def _commit(self, req: protocol.CommitRequest) -> bytes:
+        """Merge a remote group's offsets into consumerOffset.json, all or nothing."""
+        rid = req.request_id
+        if not TOPIC_PATTERN.fullmatch(req.group):
+            _refuse_if(f"group {req.group!r} must match [A-Za-z0-9_%|-]{{1,255}}", rid)
+        _refuse_if(check_topic(req.topic, internal=True), rid)
+        dispatched = self.table.get(Slot.DISPATCHED)
+        merged: dict[str, int] = {}
+        for queue_id, offset in req.offsets:
+            if queue_id < 0 or offset < 0:
+                _refuse_if(f"queue {queue_id} offset {offset}: queue ids and offsets are "
+                           "not negative", rid)
+            if str(queue_id) in merged:
+                _refuse_if(f"queue {queue_id} is committed twice", rid)
+            max_offset = self.reader.get_max_offset_in_queue(req.topic, queue_id, dispatched)
+            if offset > max_offset:
+                _refuse_if(f"offset {offset} of {req.topic}/{queue_id} is past the queue's "
+                           f"max offset {max_offset}", rid)
+            merged[str(queue_id)] = offset
+        if merged:
+            try:
+                update_offsets(self.config.config_dir, f"{req.topic}@{req.group}", merged)
+            except OSError as e:
+                raise protocol.ProtocolError(protocol.ErrorCode.INTERNAL,
+                                             f"consumer offsets not written: {e}", rid) from None
+        return protocol.encode_commit_reply(rid, req.offsets)
+
     def _reply(self, identity: bytes, frame: bytes) -> None:
         """Send without blocking: a peer that left, or that stopped reading, loses its
         reply and never holds up the others."""
@@ -142,6 +260,12 @@ class ReaderService(Service):
         for identity, req, _ in self.parked:
             self._try_pull(identity, req, final=True)
         self.reader.close()
+
+
+def _refuse_if(reason: str | None, request_id: int) -> None:
+    """Raise a BAD_REQUEST ``ProtocolError`` naming ``reason``, when there is one."""
+    if reason:
+        raise protocol.ProtocolError(protocol.ErrorCode.BAD_REQUEST, reason, request_id)
 
 
 def _request_id(frame: bytes) -> int:

@@ -16,10 +16,12 @@ import tomllib
 
 from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
+from procs.consumer import read_offsets, store_config
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
 from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
 from storage import Message, StoreConfig
+from storage.store_reader import StoreReader
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
@@ -42,7 +44,7 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
 
 # ------------------------------------------------------------------------------ status
 def store_status(store_dir: str) -> dict:
-    """Positions, processes, disk and flags of a running store.
+    """Positions, processes, disk, flags and consumer group lag of a running store.
 
     Raises ``PositionTableError`` when the store is not running.
     """
@@ -71,9 +73,37 @@ def store_status(store_dir: str) -> dict:
             "processes": snap["processes"],
             "generation": snap["generation"],
             "supervisor_pid": snap["supervisor_pid"],
+            "consumer_groups": consumer_groups(store_dir, snap["dispatched"]),
         }
     finally:
         table.close()
+
+
+def consumer_groups(store_dir: str, dispatched: int) -> dict:
+    """Every ``topic@group`` of ``config/consumerOffset.json``: per queue the committed
+    offset, the queue's max offset within ``dispatched`` and the lag (max - committed,
+    never below 0), and the group's total lag. A queue of the topic that the group never
+    committed is listed with ``committed`` and ``lag`` None and adds nothing to the total.
+    """
+    config = store_config(store_dir)
+    groups: dict[str, dict] = {}
+    with StoreReader(config) as reader:
+        queues_of = reader.topics()
+        for key, committed in sorted(read_offsets(config.config_dir).items()):
+            if not isinstance(committed, dict):
+                continue  # not RocketMQ's shape: nothing to show
+            topic, _, group = key.partition("@")
+            offsets = {int(q): o for q, o in committed.items()
+                       if q.isdigit() and isinstance(o, int)}
+            queues = {}
+            for q in sorted(set(offsets) | set(queues_of.get(topic, ()))):
+                max_offset = reader.get_max_offset_in_queue(topic, q, dispatched)
+                done = offsets.get(q)
+                queues[str(q)] = {"committed": done, "max_offset": max_offset,
+                                  "lag": None if done is None else max(0, max_offset - done)}
+            groups[key] = {"topic": topic, "group": group, "queues": queues,
+                           "lag": sum(v["lag"] for v in queues.values() if v["lag"] is not None)}
+    return groups
 
 
 def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
@@ -99,6 +129,14 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         age = "-" if p["heartbeat_age_ms"] is None else f"{p['heartbeat_age_ms']} ms"
         print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "
               f"restarts {p['restarts']}")
+    groups = st["consumer_groups"]
+    print(f"groups     {len(groups)}  (total lag {sum(g['lag'] for g in groups.values())})")
+    for key, g in groups.items():
+        print(f"  {key}  lag {g['lag']}")
+        for q, v in g["queues"].items():
+            committed = "-" if v["committed"] is None else v["committed"]
+            lag = "-" if v["lag"] is None else v["lag"]
+            print(f"    queue {q:<4} committed {committed:<10} max {v['max_offset']:<10} lag {lag}")
     return EXIT_OK
 
 

@@ -9,11 +9,29 @@ requests and clients:
    DISK_FULL is set, STATE is not RUNNING/STARTING, or the store is a SLAVE;
 2. refuses a request beyond its client's window (``WINDOW`` unanswered requests per
    client identity): OS_PAGECACHE_BUSY, reason ``"busy"``, nothing stored;
-3. per message: ``validation.check_message``, the queue (round robin per topic when the
-   producer left it to the store), ``CommitLog.prepare``; a refused message gets its
-   status and reason and does not stop the others;
-4. one ``CommitLog.append`` for every prepared record, one ``publish_written`` and one
-   bus APPENDED, then the replies.
+3. per message: ``validation.check_message``, for a record with a producer id its
+   sequence (below), the queue (round robin per topic when the producer left it to the
+   store), ``CommitLog.prepare``; a refused message gets its status and reason and does
+   not stop the others;
+4. one ``CommitLog.append`` for every prepared record, the producer table learns the
+   identities stored, one ``publish_written`` and one bus APPENDED, then the replies.
+
+Idempotent producers (``storage.producer_state`` holds the rules and the table). A
+record whose SEND ``producer_id`` is not 0 is judged against the table and against what
+earlier records of the same batch claimed: NEW is stored with its identity in the
+properties ``__PID``/``__SEQ``; DUPLICATE is not stored and answered PUT_OK with reason
+``"duplicate: ..."`` (with the original's msg id and offsets when that is the
+producer's last stored record, or a record of the same batch, whose fate it then shares,
+a refusal included); OUT_OF_ORDER is not stored and answered
+OUT_OF_ORDER_SEQUENCE, its ``queue_offset`` and reason naming the expected sequence.
+The table learns only records the append stored, which form a prefix of the batch (an
+append that fails fails every later record too), so no gap can enter it. Under
+SYNC_FLUSH a duplicate is answered, like the original, only once FLUSHED covers the
+original (or the producer's last record when the original's offsets are not kept).
+The table is written as ``config/producerState.json`` every
+``flush_delay_offset_interval`` ms when it changed (idle producers are expired then)
+and at teardown; a failed write is logged and retried, never fatal. A SEND whose
+records all carry producer id 0 takes the old path untouched (one ``any`` per request).
 
 Invariant: **WRITTEN is published only after the bytes it covers are written; a reply
 only after WRITTEN (ASYNC_FLUSH) or FLUSHED (SYNC_FLUSH) covers the record.** Under
@@ -27,10 +45,11 @@ FLUSH_DISK_TIMEOUT naming it.
 Faults: an append that cannot create a file (or raises) answers its records
 CREATE_MAPEDFILE_FAILED and publishes nothing partial: WRITTEN covers only whole
 records that were acknowledged as stored; after an unexpected exception the writer
-cuts the CommitLog back to the published WRITTEN and rebuilds its table, as at a
-restart. A frame that is not a SEND this side can take (malformed, truncated, unknown
-version or kind, too many records, too large) gets an ERROR frame carrying the request
-id when it could be read; a peer that vanished (EHOSTUNREACH under ROUTER_MANDATORY)
+cuts the CommitLog back to the published WRITTEN and rebuilds its topic-queue table,
+as at a restart (the producer table stays: it learnt nothing from that append). A
+frame that is not a SEND this side can take (malformed, truncated, unknown version or
+kind, too many records, too large) gets an ERROR frame carrying the request id when it
+could be read; a peer that vanished (EHOSTUNREACH under ROUTER_MANDATORY)
 is dropped silently; a peer that does not read its replies (send queue full) loses
 them, with a warning. Frames larger than ``MAX_SOCKET_MESSAGE`` never reach the writer:
 ZeroMQ disconnects the peer instead of buffering them.
@@ -51,6 +70,14 @@ Restart decision table (``setup``; the supervisor's recovery ran before the firs
     topic-queue table           consume queues below DISPATCHED +     topic_queue_table.rebuild
                                 CommitLog records [DISPATCHED,
                                 WRITTEN)
+    producer table (idempotent  config/producerState.json (or its     producer_state.rebuild: a
+      producers' last           .bak) + the __PID/__SEQ of CommitLog  snapshot past WRITTEN, or
+      sequences)                records [its offset, WRITTEN); no     whose last record is not in
+                                usable snapshot: records [min         the CommitLog any more, is
+                                offset, WRITTEN)                      deleted and not used; idle
+                                                                      producers expire
+    last record (the snapshot   the same scan, or the snapshot        written into every snapshot
+      fingerprint)
     WRITTEN, LAST_STORE_TS      untouched                             the first append moves them
     round-robin queue choice    nothing                               each topic starts at queue 0
     parked SYNC replies         nothing: lost with the process        the messages are stored;
@@ -75,9 +102,13 @@ from procs.protocol import ErrorCode, ProtocolError
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
+from storage import producer_state
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.errors import StoreFileError, errno_text
 from storage.mapped_file import file_may_hold_data
+from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from storage.producer_state import (
+    LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge)
 from storage.status import AppendMessageStatus, PutMessageStatus
 from storage.topic_queue_table import rebuild
 from storage.validation import check_message
@@ -91,6 +122,8 @@ MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
 TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
 
 _PUT_OK = PutMessageStatus.PUT_OK
+_NEW = Verdict.NEW
+_DUPLICATE = Verdict.DUPLICATE
 _APPEND_OK = AppendMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 
@@ -99,7 +132,7 @@ class _Request:
     """A SEND being answered: where the reply goes and what it says."""
 
     __slots__ = ("envelope", "client", "request_id", "results", "slots", "wait", "end",
-                 "deadline_ms")
+                 "deadline_ms", "dup_end")
 
     def __init__(self, envelope: list, request_id: int, n: int):
         self.envelope = envelope
@@ -110,15 +143,20 @@ class _Request:
         self.wait = False                # some stored message waits for the flush
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
+        self.dup_end = 0                 # end of the originals its duplicates stand for
 
 
 class WriterService(Service):
     name = "writer"
+    producers: ProducerStateTable | None = None   # loaded by the first _open_commit_log
+    last_record: LastRecord | None = None         # the record that ends at WRITTEN
 
     # ================================================================== life
     def setup(self) -> None:
         cfg = self.config
         self.sync_flush = cfg.sync_flush
+        self.snapshot_path = producer_state.snapshot_path(cfg)
+        self.next_snapshot_ms = _monotonic_ms() + cfg.flush_delay_offset_interval
         self.commit_log = self._open_commit_log()
         self.last_store_ts = self.table.read_written()[1]
         self.round_robin: dict[str, int] = {}
@@ -157,6 +195,10 @@ class WriterService(Service):
             raise StoreFileError(cfg.commit_log_dir, f"the files end at "
                                  f"{mfq.get_max_wrote_position()}, WRITTEN is {written}")
         cl.set_topic_queue_table(rebuild(cfg, cl, min(dispatched, written), written))
+        if self.producers is None:  # a cut back after a failed append keeps the table
+            loaded = producer_state.rebuild(cfg, cl, written,
+                                            max(now_ms(), self.table.read_written()[1]))
+            self.producers, self.last_record = loaded.table, loaded.last_record
         _unmap_all_but_last(cl)
         log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
                  len(cl.topic_queue_table))
@@ -173,6 +215,7 @@ class WriterService(Service):
             self._release_parked()
             self._refuse_queued("the writer is stopping")
         self._release_parked(final=True)
+        self._snapshot()
         self.router.close(linger=TEARDOWN_LINGER_MS)
         self.publisher.close()
         if self.flushed_sub is not None:
@@ -191,6 +234,27 @@ class WriterService(Service):
             self._serve(self._drain())
         if self.parked:
             self._release_parked()
+        if _monotonic_ms() >= self.next_snapshot_ms:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Expire idle producers; write the producer table when it changed, as of the
+        published WRITTEN (every record below it is in the table). A failed write is
+        logged and tried again next time."""
+        self.next_snapshot_ms = _monotonic_ms() + self.config.flush_delay_offset_interval
+        table = self.producers
+        table.expire(max(now_ms(), self.last_store_ts))
+        if not table.changed:
+            return
+        written = self.table.read_written()[0]
+        if written and self.last_record is None:
+            log.warning("no last record known below WRITTEN %d: producer snapshot skipped",
+                        written)
+            return
+        try:
+            producer_state.write_snapshot(self.snapshot_path, table, written, self.last_record)
+        except OSError as e:
+            log.warning("cannot write %s (%d producers): %s", self.snapshot_path, len(table), e)
 
     def _drain(self) -> list[tuple[list, bytes]]:
         """Every request waiting (up to ``MAX_BATCH_RECORDS`` records), as
@@ -223,6 +287,7 @@ class WriterService(Service):
         now = max(now_ms(), self.last_store_ts)
         batch: list[EncodedMessage] = []
         accepted: list[_Request] = []
+        claims: _Claims | None = None   # made for the first record with a producer id
         for envelope, frame in frames:
             send = self._decode(envelope, frame)
             if send is None:
@@ -239,10 +304,17 @@ class WriterService(Service):
                 continue
             mark = len(batch)
             try:
-                self._prepare(req, send.messages, now, batch)
+                if any(send.producer_ids):
+                    if claims is None:
+                        claims = _Claims(self.producers)
+                    self._prepare_idempotent(req, send, now, batch, claims)
+                else:
+                    self._prepare(req, send.messages, now, batch)
             except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the writer
                 log.exception("request %d failed before its append", req.request_id)
                 del batch[mark:]
+                if claims is not None:
+                    claims.drop(req)
                 self._send(envelope, protocol.encode_error(
                     req.request_id, ErrorCode.INTERNAL, f"the writer failed on this request: "
                     f"{type(e).__name__}: {e}"))
@@ -252,6 +324,8 @@ class WriterService(Service):
         if not accepted:
             return
         end = self._append(batch, accepted, now) if batch else 0
+        if claims is not None:
+            claims.settle(accepted)
         if end:
             self.table.publish_written(end, now)
             self.last_store_ts = now
@@ -278,6 +352,45 @@ class WriterService(Service):
                     slots.append(i)
                     if msg.wait_store_msg_ok:
                         req.wait = True
+                    continue
+                bad = enc
+            results[i] = PutMessageResult.refused(*bad)
+
+    def _prepare_idempotent(self, req: _Request, send: protocol.SendRequest, now: int,
+                            batch: list[EncodedMessage], claims: "_Claims") -> None:
+        """``_prepare`` for a request with producer ids: a record with one is judged
+        first, and stored with its identity in its properties only when NEW."""
+        cfg = self.config
+        prepare = self.commit_log.prepare
+        results, slots = req.results, req.slots
+        pids, seqs = send.producer_ids, send.sequences
+        for i, msg in enumerate(send.messages):
+            bad = check_message(msg, cfg)
+            if bad is None:
+                pid = pids[i]
+                if pid:
+                    seq = seqs[i]
+                    last = claims.last_sequence(pid)
+                    verdict = judge(last, seq)
+                    if verdict is not _NEW:
+                        if verdict is _DUPLICATE:
+                            claims.duplicate(req, i, pid, seq, msg.wait_store_msg_ok)
+                        else:
+                            results[i] = _out_of_order(pid, seq, last)
+                        continue
+                    msg.properties[PROPERTY_PRODUCER_ID] = str(pid)
+                    msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
+                queue_id = msg.queue_id
+                if queue_id is None:
+                    queue_id = self._pick_queue(msg.topic)
+                enc = prepare(msg, queue_id, now)
+                if type(enc) is EncodedMessage:
+                    batch.append(enc)
+                    slots.append(i)
+                    if msg.wait_store_msg_ok:
+                        req.wait = True
+                    if pid:
+                        claims.claim(pid, seq, req, i)
                     continue
                 bad = enc
             results[i] = PutMessageResult.refused(*bad)
@@ -314,6 +427,11 @@ class WriterService(Service):
                     results[i] = failed
             if req.end > end:
                 end = req.end
+        if end:
+            for r in reversed(appended):
+                if r.status is _APPEND_OK:
+                    self.last_record = LastRecord(r.wrote_offset, r.store_timestamp)
+                    break
         return end
 
     def _reset_to_written(self) -> None:
@@ -428,13 +546,115 @@ def _error_frame(e: ProtocolError, frame: bytes) -> bytes:
 
 
 def _time_out(req: _Request, reason: str) -> None:
+    """Every PUT_OK of ``req`` (stored records and duplicates of stored ones) becomes
+    FLUSH_DISK_TIMEOUT."""
     results = req.results
-    for i in req.slots:
-        r = results[i]
+    for i, r in enumerate(results):
         if r.status is _PUT_OK:
             results[i] = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.msg_id,
                                           r.wrote_offset, r.wrote_bytes, r.queue_id,
                                           r.queue_offset, r.store_timestamp, reason)
+
+
+class _Claims:
+    """One batch's records with producer ids: the sequences claimed by records handed
+    to the append (so later records of the batch are judged against them), and the
+    duplicates of those claims, answered once the append told their fate."""
+
+    __slots__ = ("table", "last", "claimed", "order", "pending")
+
+    def __init__(self, table: ProducerStateTable):
+        self.table = table
+        self.last: dict[int, int] = {}                         # producer -> last claimed
+        self.claimed: dict[tuple[int, int], tuple[_Request, int]] = {}
+        self.order: list[tuple[int, int, _Request, int]] = []  # claims, in batch order
+        self.pending: list[tuple[_Request, int, int, int, bool]] = []
+
+    def last_sequence(self, pid: int) -> int | None:
+        last = self.last.get(pid)
+        return self.table.last_sequence(pid) if last is None else last
+
+    def claim(self, pid: int, seq: int, req: _Request, i: int) -> None:
+        self.last[pid] = seq
+        self.claimed[(pid, seq)] = (req, i)
+        self.order.append((pid, seq, req, i))
+
+    def duplicate(self, req: _Request, i: int, pid: int, seq: int, wait: bool) -> None:
+        """A duplicate of a record stored before this batch is answered now; one of
+        a record of this batch after the append (``settle``)."""
+        entry = self.table.get(pid)
+        if entry is None or seq > entry.sequence:
+            self.pending.append((req, i, pid, seq, wait))
+            return
+        if seq == entry.sequence:
+            req.results[i] = PutMessageResult(
+                _PUT_OK, entry.msg_id, entry.commit_log_offset, entry.size, entry.queue_id,
+                entry.queue_offset, entry.store_timestamp,
+                f"duplicate: producer {pid} sequence {seq} is stored already")
+        else:
+            req.results[i] = PutMessageResult(
+                _PUT_OK, reason=f"duplicate: producer {pid} sequence {seq} is stored already "
+                                f"(the last stored is {entry.sequence}; only its offsets "
+                                "are kept)")
+        _covers(req, entry.end, wait)
+
+    def drop(self, req: _Request) -> None:
+        """Forget the claims of a request that failed before the append."""
+        self.order = [c for c in self.order if c[2] is not req]
+        self.pending = [d for d in self.pending if d[0] is not req]
+        self.claimed = {(pid, seq): (r, i) for pid, seq, r, i in self.order}
+        self.last = {}
+        for pid, seq, _, _ in self.order:
+            self.last[pid] = seq
+
+    def settle(self, accepted: list[_Request]) -> None:
+        """After the append: the table learns what was stored; pending duplicates take
+        their original's result; a request answers only when its originals are
+        covered (``end``)."""
+        record = self.table.record
+        for pid, seq, req, i in self.order:
+            r = req.results[i]
+            if r.status is _PUT_OK:
+                record(pid, ProducerEntry(seq, r.store_timestamp, r.wrote_offset,
+                                          r.wrote_bytes, r.queue_id, r.queue_offset,
+                                          r.msg_id))
+        for req, i, pid, seq, wait in self.pending:
+            owner, k = self.claimed[(pid, seq)]
+            r = owner.results[k]
+            if r.status is _PUT_OK:
+                req.results[i] = PutMessageResult(
+                    _PUT_OK, r.msg_id, r.wrote_offset, r.wrote_bytes, r.queue_id,
+                    r.queue_offset, r.store_timestamp,
+                    f"duplicate: producer {pid} sequence {seq} was stored by this batch")
+                _covers(req, r.wrote_offset + r.wrote_bytes, wait)
+            else:
+                req.results[i] = PutMessageResult.refused(
+                    r.status, f"{r.reason} (producer {pid} sequence {seq} came twice in one "
+                              "batch; neither copy was stored)")
+        for req in accepted:
+            if req.dup_end > req.end:
+                req.end = req.dup_end
+
+
+def _covers(req: _Request, end: int, wait: bool) -> None:
+    """``req`` answers a duplicate whose original ends at ``end``."""
+    if end > req.dup_end:
+        req.dup_end = end
+    if wait:
+        req.wait = True
+
+
+def _out_of_order(pid: int, seq: int, last: int | None) -> PutMessageResult:
+    expected = expected_sequence(last)
+    if last is None:
+        why = (f"producer {pid} is unknown (never seen, or idle longer than "
+               f"producer_id_expiration_ms) and must start at 0")
+    else:
+        why = (f"a gap after sequence {last}: resend from the first unacknowledged "
+               f"sequence")
+    return PutMessageResult(PutMessageStatus.OUT_OF_ORDER_SEQUENCE, queue_offset=expected,
+                            reason=f"out of order: producer {pid} sent sequence {seq}, "
+                                   f"expected sequence {expected}; {why}")
 
 
 def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:

@@ -16,6 +16,10 @@ the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
 stored are refused when switched on: ``duplication_enable`` and
 ``enable_consume_queue_ext``.
 
+One setting is rocketstore's own: ``producer_id_expiration_ms`` (Kafka's
+``producer.id.expiration.ms``, default one day), how long the writer remembers an
+idempotent producer that stores nothing (``storage.producer_state``).
+
 The same settings load from the ``[store]`` table of ``supervisor.toml``
 (``StoreConfig.from_toml``); tests build tiny stores in Python
 (``StoreConfig(store_path_root_dir=d, mapped_file_size_commit_log=8192)``), the way
@@ -111,6 +115,8 @@ class StoreConfig:
     # --- delayed messages ---------------------------------------------------------
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     flush_delay_offset_interval: int = 10_000
+    # --- idempotent producers (rocketstore's; Kafka's producer.id.expiration.ms) ---------
+    producer_id_expiration_ms: int = 86_400_000
     # --- read path limits -----------------------------------------------------------
     max_msgs_num_batch: int = 64
     default_query_max_num: int = 32
@@ -178,7 +184,8 @@ class StoreConfig:
         if self.broker_role not in BROKER_ROLES:
             raise StoreConfigError(f"broker_role must be one of {BROKER_ROLES}")
         for name in ("max_hash_slot_num", "max_index_num", "max_message_size",
-                     "default_topic_queue_nums", "sync_flush_timeout"):
+                     "default_topic_queue_nums", "sync_flush_timeout",
+                     "producer_id_expiration_ms"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
         for name in ("duplication_enable", "enable_consume_queue_ext"):

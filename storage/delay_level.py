@@ -10,13 +10,21 @@ maximum is clamped to it. The ConsumeQueue unit of such a message carries its de
 time (store time + delay) as tagsCode, so the scheduler finds due messages without
 reading the CommitLog. When due, the scheduler restores topic and queue, drops the
 delay property and puts the message again (``restore_real_destination``).
+
+The copy also drops an idempotent producer's identity (``__PID``/``__SEQ``): that
+identity belongs to the delayed record, which is the one the producer's sequence stored
+(``storage.producer_state``). Kept, it would be refused as a client-set identity, or,
+were the scheduler allowed to set it, it would rewind the producer's last sequence when
+a restarted writer rebuilds its table from the CommitLog. The delivered copy is an
+ordinary message, delivered at least once like every scheduler re-put.
 """
 
 from __future__ import annotations
 
 from storage.errors import StoreConfigError
 from storage.message import (
-    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageExt)
+    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE,
+    PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageExt)
 from storage.record import SCHEDULE_TOPIC
 
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -63,6 +71,8 @@ def restore_real_destination(msg: MessageExt) -> Message:
     topic = props.pop(PROPERTY_REAL_TOPIC)
     queue_id = int(props.pop(PROPERTY_REAL_QUEUE_ID))
     props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    props.pop(PROPERTY_PRODUCER_ID, None)
+    props.pop(PROPERTY_PRODUCER_SEQUENCE, None)
     tags = props.pop("TAGS", None)
     keys = props.pop("KEYS", None)
     return Message(topic=topic, body=msg.body, tags=tags, keys=keys, properties=props,

@@ -21,13 +21,17 @@ from storage.mapped_file import fsync_dir
 log = logging.getLogger(__name__)
 
 
-def persist(path: str, document: dict) -> None:
-    """Atomically replace ``path`` with ``document`` as JSON. Raises ``OSError``."""
+def persist(path: str, document: dict, *, compact: bool = False) -> None:
+    """Atomically replace ``path`` with ``document`` as JSON (indented; on one line
+    when ``compact``, for large documents). Raises ``OSError``."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=2, sort_keys=True)
+        if compact:
+            json.dump(document, f, separators=(",", ":"), sort_keys=True)
+        else:
+            json.dump(document, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
     if os.path.exists(path):

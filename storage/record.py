@@ -303,6 +303,29 @@ def check_message_and_return_size(buf, pos: int, limit: int, expected_offset: in
                            _property(props_raw, b"UNIQ_KEY\x01"), sys_flag, prepared)
 
 
+def properties_at(buf, pos: int) -> bytes:
+    """The raw PROPERTIES of the record at ``pos``, found through its length fields
+    without decoding the rest. The record must already have passed
+    ``check_message_and_return_size``; raises ``struct.error`` past the buffer."""
+    magic, = INT.unpack_from(buf, pos + MAGICCODE_POS)
+    sys_flag, = INT.unpack_from(buf, pos + SYSFLAG_POS)
+    p = pos + HEAD.size + _tail(sys_flag).size - 4
+    (body_len,) = INT.unpack_from(buf, p)
+    p += 4 + body_len
+    if magic & 0xFFFFFFFF == MESSAGE_MAGIC_CODE_V2:
+        (topic_len,) = SHORT.unpack_from(buf, p)
+        p += 2 + topic_len
+    else:
+        p += 1 + buf[p]
+    (props_len,) = SHORT.unpack_from(buf, p)
+    return bytes(buf[p + 2:p + 2 + props_len])
+
+
+def find_property(props: bytes, name: str) -> str | None:
+    """The value of property ``name`` in a raw properties string, or None."""
+    return _property(props, name.encode("utf-8") + b"\x01")
+
+
 @functools.lru_cache(maxsize=4096)
 def _decode_topic(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")

@@ -3,6 +3,10 @@
 ``PutMessageStatus`` is what a put returns to its caller, ``AppendMessageStatus`` what
 the append into a mapped file returned inside the CommitLog, ``GetMessageStatus`` what a
 pull returns. Expected outcomes are statuses; faults are exceptions (``storage.errors``).
+
+``PutMessageStatus.OUT_OF_ORDER_SEQUENCE`` is rocketstore's, not RocketMQ's (its name is
+Kafka's): an idempotent producer's record whose sequence leaves a gap after the last one
+the store holds (``storage.producer_state``). It is not stored.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class PutMessageStatus(enum.Enum):
     PROPERTIES_SIZE_EXCEEDED = 7
     OS_PAGECACHE_BUSY = 8
     UNKNOWN_ERROR = 9
+    OUT_OF_ORDER_SEQUENCE = 10
 
     @property
     def ok(self) -> bool:

@@ -79,11 +79,12 @@ from the bound of the call in progress).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
@@ -109,6 +110,16 @@ _SLOT_SETTLE_CHECKS = 20     # header re-reads while a slot names the entry bein
 _SLOT_SETTLE_SLEEP_S = 0.00005
 _HEADER_READS = 8            # reads until two consecutive index headers agree
 
+
+
+class QueueUnits(NamedTuple):
+    """Raw consume queue units from ``StoreReader.read_queue_units``."""
+
+    units: bytes      # count * 20 bytes: CQ_UNIT (commit_log_offset, size, tags_code)
+    first: int        # the logical offset of the first unit
+    count: int
+    min_offset: int   # the queue's bounds within the call's ``dispatched``
+    max_offset: int
 
 
 def _digit_names(directory: str) -> list[str]:
@@ -498,18 +509,32 @@ class StoreReader:
 
     def get_raw_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                          dispatched: int, tags: Iterable[str] | None = None, *,
-                         min_commit_log_offset: int | None = None) -> GetRawMessagesResult:
+                         min_commit_log_offset: int | None = None,
+                         batch_limits: tuple[int, int] | None = None) -> GetRawMessagesResult:
         """``get_message`` returning each record's bytes as the CommitLog holds them
-        (checked the same way, never decoded unless ``tags`` filters)."""
+        (checked the same way, never decoded unless ``tags`` filters).
+
+        ``batch_limits=(max_count, max_bytes)`` replaces the consumers' per-pull limits
+        (``max_transfer_{count,bytes}_on_message_in_{memory,disk}``) for bulk readers;
+        the first record is returned even when it alone is over ``max_bytes``."""
         r = self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
-                       min_commit_log_offset, check_unit_raw, tags_of_raw)
+                       min_commit_log_offset, check_unit_raw, tags_of_raw, batch_limits)
         return GetRawMessagesResult(r.status, r.messages, r.next_begin_offset, r.min_offset,
                                     r.max_offset)
 
     def _pull(self, topic: str, queue_id: int, offset: int, max_msgs: int, dispatched: int,
               tags: Iterable[str] | None, min_hint: int | None, check: Callable,
-              tags_of: Callable) -> GetMessageResult:
+              tags_of: Callable, batch_limits: tuple[int, int] | None = None
+              ) -> GetMessageResult:
         self._check_open()
+        config = self.config
+        if batch_limits is not None:
+            count, size = batch_limits
+            config = dataclasses.replace(
+                config, max_transfer_count_on_message_in_memory=count,
+                max_transfer_bytes_on_message_in_memory=size,
+                max_transfer_count_on_message_in_disk=count,
+                max_transfer_bytes_on_message_in_disk=size)
         qv = self._queue(topic, queue_id)
         if qv is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -530,7 +555,7 @@ class StoreReader:
                 raise
 
         return get_from_queue(qv.cq, offset, max_msgs, tags, lo, hi, read_unit,
-                              config=self.config, max_phy=dispatched,
+                              config=config, max_phy=dispatched,
                               memory_limit=self._memory_limit,
                               roll_next_file=self._commit_log.roll_next_file, tags_of=tags_of)
 
@@ -593,6 +618,77 @@ class StoreReader:
         return query_messages(files, lambda phy: self._look(phy, dispatched, min_phy),
                               self.config.max_msgs_num_batch, topic, key, max_num,
                               begin_ms, end_ms).messages
+
+    # ----------------------------------------------------------------- bulk reads
+    def read_queue_units(self, topic: str, queue_id: int, offset: int, max_units: int,
+                         dispatched: int, *,
+                         min_commit_log_offset: int | None = None) -> QueueUnits:
+        """The raw 20-byte units of ``topic``/``queue_id`` from logical ``offset``, for
+        readers that decode in bulk (the Spark source): at most ``max_units``, never
+        past the queue's max within ``dispatched`` nor past the end of the consume queue
+        file holding ``offset`` (ask again from ``first + count`` for more).
+
+        ``first`` is ``max(offset, min)``: when it is larger than ``offset`` the units
+        in between expired. Blank (filler) units are returned as they lie; callers skip
+        them (``size == BLANK_UNIT_SIZE``). ``count`` is 0 for an unknown queue or an
+        offset at or past the max.
+        """
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return QueueUnits(b"", offset, 0, 0, 0)
+        lo, hi = qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset))
+        first = max(offset, lo)
+        if first >= hi or max_units <= 0:
+            return QueueUnits(b"", first, 0, lo, hi)
+        per_file = qv.units
+        count = min(max_units, hi - first, per_file - first % per_file)
+        found = qv.cq.get_index_buffer(first)
+        if found is None:  # its file went between bounds() and now
+            return QueueUnits(b"", first, 0, lo, hi)
+        mf, pos, _ = found
+        units = bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
+        return QueueUnits(units, first, count, lo, hi)
+
+    def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
+                                  dispatched: int, *,
+                                  min_commit_log_offset: int | None = None) -> int:
+        """The first logical offset whose message was stored at or after
+        ``timestamp_ms`` (Kafka's offsetsForTimes), or the queue's max within
+        ``dispatched`` when none was; -1 for an unknown queue.
+
+        Unlike ``get_offset_in_queue_by_time`` (RocketMQ's nearest message, which may be
+        an earlier one) this never starts before the timestamp. Store times never
+        decrease along the CommitLog, so along a queue either: a binary search reads
+        about log2(n) records. A unit whose record expired meanwhile counts as earlier.
+        """
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return -1
+        min_phy = self._commit_log_min(min_commit_log_offset)
+        lo, hi = qv.bounds(dispatched, min_phy)
+        self._bound_commit_log(dispatched)
+        pickup = self._commit_log.pickup_store_timestamp
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = qv.cq.get_unit(mid)
+            stored = -1 if unit is None or unit[1] == BLANK_UNIT_SIZE else pickup(unit[0], unit[1])
+            if 0 <= stored and stored >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def read_commit_log(self, commit_log_offset: int, size: int, dispatched: int) -> bytes | None:
+        """A copy of ``size`` CommitLog bytes from ``commit_log_offset`` when they lie in
+        one file, at or above the CommitLog's min and below ``dispatched``; else None.
+        Bulk readers copy the span covering a batch of records in one call."""
+        self._check_open()
+        if size < 0 or commit_log_offset + size > dispatched:
+            return None
+        self._bound_commit_log(dispatched)
+        return self._read_record(commit_log_offset, size, self._commit_log_min(None))
 
     def _index_files(self) -> list[_IndexView]:
         """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""

@@ -14,6 +14,8 @@ nothing on disk and costs other producers nothing.
     a header value outside its Java type's range           MESSAGE_ILLEGAL
     a property, tag or key holding \\x00, \\x01 or \\x02, an empty
       property name, a key holding a space                 MESSAGE_ILLEGAL
+    a property the store sets itself (__PID, __SEQ:
+      an idempotent producer's identity)                   MESSAGE_ILLEGAL
     properties over 32767 bytes (UTF-8)                    PROPERTIES_SIZE_EXCEEDED
     record longer than max_message_size, or than a
       CommitLog file can hold                              MESSAGE_ILLEGAL
@@ -30,13 +32,18 @@ import ipaddress
 import re
 
 from storage.config import StoreConfig
-from storage.message import KEY_SEPARATOR, Message
+from storage.message import (
+    KEY_SEPARATOR, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, Message)
 from storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
 from storage.status import PutMessageStatus
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)
 RESERVED_TOPICS = frozenset({SCHEDULE_TOPIC})
+# Properties only the writer sets: the identity it stamps on an idempotent producer's
+# records. One set by a client would make a restarted writer believe it stored a
+# sequence it never did.
+RESERVED_PROPERTIES = (PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE)
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -79,6 +86,10 @@ def _check_ranges(msg: Message) -> str | None:
 def _check_properties(msg: Message) -> Refusal | None:
     if not isinstance(msg.properties, dict):
         return _illegal("properties must be a dict of str to str")
+    if msg.properties and (PROPERTY_PRODUCER_ID in msg.properties
+                           or PROPERTY_PRODUCER_SEQUENCE in msg.properties):
+        return _illegal(f"properties {' and '.join(RESERVED_PROPERTIES)} are reserved: the "
+                        "store sets them from the SEND record's producer_id and sequence")
     for name, value in msg.properties.items():
         if not isinstance(name, str) or not isinstance(value, str) or not name:
             return _illegal(f"property {name!r} must be a non-empty str name with a str value")

@@ -17,7 +17,9 @@ import sys
 import pytest
 
 import refcodec
-from storage import StoreConfig
+from procs.client import ClientError, Consumer, Producer, ReaderClient
+from storage import Message, StoreConfig
+from store_processes import RunningStore, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -296,6 +298,61 @@ def test_a_store_held_by_another_process_cannot_be_opened(tmp_path, small_toml):
             holder.wait()
     r = run("check", "--config", small_toml, "--store", d)
     assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------ status
+def test_status_shows_consumer_group_lag(tmp_path):
+    """``status`` of a running store lists every ``topic@group`` of consumerOffset.json:
+    committed offset, max offset and lag per queue, and the group's total lag."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Orders", body=b"o%d" % i, queue_id=i % 3) for i in range(30)]))
+        with Consumer(rs.store_dir, "local", "Orders") as c:   # reads everything, commits
+            got = []
+            while len(got) < 30:
+                batch = c.poll(64, 2000)
+                assert batch, "the local consumer stopped short"
+                got += batch
+        with ReaderClient(rs.store_dir) as rc:
+            rc.commit_offsets("remote", "Orders", {0: 4, 1: 10})
+            with pytest.raises(ClientError):
+                rc.commit_offsets("remote", "Orders", {2: 11})
+
+        def status() -> dict:
+            r = run("status", "--config", rs.config_path, "--json")
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)["consumer_groups"]
+
+        groups = status()
+        assert set(groups) == {"Orders@local", "Orders@remote"}
+        assert groups["Orders@remote"] == {
+            "topic": "Orders", "group": "remote", "lag": 6,
+            "queues": {"0": {"committed": 4, "max_offset": 10, "lag": 6},
+                       "1": {"committed": 10, "max_offset": 10, "lag": 0},
+                       "2": {"committed": None, "max_offset": 10, "lag": None}}}
+        local = groups["Orders@local"]
+        assert local["lag"] == 0
+        assert {q: local["queues"][q]["committed"] for q in "012"} == {"0": 10, "1": 10, "2": 10}
+
+        with Producer(rs.store_dir) as p:   # five more in queue 0: both groups fall behind
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Orders", body=b"n", queue_id=0) for _ in range(5)]))
+        groups = wait_for(lambda: (g := status())["Orders@remote"]["lag"] == 11 and g,
+                          what="lag to grow")
+        assert groups["Orders@remote"]["queues"]["0"] == \
+            {"committed": 4, "max_offset": 15, "lag": 11}
+        assert groups["Orders@local"]["lag"] == 5
+
+        text = run("status", "--config", rs.config_path)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert "groups     2  (total lag 16)" in lines
+        assert "  Orders@remote  lag 11" in lines
+        assert any(line.split() == ["queue", "0", "committed", "4", "max", "15", "lag", "11"]
+                   for line in lines)
+        assert any(line.split() == ["queue", "2", "committed", "-", "max", "10", "lag", "-"]
+                   for line in lines)
 
 
 # ------------------------------------------------------------------ config

@@ -126,12 +126,29 @@ def valid_frames() -> dict[str, tuple[bytes, object]]:
         "query_offset": (P.encode_query_by_offset(18, 4096), P.decode_query),
         "query_reply": (P.encode_query_reply(19, recs[:2]), P.decode_query_reply),
         "error": (P.encode_error(20, ErrorCode.INTERNAL, "disk on fire"), P.decode_error),
+        "pull_reply_raw": (P.encode_pull_reply(21, GetMessageStatus.FOUND, 3, 0, 3, recs),
+                           P.decode_pull_reply_raw),
+        "offsets": (P.encode_offsets(22, ["TopicTest", "Other"], 1700000000000),
+                    P.decode_offsets),
+        "offsets_all": (P.encode_offsets(23), P.decode_offsets),
+        "offsets_reply": (P.encode_offsets_reply(24, 4216, 1699999990000, [
+            P.QueueOffsets("TopicTest", 0, 0, 8, 7), P.QueueOffsets("Other", 3, 5, 9, -1)]),
+            P.decode_offsets_reply),
+        "fetch": (P.encode_fetch(25, "TopicTest", 1, 42, 65536, 1 << 24), P.decode_fetch),
+        "commit": (P.encode_commit(26, "billing", "TopicTest", {0: 8, 3: 1}), P.decode_commit),
+        "commit_reply": (P.encode_commit_reply(27, [(0, 8), (3, 1)]), P.decode_commit_reply),
     }
 
 
 VALID = valid_frames()
-DECODERS = [P.decode_send, P.decode_send_reply, P.decode_pull, P.decode_pull_reply,
-            P.decode_query, P.decode_query_reply, P.decode_error]
+DECODER_KINDS = {P.decode_send: Kind.SEND, P.decode_send_reply: Kind.SEND_REPLY,
+                 P.decode_pull: Kind.PULL, P.decode_pull_reply: Kind.PULL_REPLY,
+                 P.decode_pull_reply_raw: Kind.PULL_REPLY, P.decode_query: Kind.QUERY,
+                 P.decode_query_reply: Kind.QUERY_REPLY, P.decode_offsets: Kind.OFFSETS,
+                 P.decode_offsets_reply: Kind.OFFSETS_REPLY, P.decode_fetch: Kind.FETCH,
+                 P.decode_commit: Kind.COMMIT, P.decode_commit_reply: Kind.COMMIT_REPLY,
+                 P.decode_error: Kind.ERROR}
+DECODERS = list(DECODER_KINDS)
 
 
 def raises(code: ErrorCode, fn, frame, request_id: int | None = None) -> ProtocolError:
@@ -386,7 +403,7 @@ def test_unknown_version_is_unsupported_and_keeps_request_id(name, version):
     raises(ErrorCode.UNSUPPORTED_VERSION, P.peek_header, bad, rid)
 
 
-@pytest.mark.parametrize("kind", [0, 7, 8, 14, 16, 255])
+@pytest.mark.parametrize("kind", [0, 12, 13, 14, 16, 255])
 def test_unknown_kind(kind):
     frame = set_header(VALID["send"][0], kind=kind)
     raises(ErrorCode.UNKNOWN_KIND, P.peek_header, frame, 11)
@@ -398,7 +415,7 @@ def test_unknown_kind(kind):
 def test_a_kind_the_decoder_does_not_take(name):
     frame, decode = VALID[name]
     for other in DECODERS:
-        if other is not decode:
+        if DECODER_KINDS[other] is not P.peek_header(frame).kind:
             e = raises(ErrorCode.UNKNOWN_KIND, other, frame, P.peek_header(frame).request_id)
             assert P.peek_header(frame).kind.name in e.detail
 
@@ -540,7 +557,7 @@ def test_send_reply_bad_fields():
     frame = P.encode_send_reply(5, [EXAMPLE_RESULT])
     body = P.HEADER_SIZE
     raises(ErrorCode.MALFORMED_FRAME, P.decode_send_reply,
-           frame[:body] + b"\x0a" + frame[body + 1:], 5)  # status 10 does not exist
+           frame[:body] + b"\xff" + frame[body + 1:], 5)  # status 255 does not exist
     bad_id = bytearray(frame)
     bad_id[body + 30] = 0xC3
     raises(ErrorCode.MALFORMED_FRAME, P.decode_send_reply, bytes(bad_id), 5)
@@ -584,13 +601,204 @@ def test_query_bad_mode_and_ascii():
 def test_error_bad_code_and_utf8():
     frame = P.encode_error(9, ErrorCode.INTERNAL, "ok")
     raises(ErrorCode.MALFORMED_FRAME, P.decode_error,
-           frame[:P.HEADER_SIZE] + b"\x00\x07" + frame[P.HEADER_SIZE + 2:], 9)
+           frame[:P.HEADER_SIZE] + b"\x00\xc8" + frame[P.HEADER_SIZE + 2:], 9)
     raises(ErrorCode.MALFORMED_FRAME, P.decode_error, frame[:-2] + b"\xe2\x82", 9)
 
 
 def test_protocol_error_is_a_value_error_naming_its_code():
     e = raises(ErrorCode.MALFORMED_FRAME, P.decode_send, b"")
     assert isinstance(e, ValueError) and str(e).startswith("MALFORMED_FRAME:")
+
+
+# ---------------------------------------------------------------------------- batch readers
+# OFFSETS, FETCH, COMMIT (docs/PROTOCOL.md §4.8-4.12, worked example §9)
+GOLDEN_BATCH = {
+    "offsets": (lambda: P.encode_offsets(2, ["TopicTest"], 1700000000000),
+                P.OffsetsRequest(2, ["TopicTest"], 1700000000000), P.decode_offsets),
+    "offsets_reply": (lambda: P.encode_offsets_reply(2, 4216, 1699999990000,
+                                                     [P.QueueOffsets("TopicTest", 2, 0, 8, 7)]),
+                      P.OffsetsReply(2, 4216, 1699999990000,
+                                     [P.QueueOffsets("TopicTest", 2, 0, 8, 7)]),
+                      P.decode_offsets_reply),
+    "fetch": (lambda: P.encode_fetch(3, "TopicTest", 2, 7, 65536, 16777216),
+              P.FetchRequest(3, "TopicTest", 2, 7, 65536, 16777216), P.decode_fetch),
+    "commit": (lambda: P.encode_commit(4, "billing", "TopicTest", {2: 8}),
+               P.CommitRequest(4, "billing", "TopicTest", [(2, 8)]), P.decode_commit),
+    "commit_reply": (lambda: P.encode_commit_reply(4, {2: 8}), P.CommitReply(4, [(2, 8)]),
+                     P.decode_commit_reply),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_BATCH))
+def test_golden_batch_frames_match_doc_encoder_and_decoder(name):
+    encode, value, decode = GOLDEN_BATCH[name]
+    golden = doc_hex(name)
+    assert encode() == golden
+    assert decode(golden) == value
+
+
+def test_golden_offsets_bytes_by_hand():
+    # the fields at the offsets PROTOCOL.md §4.8/§4.9 give, independently of the codec
+    req = doc_hex("offsets")
+    assert req[3] == 7 and struct.unpack_from(">I", req, 12) == (1,)
+    assert struct.unpack_from(">qH9s", req, 16) == (1700000000000, 9, b"TopicTest")
+    reply = doc_hex("offsets_reply")
+    assert struct.unpack_from(">qq", reply, 16) == (4216, 1699999990000)
+    assert struct.unpack_from(">H9siqqq", reply, 32) == (9, b"TopicTest", 2, 0, 8, 7)
+    assert len(reply) == 32 + 2 + 9 + 28
+
+
+def test_fetch_has_pull_layout_with_max_bytes_in_place_of_timeout():
+    fetch = P.encode_fetch(9, "T", 1, 2, 3, 4)
+    pull = P.encode_pull(9, "T", 1, 2, 3, 4)
+    assert fetch[3] == Kind.FETCH and fetch[4:] == pull[4:]
+    assert P.REPLY_KIND[Kind.FETCH] is Kind.PULL_REPLY
+
+
+@given(U64, st.lists(_text(0, 60), max_size=6), INT64)
+def test_offsets_round_trip(request_id, topics, timestamp_ms):
+    frame = P.encode_offsets(request_id, topics, timestamp_ms)
+    assert P.peek_header(frame).count == len(topics)
+    assert P.decode_offsets(frame) == P.OffsetsRequest(request_id, topics, timestamp_ms)
+
+
+def test_offsets_defaults_to_every_topic_and_no_timestamp():
+    assert P.decode_offsets(P.encode_offsets(1)) == P.OffsetsRequest(1, [], -1)
+
+
+queue_offsets = st.builds(P.QueueOffsets, _text(0, 40), INT32, INT64, INT64, INT64)
+
+
+@settings(max_examples=200)
+@given(U64, INT64, INT64, st.lists(queue_offsets, max_size=8))
+def test_offsets_reply_round_trip(request_id, dispatched, generation, queues):
+    reply = P.decode_offsets_reply(P.encode_offsets_reply(request_id, dispatched, generation,
+                                                          queues))
+    assert reply == P.OffsetsReply(request_id, dispatched, generation, queues)
+    assert all(type(q) is P.QueueOffsets for q in reply.queues)
+
+
+@given(U64, _text(0, 300), INT32, INT64, INT32, INT32)
+def test_fetch_round_trip(request_id, topic, queue_id, offset, max_msgs, max_bytes):
+    frame = P.encode_fetch(request_id, topic, queue_id, offset, max_msgs, max_bytes)
+    assert P.decode_fetch(frame) == P.FetchRequest(request_id, topic, queue_id, offset,
+                                                   max_msgs, max_bytes)
+
+
+@settings(max_examples=200)
+@given(U64, _text(0, 60), _text(0, 60), st.lists(st.tuples(INT32, INT64), max_size=20))
+def test_commit_round_trip(request_id, group, topic, pairs):
+    req = P.decode_commit(P.encode_commit(request_id, group, topic, pairs))
+    assert req == P.CommitRequest(request_id, group, topic, pairs)
+    got_id, got = P.decode_commit_reply(P.encode_commit_reply(request_id, pairs))
+    assert (got_id, got) == (request_id, pairs)
+
+
+def test_commit_takes_a_mapping_or_pairs():
+    assert P.encode_commit(1, "g", "T", {3: 10, 1: 2}) == \
+        P.encode_commit(1, "g", "T", [(3, 10), (1, 2)])
+    assert P.decode_commit(P.encode_commit(1, "g", "T", {})).offsets == []
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(U64, st.sampled_from(GetMessageStatus), INT64, INT64, INT64,
+       st.lists(record_messages, max_size=5))
+def test_raw_pull_reply_gives_the_records_bytes_without_copying(request_id, status, nb, lo,
+                                                                hi, msgs):
+    raws = [raw_record(m, i, 10_000 * i) for i, m in enumerate(msgs)]
+    frame = P.encode_pull_reply(request_id, status, nb, lo, hi, raws)
+    raw = P.decode_pull_reply_raw(frame)
+    assert raw[:5] == (request_id, status, nb, lo, hi)
+    assert [bytes(r) for r in raw.records] == raws
+    assert all(isinstance(r, memoryview) and r.obj is frame for r in raw.records)
+    assert [record.decode_at(r, 0, check_crc=True) for r in raw.records] == \
+        P.decode_pull_reply(frame).messages
+
+
+def test_raw_pull_reply_takes_any_buffer():
+    import zmq
+    frame = VALID["pull_reply_raw"][0]
+    expected = [bytes(r) for r in P.decode_pull_reply_raw(frame).records]
+    for buf in (bytearray(frame), memoryview(frame), zmq.Frame(frame)):
+        assert [bytes(r) for r in P.decode_pull_reply_raw(buf).records] == expected
+
+
+def test_raw_pull_reply_checks_framing_but_leaves_the_crc_to_the_caller():
+    recs = sample_records()
+    frame = P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, recs[:1])
+    torn = bytearray(frame)
+    torn[P.HEADER_SIZE + P.PULL_REPLY_FIXED.size + 4 + 88] ^= 0x01  # a body byte
+    [r] = P.decode_pull_reply_raw(bytes(torn)).records
+    with pytest.raises(record.RecordFormatError):
+        record.decode_at(r, 0, check_crc=True)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply, bytes(torn), 7)
+    # TOTALSIZE one short of the length prefix, no magic, a wrong magic
+    wrong_magic = b"\x00\x00\x00\x0c\xca\xfe\xba\xbe" + bytes(4)
+    for bad in ([recs[0] + b"\x00"], [bytes(100)], [wrong_magic]):
+        e = raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
+                   P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, bad), 7)
+        assert "PULL_REPLY record 0" in e.detail
+    for short in ([b"\x00\x00\x00\x04"], [b""], [recs[0][:4] + b"\x00" * 4] * 2):
+        raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
+               P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, short), 7)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
+           frame[:P.HEADER_SIZE] + b"\x09" + frame[P.HEADER_SIZE + 1:], 7)
+
+
+def test_batch_frames_bad_utf8_and_lengths_past_the_frame():
+    offsets = P.encode_offsets(5, ["TT"])
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_offsets, offsets[:-2] + b"\xff\xfe", 5)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_offsets, offsets[:-4] + b"\xff\xff" + b"TT", 5)
+    reply = P.encode_offsets_reply(5, 0, 0, [P.QueueOffsets("TT", 0, 0, 0, 0)])
+    topic_at = P.HEADER_SIZE + 16
+    bad = bytearray(reply)
+    bad[topic_at + 2] = 0xC3
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_offsets_reply, bytes(bad), 5)
+    bad[topic_at:topic_at + 2] = b"\x01\x00"
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_offsets_reply, bytes(bad), 5)
+    fetch = P.encode_fetch(5, "TT", 0, 0, 1, 1)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch,
+           fetch[:P.HEADER_SIZE] + b"\x00\x30" + fetch[P.HEADER_SIZE + 2:], 5)
+    commit = P.encode_commit(5, "gg", "TT", {0: 1})
+    for pos, raw in ((P.HEADER_SIZE + 2, b"\xff"), (P.HEADER_SIZE + 6, b"\xed")):
+        bad = bytearray(commit)
+        bad[pos] = raw[0]
+        raises(ErrorCode.MALFORMED_FRAME, P.decode_commit, bytes(bad), 5)
+    for pos in (P.HEADER_SIZE, P.HEADER_SIZE + 4):   # group length, topic length
+        bad = bytearray(commit)
+        bad[pos:pos + 2] = b"\xff\xff"
+        raises(ErrorCode.MALFORMED_FRAME, P.decode_commit, bytes(bad), 5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: P.encode_offsets(1, ["T"], 1 << 63),
+    lambda: P.encode_offsets(1, ["x" * 65536]),
+    lambda: P.encode_offsets_reply(1, 1 << 63, 0, []),
+    lambda: P.encode_offsets_reply(1, 0, 0, [P.QueueOffsets("T", 1 << 31, 0, 0, 0)]),
+    lambda: P.encode_fetch(1, "T", 0, 0, 1 << 31, 1),
+    lambda: P.encode_fetch(1, "T", 0, 1 << 63, 1, 1),
+    lambda: P.encode_commit(1, "g" * 65536, "T", {}),
+    lambda: P.encode_commit(1, "g", "T", {0: 1 << 63}),
+    lambda: P.encode_commit(1, "g", "T", {1 << 31: 0}),
+    lambda: P.encode_commit_reply(1, [(0, -(1 << 63) - 1)]),
+])
+def test_batch_encoders_raise_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_batch_encoders_refuse_too_many_records():
+    for call in (lambda: P.encode_offsets(3, ["T"] * (P.MAX_RECORDS_PER_FRAME + 1)),
+                 lambda: P.encode_commit(3, "g", "T", [(0, 0)] * (P.MAX_RECORDS_PER_FRAME + 1))):
+        with pytest.raises(ProtocolError) as info:
+            call()
+        assert info.value.code is ErrorCode.TOO_MANY_RECORDS and info.value.request_id == 3
+
+
+def test_fetch_limits_keep_a_reply_under_the_frame_limit():
+    worst = (P.HEADER_SIZE + P.PULL_REPLY_FIXED.size + 4 * P.MAX_FETCH_MSGS + P.MAX_FETCH_BYTES)
+    assert P.MAX_FETCH_MSGS == P.MAX_RECORDS_PER_FRAME
+    assert worst * 3 < P.MAX_FRAME_BYTES
 
 
 # ---------------------------------------------------------------------------- fuzzing

@@ -1,0 +1,348 @@
+"""What a batch reader on another machine gets from the reader socket: OFFSETS (a
+planner's queue offsets, and where a time falls in each queue), FETCH (bulk reads past
+the consumers' per-pull limits) and COMMIT (a remote group's progress in
+consumerOffset.json).
+
+Real processes throughout: ``rocketstore up`` with every child, real sockets, shared
+memory and files (``store_processes.RunningStore``); the StoreReader test at the top
+reads an embedded store's files. Expected values come from what the producer was told
+(queue offsets, store timestamps) and from the records themselves, never from the code
+under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import zmq
+
+from conftest import destroy_context, small_config
+from procs import protocol
+from procs.client import ClientError, Consumer, Producer, ReaderClient
+from shm import bus
+from shm.positions import Slot
+from storage import Message, MessageStore
+from storage.record import SCHEDULE_TOPIC, decode_at
+from storage.status import GetMessageStatus as S
+from storage.store_reader import StoreReader
+from store_processes import RunningStore, cli, wait_for
+
+BULK, TIMED, SMALL, LATER = "Bulk", "Timed", "Small", "Later"
+BULK_COUNT = 1500          # three consume queue files of 512 units, several CommitLog files
+SMALL_PER_QUEUE = 40
+
+
+def bulk_body(i: int) -> bytes:
+    return f"bulk-{i:05d}-".encode() + bytes(i % 97)
+
+
+def offsets_file(store_dir: str) -> dict:
+    with open(os.path.join(store_dir, "config", "consumerOffset.json")) as f:
+        return json.load(f)["offsetTable"]
+
+
+# ============================================================ StoreReader.get_raw_messages
+def test_batch_limits_replace_the_consumers_per_pull_limits(tmp_path):
+    config = small_config(tmp_path / "store", mapped_file_size_consume_queue=20 * 300)
+    store = MessageStore(config)
+    store.load()
+    reader = StoreReader(config)
+    try:
+        store.put_batch([Message(topic=BULK, body=bulk_body(i), queue_id=0) for i in range(200)])
+        store.dispatch()
+        d = store.reput_from_offset
+        default = reader.get_raw_messages(BULK, 0, 0, 1000, d)
+        assert len(default.records) == config.max_transfer_count_on_message_in_memory == 32
+        bulk = reader.get_raw_messages(BULK, 0, 0, 1000, d, batch_limits=(1000, 1 << 30))
+        assert (bulk.status, bulk.next_begin_offset, len(bulk.records)) == (S.FOUND, 200, 200)
+        assert bulk.records[:32] == default.records
+        assert [decode_at(r, 0, check_crc=True).body for r in bulk.records] == \
+            [bulk_body(i) for i in range(200)]
+        sizes = [len(r) for r in bulk.records]
+        five = reader.get_raw_messages(BULK, 0, 10, 1000, d, batch_limits=(1000, sum(sizes[10:15])))
+        assert five.records == bulk.records[10:15] and five.next_begin_offset == 15
+        one = reader.get_raw_messages(BULK, 0, 3, 1000, d, batch_limits=(1000, 1))
+        assert one.records == bulk.records[3:4]   # the first record always comes
+        capped = reader.get_raw_messages(BULK, 0, 0, 7, d, batch_limits=(1000, 1 << 30))
+        assert len(capped.records) == 7
+        counted = reader.get_raw_messages(BULK, 0, 0, 1000, d, batch_limits=(50, 1 << 30))
+        assert len(counted.records) == 50
+        # nothing leaks into the consumers' reads
+        assert len(reader.get_message(BULK, 0, 0, 1000, d).messages) == 32
+        assert reader.get_raw_messages(BULK, 0, 0, 1000, d).records == default.records
+    finally:
+        reader.close()
+        store.close()
+
+
+# ============================================================ a running store
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """One store for the module: Bulk/0 (1500 messages), Small/0-3 (40 each), Timed/0-1
+    (three batches a few milliseconds apart), Later (one delayed message, delivered)."""
+    rs = RunningStore(tmp_path_factory.mktemp("batch"))
+    with rs:
+        timed = []
+        with Producer(rs.store_dir) as p:
+            for start in range(0, BULK_COUNT, 250):
+                results = p.send_batch([Message(topic=BULK, body=bulk_body(i), queue_id=0)
+                                        for i in range(start, start + 250)])
+                assert [r.queue_offset for r in results if r.ok] == \
+                    list(range(start, start + 250))
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic=SMALL, body=b"s%d" % i, queue_id=i % 4)
+                 for i in range(4 * SMALL_PER_QUEUE)]))
+            for _ in range(3):
+                timed += p.send_batch([Message(topic=TIMED, body=b"t", queue_id=i % 2)
+                                       for i in range(150)])
+                time.sleep(0.02)
+            assert all(r.ok for r in timed)
+            assert p.send(LATER, b"later", delay_level=1, queue_id=0).ok
+        with ReaderClient(rs.store_dir) as rc:
+            wait_for(lambda: rc.offsets([LATER]), timeout=30, what="the delayed message")
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        rs.timed = timed
+        yield rs
+
+
+@pytest.fixture
+def rc(running):
+    with ReaderClient(running.store_dir) as client:
+        yield client
+
+
+def refused(call, *names: str) -> str:
+    with pytest.raises(ClientError) as info:
+        call()
+    text = str(info.value)
+    assert text.startswith("BAD_REQUEST:"), text
+    for name in names:
+        assert name in text, text
+    return text
+
+
+# ------------------------------------------------------------ OFFSETS
+def test_offsets_of_every_topic(running, rc):
+    queues = rc.offsets()
+    assert [(q.topic, q.queue_id) for q in queues] == \
+        [(BULK, 0), (LATER, 0), (SMALL, 0), (SMALL, 1), (SMALL, 2), (SMALL, 3),
+         (TIMED, 0), (TIMED, 1)]   # by topic name, reserved SCHEDULE_TOPIC_XXXX left out
+    by = {(q.topic, q.queue_id): q for q in queues}
+    assert by[(BULK, 0)] == protocol.QueueOffsets(BULK, 0, 0, BULK_COUNT, -1)
+    assert by[(LATER, 0)][2:] == (0, 1, -1)
+    assert all(by[(SMALL, i)][2:] == (0, SMALL_PER_QUEUE, -1) for i in range(4))
+    assert all(by[(TIMED, i)][2:] == (0, 225, -1) for i in range(2))
+    assert rc.dispatched == running.slot(Slot.DISPATCHED) == running.slot(Slot.WRITTEN)
+    assert rc.generation == running.slot(Slot.GENERATION) > 0
+    reply = rc.offsets_reply()
+    assert reply.queues == queues and reply.dispatched == rc.dispatched
+
+
+def test_offsets_of_named_topics(rc):
+    named = rc.offsets([SMALL, BULK, SMALL])
+    assert [(q.topic, q.queue_id) for q in named] == \
+        [(SMALL, 0), (SMALL, 1), (SMALL, 2), (SMALL, 3), (BULK, 0)]
+    assert rc.offsets(["NoSuchTopic"]) == []
+    assert [q.topic for q in rc.offsets(["NoSuchTopic", BULK])] == [BULK]
+    scheduled = rc.offsets([SCHEDULE_TOPIC])   # reserved, but it can be named
+    assert scheduled and all(q.topic == SCHEDULE_TOPIC for q in scheduled)
+    assert sum(q.max_offset for q in scheduled) == 1
+    refused(lambda: rc.offsets(["bad topic"]), "'bad topic'")
+    refused(lambda: rc.offsets([BULK, "../etc"]), "'../etc'")
+
+
+def test_offsets_at_a_time_are_the_first_stored_at_or_after_it(running, rc):
+    timed = running.timed
+    stamps = sorted({r.store_timestamp for r in timed})
+    assert len(stamps) >= 3
+    probes = sorted({0, stamps[0] - 1, stamps[-1] + 1, 1 << 62}
+                    | {t + d for t in stamps for d in (-1, 0, 1)})
+    for t in probes:
+        got = {q.queue_id: q for q in rc.offsets([TIMED], t)}
+        for queue_id in (0, 1):
+            later = [r.queue_offset for r in timed
+                     if r.queue_id == queue_id and r.store_timestamp >= t]
+            want = min(later) if later else 225
+            assert got[queue_id].time_offset == want, (t, queue_id)
+            assert got[queue_id][2:4] == (0, 225)
+    # several messages share each millisecond: the first of them, never a later one
+    shared = [t for t in stamps if sum(r.store_timestamp == t for r in timed) > 2]
+    assert shared
+
+
+# ------------------------------------------------------------ FETCH
+def test_fetch_reads_a_large_range_in_one_reply(rc):
+    pulled = rc.pull(BULK, 0, 0, BULK_COUNT)
+    assert len(pulled.messages) == 32      # a consumer's pull keeps RocketMQ's limit
+    r = rc.fetch(BULK, 0, 0)
+    assert (r.status, r.next_begin_offset, r.min_offset, r.max_offset) == \
+        (S.FOUND, BULK_COUNT, 0, BULK_COUNT)
+    assert len(r.records) == BULK_COUNT
+    assert all(isinstance(x, memoryview) for x in r.records)
+    msgs = [decode_at(x, 0, check_crc=True) for x in r.records]
+    assert [m.queue_offset for m in msgs] == list(range(BULK_COUNT))
+    assert [m.body for m in msgs] == [bulk_body(i) for i in range(BULK_COUNT)]
+    assert len({m.commit_log_offset // (64 * 1024) for m in msgs}) >= 4  # CommitLog files
+    across = rc.fetch(BULK, 0, 500, 100)   # over the 512-unit consume queue file end
+    assert [decode_at(x, 0).queue_offset for x in across.records] == list(range(500, 600))
+    assert across.next_begin_offset == 600
+    huge = rc.fetch(BULK, 0, 1400, 10 ** 9, (1 << 31) - 1)   # the reader caps both
+    assert len(huge.records) == 100 and huge.next_begin_offset == BULK_COUNT
+
+
+def test_fetch_respects_max_bytes(rc):
+    full = rc.fetch(BULK, 0, 0)
+    sizes = [len(x) for x in full.records]
+    for start, limit in [(0, 1), (0, sizes[0]), (0, sizes[0] + sizes[1] - 1),
+                         (0, sizes[0] + sizes[1]), (7, 5000), (490, 6000), (500, 100_000),
+                         (1490, 1 << 20)]:
+        r = rc.fetch(BULK, 0, start, 65536, limit)
+        n, total = 0, 0
+        while start + n < BULK_COUNT and total + sizes[start + n] <= limit:
+            total += sizes[start + n]
+            n += 1
+        n = max(n, 1)   # a first record larger than the limit still comes, alone
+        assert len(r.records) == n, (start, limit)
+        assert [bytes(x) for x in r.records] == [bytes(x) for x in full.records[start:start + n]]
+        assert r.next_begin_offset == start + n
+        assert n == 1 or sum(len(x) for x in r.records) <= limit
+
+
+def test_fetch_at_past_and_before_the_end_answers_at_once(rc):
+    t = time.monotonic()
+    r = rc.fetch(BULK, 0, BULK_COUNT)
+    assert time.monotonic() - t < 1.0       # never parked for arrivals
+    assert (r.status, r.next_begin_offset, r.records) == (S.OFFSET_OVERFLOW_ONE, BULK_COUNT, [])
+    r = rc.fetch(BULK, 0, BULK_COUNT + 100)
+    assert (r.status, r.max_offset, r.records) == (S.OFFSET_OVERFLOW_BADLY, BULK_COUNT, [])
+    r = rc.fetch(BULK, 0, -5)
+    assert (r.status, r.next_begin_offset, r.records) == (S.OFFSET_TOO_SMALL, 0, [])
+    assert rc.fetch(BULK, 7, 0).status is S.NO_MATCHED_LOGIC_QUEUE
+    assert rc.fetch("NoSuchTopic", 0, 0).status is S.NO_MATCHED_LOGIC_QUEUE
+    refused(lambda: rc.fetch(BULK, 0, 0, 0, 100), "max_msgs 0")
+    refused(lambda: rc.fetch(BULK, 0, 0, 10, -1), "max_bytes -1")
+    refused(lambda: rc.fetch("a/b", 0, 0), "'a/b'")
+
+
+# ------------------------------------------------------------ COMMIT
+def test_commit_is_merged_with_a_local_consumers_commits(running, rc):
+    d = running.store_dir
+    with Consumer(d, "mixed", SMALL) as c:
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 4 * SMALL_PER_QUEUE and time.monotonic() < deadline:
+            got += c.poll(256, 500)
+        assert len(got) == 4 * SMALL_PER_QUEUE
+    table = offsets_file(d)[f"{SMALL}@mixed"]
+    assert all(table[str(q)] == SMALL_PER_QUEUE for q in range(4))
+    rc.commit_offsets("mixed", SMALL, {0: 10, 2: 25})
+    rc.commit_offsets("other", SMALL, {1: 3})
+    table = offsets_file(d)
+    assert {q: table[f"{SMALL}@mixed"][q] for q in "0123"} == \
+        {"0": 10, "1": SMALL_PER_QUEUE, "2": 25, "3": SMALL_PER_QUEUE}
+    assert table[f"{SMALL}@other"] == {"1": 3}
+    # a local consumer of the group continues where the remote commit left it
+    with Consumer(d, "mixed", SMALL) as c:
+        again = []
+        deadline = time.monotonic() + 30
+        while len(again) < 45 and time.monotonic() < deadline:
+            again += c.poll(256, 500)
+    assert sorted((m.queue_id, m.queue_offset) for m in again) == \
+        [(0, i) for i in range(10, 40)] + [(2, i) for i in range(25, 40)]
+    assert offsets_file(d)[f"{SMALL}@mixed"]["0"] == SMALL_PER_QUEUE
+
+
+def test_bad_commits_are_refused_and_write_nothing(running, rc):
+    rc.commit_offsets("strict", SMALL, {0: 5})
+    path = os.path.join(running.store_dir, "config", "consumerOffset.json")
+    with open(path, "rb") as f:
+        before = f.read()
+    refused(lambda: rc.commit_offsets("bad group", SMALL, {0: 1}), "'bad group'")
+    refused(lambda: rc.commit_offsets("", SMALL, {0: 1}), "group ''")
+    refused(lambda: rc.commit_offsets("g" * 256, SMALL, {0: 1}), "group")
+    refused(lambda: rc.commit_offsets("a@b", SMALL, {0: 1}), "'a@b'")
+    refused(lambda: rc.commit_offsets("strict", "bad topic", {0: 1}), "'bad topic'")
+    refused(lambda: rc.commit_offsets("strict", SMALL, {0: SMALL_PER_QUEUE + 1}),
+            f"offset {SMALL_PER_QUEUE + 1}", f"max offset {SMALL_PER_QUEUE}")
+    refused(lambda: rc.commit_offsets("strict", SMALL, {1: 2, 0: 1000}), "1000")  # all or nothing
+    refused(lambda: rc.commit_offsets("strict", SMALL, {5: 1}), "max offset 0")
+    refused(lambda: rc.commit_offsets("strict", SMALL, {0: -1}), "offset -1")
+    refused(lambda: rc.commit_offsets("strict", SMALL, {-1: 0}), "queue -1")
+    refused(lambda: rc.commit_offsets("strict", "NoSuchTopic", {0: 1}), "max offset 0")
+    with open(path, "rb") as f:
+        assert f.read() == before
+    rc.commit_offsets("strict", SMALL, {0: SMALL_PER_QUEUE, 1: 0})   # the max itself is fine
+    assert offsets_file(running.store_dir)[f"{SMALL}@strict"] == {"0": SMALL_PER_QUEUE, "1": 0}
+
+
+# ------------------------------------------------------------ bad frames
+def test_bad_batch_frames_get_named_errors_and_the_reader_keeps_serving(running, rc):
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(bus.endpoint(running.store_dir, "reader"))
+
+    def answer(frame: bytes) -> protocol.ErrorReply:
+        s.send(frame)
+        assert s.poll(10_000), "no answer"
+        return protocol.decode_error(s.recv())
+
+    try:
+        offsets = protocol.encode_offsets(40, [BULK])
+        fetch = protocol.encode_fetch(41, BULK, 0, 0, 10, 1000)
+        commit = protocol.encode_commit(42, "g", SMALL, {0: 1})
+        for frame, rid in ((offsets[:-3], 40), (offsets + b"\x00", 40), (fetch[:-1], 41),
+                           (fetch + b"xx", 41), (commit[:-4], 42), (commit + b"\x01", 42),
+                           (protocol.HEADER.pack(b"RS", 1, protocol.Kind.COMMIT, 43, 1)
+                            + b"\xff\xff", 43),
+                           (protocol.HEADER.pack(b"RS", 1, protocol.Kind.OFFSETS, 44, 5)
+                            + bytes(8), 44)):
+            err = answer(frame)
+            assert (err.request_id, err.code) == (rid, protocol.ErrorCode.MALFORMED_FRAME), err
+        twice = answer(protocol.encode_commit(45, "g", SMALL, [(0, 1), (0, 2)]))
+        assert (twice.request_id, twice.code) == (45, protocol.ErrorCode.BAD_REQUEST)
+        assert "queue 0" in twice.message
+        reply = answer(protocol.encode_offsets_reply(46, 0, 0, []))   # a reply kind
+        assert (reply.request_id, reply.code) == (46, protocol.ErrorCode.UNKNOWN_KIND)
+    finally:
+        s.close(0)
+        destroy_context(ctx)
+    assert rc.offsets([BULK])[0].max_offset == BULK_COUNT
+    assert "g" not in {k.partition("@")[2] for k in offsets_file(running.store_dir)}
+
+
+# ------------------------------------------------------------ expiry
+def test_offsets_and_fetch_below_the_min_after_expiry(tmp_path):
+    with RunningStore(tmp_path, file_reserved_time=1, delete_commit_log_files_interval=0) as rs:
+        with Producer(rs.store_dir) as p:
+            for start in range(0, 2000, 250):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic=BULK, body=bulk_body(i), queue_id=0)
+                     for i in range(start, start + 250)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        commit_dir = os.path.join(rs.store_dir, "commitlog")
+        names = sorted(os.listdir(commit_dir))
+        assert len(names) > 3
+        for name in names[:-2]:
+            os.utime(os.path.join(commit_dir, name), (0, 0))
+        assert cli("clean", "--config", rs.config_path).returncode == 0
+        wait_for(lambda: rs.slot(Slot.MIN_OFFSET) > 0, what="min offset to move")
+        with ReaderClient(rs.store_dir) as rc:
+            [q] = rc.offsets([BULK], 0)
+            assert 0 < q.min_offset < q.max_offset == 2000
+            assert q.time_offset == q.min_offset    # expired messages count as earlier
+            low = rc.fetch(BULK, 0, 0)
+            assert (low.status, low.next_begin_offset, low.records) == \
+                (S.OFFSET_TOO_SMALL, q.min_offset, [])
+            r = rc.fetch(BULK, 0, q.min_offset)
+            msgs = [decode_at(x, 0, check_crc=True) for x in r.records]
+            assert r.status is S.FOUND and len(msgs) == 2000 - q.min_offset
+            assert msgs[0].queue_offset == q.min_offset
+            assert msgs[0].commit_log_offset >= rs.slot(Slot.MIN_OFFSET)
+            assert [m.body for m in msgs] == [bulk_body(i) for i in range(q.min_offset, 2000)]
+            refused(lambda: rc.commit_offsets("late", BULK, {0: 2001}), "max offset 2000")
+            rc.commit_offsets("late", BULK, {0: 0})   # below the min is allowed, as in RocketMQ
+        assert rs.stop() == 0, rs.log()
