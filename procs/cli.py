@@ -6,6 +6,7 @@
     rocketstore consume --group G --topic T [--follow]        read from a running store
     rocketstore query   (--key K --topic T | --msg-id ID | --offset N)
     rocketstore demo    [--count N] [--embedded] [--json]     the main job, end to end
+    rocketstore pipeline demo [--count N] [--endpoint E]      a Spark job over the store
     rocketstore dump    PATH [--type KIND] [--limit N] [--json]
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
@@ -134,6 +135,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if not problems else EXIT_FAILED
 
 
+def cmd_pipeline_demo(args: argparse.Namespace) -> int:
+    """``rocketstore pipeline demo``: the Spark job of pipeline.demo (imported here, at
+    run time: procs never imports pipeline otherwise, and pyspark is an extra)."""
+    try:
+        from pipeline import demo as pipeline_demo
+    except ImportError as e:
+        print(f"rocketstore pipeline needs the spark extra (pip install -e '.[spark]'): {e}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return pipeline_demo.run(args, load_config(args, **demo.DEMO_FILE_SIZES))
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if args.json:
@@ -167,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
     cf = sub.add_parser("config", parents=[common], help="print the settings in force")
     cf.set_defaults(func=cmd_config)
+    pl = sub.add_parser("pipeline", help="data pipelines on Spark")
+    what = pl.add_subparsers(dest="pipeline_command", required=True)
+    pd = what.add_parser("demo", parents=[common],
+                         help="Spark reads a topic, counts words per tag, writes another topic")
+    pd.add_argument("--count", type=int, default=3000, help="sentences to send")
+    pd.add_argument("--endpoint", help="executors use the store's sockets (ipc://STORE or "
+                                       "tcp://host:port) instead of its files")
+    pd.set_defaults(func=cmd_pipeline_demo)
     running_commands.add_parsers(sub, common)
     return p
 

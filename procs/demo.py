@@ -41,9 +41,9 @@ def demo_messages(count: int, first: int = 0) -> list[Message]:
 def run_pipeline(args: argparse.Namespace, cfg: StoreConfig) -> int:
     store_dir = cfg.store_path_root_dir
     if not os.path.exists(os.path.join(store_dir, "config", "storeGeometry.json")):
-        _create(cfg)  # records the demo's file sizes, which ``up`` then adopts
+        create_store(cfg)  # records the demo's file sizes, which ``up`` then adopts
     log_path = os.path.join(store_dir, "demo-up.log")
-    up = _start_up(store_dir, log_path)
+    up = start_up(store_dir, log_path)
     started = time.perf_counter()
     try:
         summary = _exchange(store_dir, args.count)
@@ -60,13 +60,13 @@ def run_pipeline(args: argparse.Namespace, cfg: StoreConfig) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _create(cfg: StoreConfig) -> None:
+def create_store(cfg: StoreConfig) -> None:
     store = MessageStore(cfg)
     store.load()
     store.close()
 
 
-def _start_up(store_dir: str, log_path: str) -> subprocess.Popen:
+def start_up(store_dir: str, log_path: str) -> subprocess.Popen:
     log = open(log_path, "a")
     up = subprocess.Popen([sys.executable, "-m", "procs.cli", "up", "--store", store_dir],
                           stdout=subprocess.PIPE, stderr=log, text=True)

@@ -80,3 +80,13 @@ def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
             return out
         out += r.messages
         offset = r.next_begin_offset
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test (local[2], up to 4 attempts per
+    task so a task whose worker is killed is retried), with the rocketstore format."""
+    from pipeline.demo import spark_session
+    session = spark_session("rocketstore-tests", master="local[2,4]")
+    yield session
+    session.stop()

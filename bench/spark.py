@@ -1,0 +1,133 @@
+"""Benchmark of the Spark format: batch-read throughput and streaming latency.
+
+Not a test: it prints figures and asserts nothing about time. Run from the project root
+(``python bench/spark.py [--messages N]``). It starts a store (``rocketstore up``,
+256 MiB CommitLog files) in a temporary directory under the working directory, fills
+topic ``Bench`` (4 queues, 128-byte bodies, a tag and a key each), and measures with a
+Spark session on ``local[2]``:
+
+1. batch read, local path (executors map the files) and remote path (FETCH through
+   the reader socket): rows/s of ``count(*)`` and ``sum(length(body))`` over the whole
+   topic, which makes every row cross from Arrow into Spark; best of ``--repeat`` runs,
+   Spark's start not counted;
+2. streaming latency: a query with a ``processingTime=0`` trigger reading topic ``Live``
+   while a producer sends one message every 20 ms carrying its send time; latency is
+   the time of the micro-batch's ``foreachBatch`` minus the send time, p50/p99/max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from procs.client import Producer  # noqa: E402
+from shm.positions import Slot  # noqa: E402
+from storage import Message  # noqa: E402
+from store_processes import RunningStore  # noqa: E402
+
+STORE_SETTINGS = dict(mapped_file_size_commit_log=256 << 20,
+                      mapped_file_size_consume_queue=300_000 * 20,
+                      max_hash_slot_num=1_000_000, max_index_num=4_000_000,
+                      flush_interval_commit_log=500, flush_interval_consume_queue=1000)
+
+
+def fill(store: RunningStore, n: int) -> float:
+    body = b"x" * 128
+    t = time.perf_counter()
+    with Producer(store.store_dir, window=32) as p:
+        pending = []
+        for k in range(0, n, 1000):
+            pending.append(p.send_async([Message(topic="Bench", body=body, tags="t",
+                                                 keys=[f"k{i}"], queue_id=i % 4)
+                                         for i in range(k, min(n, k + 1000))]))
+        assert all(r.ok for h in pending for r in h.result())
+    while store.slot(Slot.DISPATCHED) < store.slot(Slot.WRITTEN):
+        time.sleep(0.05)
+    return time.perf_counter() - t
+
+
+def batch_read(spark, where: dict, n: int, repeat: int) -> float:
+    from pyspark.sql import functions as F
+    best = 0.0
+    for _ in range(repeat):
+        df = spark.read.format("rocketstore").options(**where).option("topic", "Bench").load()
+        t = time.perf_counter()
+        rows, size = df.agg(F.count("*"), F.sum(F.length("body"))).first()
+        elapsed = time.perf_counter() - t
+        assert rows == n and size == 128 * n, (rows, size)
+        best = max(best, n / elapsed)
+    return best
+
+
+def streaming_latency(spark, store: RunningStore, seconds: float, tmp: str) -> list[float]:
+    latencies: list[float] = []
+
+    def on_batch(df, batch_id):
+        now = time.time()
+        for row in df.select("body").collect():
+            latencies.append(now - struct.unpack(">d", row.body[:8])[0])
+
+    q = (spark.readStream.format("rocketstore").option("store", store.store_dir)
+         .option("topic", "Live").load().writeStream.foreachBatch(on_batch)
+         .option("checkpointLocation", os.path.join(tmp, "ck"))
+         .trigger(processingTime="0 seconds").start())
+    time.sleep(5)  # the first micro-batches plan and start the Python workers
+
+    def produce():
+        with Producer(store.store_dir) as p:
+            end = time.time() + seconds
+            while time.time() < end:
+                p.send("Live", struct.pack(">d", time.time()) + b"y" * 120, queue_id=0)
+                time.sleep(0.02)
+
+    sender = threading.Thread(target=produce)
+    sender.start()
+    sender.join()
+    time.sleep(3)
+    q.stop()
+    return sorted(latencies)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    from pipeline.demo import spark_session
+    tmp = tempfile.mkdtemp(prefix="bench-spark-", dir=os.getcwd())
+    try:
+        with RunningStore(pathlib.Path(tmp), **STORE_SETTINGS) as store:
+            fill_s = fill(store, args.messages)
+            print(f"filled {args.messages} messages in {fill_s:.1f} s", flush=True)
+            t = time.perf_counter()
+            spark = spark_session("rocketstore-bench")
+            print(f"Spark session started in {time.perf_counter() - t:.1f} s", flush=True)
+            local = batch_read(spark, {"store": store.store_dir}, args.messages, args.repeat)
+            print(f"batch read, local path:  {local:,.0f} rows/s", flush=True)
+            remote = batch_read(spark, {"endpoint": f"ipc://{store.store_dir}"},
+                                args.messages, args.repeat)
+            print(f"batch read, remote path: {remote:,.0f} rows/s", flush=True)
+            lat = streaming_latency(spark, store, args.latency_seconds, tmp)
+            if lat:
+                pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
+                print(f"streaming end to end ({len(lat)} messages): p50 {pct(0.5):.0f} ms, "
+                      f"p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms")
+            spark.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

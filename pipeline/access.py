@@ -1,0 +1,241 @@
+"""How the Spark source reaches a store: by mapping its files, or through its sockets.
+
+Both give the same three things, so the source's driver and tasks never care which:
+
+    call                         LocalStore (option ``store``)       RemoteStore (``endpoint``)
+    ---------------------------  ----------------------------------  --------------------------------
+    bounds(topics, since_ms)     StoreReader over the mapped files,  OFFSETS through the reader
+                                 bounded by DISPATCHED (shm table)   socket
+    read(range, ...)             consume queue units + CommitLog     FETCH through the reader socket
+                                 spans copied from the mappings      (raw records in the reply)
+    commit(group, topic, ...)    consumerOffset.json, under its      COMMIT through the reader
+                                 flock (as a local Consumer)         socket (the reader writes it)
+
+``read`` yields pyarrow RecordBatches of ``pipeline.arrow_codec.SCHEMA`` for a range
+``[start, end)`` of one queue. Every read stops at DISPATCHED, so under SYNC_FLUSH no
+row is a message a crash could take back. Every record is checked against the unit
+that points at it (size, queue offset, CommitLog offset, topic, queue id) before it
+becomes a row; the body CRC is checked by the reader process for remote reads (it
+decodes what it ships) and not at all for local ones, as a local Consumer does not.
+
+Data loss: when the range starts below the queue's min (its files expired) or files
+expire while it is read, ``fail_on_data_loss`` raises ``DataLossError`` naming the
+queue and the offsets; otherwise the missing offsets are skipped with a warning.
+A range that ends past the queue's max (a recovery took messages back) always raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.arrow_codec import records_to_batch
+from pipeline.offsets import DataLossError, QueueBounds, QueueRange
+from procs import endpoints
+from procs.client import ReaderClient
+from procs.consumer import store_config, update_offsets
+from shm.positions import PositionTable, PositionTableError, Slot
+from storage.consume_queue import BLANK_UNIT_SIZE
+from storage.status import GetMessageStatus
+from storage.store_reader import StoreReader
+
+log = logging.getLogger(__name__)
+
+CQ_UNITS = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+assert CQ_UNITS.itemsize == 20
+DEFAULT_BATCH_ROWS = 4096
+FETCH_MAX_BYTES = 8 << 20
+SPAN_GAP_BYTES = 64 << 10   # a gap this large between two records splits the span copied
+
+
+def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000):
+    """A LocalStore for a store directory, a RemoteStore for an endpoint."""
+    return LocalStore(store) if store is not None else RemoteStore(endpoint, timeout_ms)
+
+
+def _loss(problem: str, fail: bool) -> None:
+    if fail:
+        raise DataLossError(f"{problem}; set failOnDataLoss=false to skip missing offsets")
+    log.warning("skipping: %s", problem)
+
+
+def _check_identity(batch: pa.RecordBatch, topic: str, queue_id: int) -> None:
+    """Every row of ``batch`` must be a message of ``topic``/``queue_id``."""
+    if batch.num_rows == 0:
+        return
+    if not (pc.all(pc.equal(batch.column("topic"), topic)).as_py()
+            and pc.all(pc.equal(batch.column("queue_id"), queue_id)).as_py()):
+        raise DataLossError(f"{topic}/{queue_id}: a consume queue unit points at a message of "
+                            "another queue (the store is inconsistent; run rocketstore check)")
+
+
+# ------------------------------------------------------------------------------ local
+class LocalStore:
+    """A running store on this host, read through its mapped files."""
+
+    def __init__(self, store_dir: str):
+        self.store_dir = store_dir
+        try:
+            self.table = PositionTable.attach(store_dir)
+        except PositionTableError as e:
+            raise PositionTableError(f"the store at {store_dir} is not running (start it "
+                                     f"with `rocketstore up --store {store_dir}`): {e}") from None
+        self.config = store_config(store_dir)
+        self.reader = StoreReader(self.config)
+
+    def _positions(self) -> tuple[int, int]:
+        return self.table.get(Slot.DISPATCHED), self.table.get(Slot.MIN_OFFSET)
+
+    def bounds(self, topics: list[str] | None = None,
+               since_ms: int | None = None) -> list[QueueBounds]:
+        """Every queue of ``topics`` (None: all topics) with its offsets now."""
+        dispatched, min_phy = self._positions()
+        known = self.reader.topics()
+        out = []
+        for topic in sorted(known if topics is None else topics):
+            for q in known.get(topic, []):
+                lo = self.reader.get_min_offset_in_queue(topic, q, dispatched,
+                                                         min_commit_log_offset=min_phy)
+                hi = self.reader.get_max_offset_in_queue(topic, q, dispatched)
+                at = -1 if since_ms is None else self.reader.first_offset_stored_since(
+                    topic, q, since_ms, dispatched, min_commit_log_offset=min_phy)
+                out.append(QueueBounds(topic, q, max(lo, 0), hi, at))
+        return out
+
+    def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
+             batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        pos = rng.start
+        while pos < rng.end:
+            dispatched, min_phy = self._positions()
+            got = self.reader.read_queue_units(rng.topic, rng.queue_id, pos,
+                                               min(batch_rows, rng.end - pos), dispatched,
+                                               min_commit_log_offset=min_phy)
+            if got.first > pos:
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{got.first - 1} expired",
+                      fail_on_data_loss)
+                pos = got.first
+                continue
+            if got.count == 0:
+                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
+                                    f"{got.max_offset}, before offset {pos} of the range "
+                                    f"{rng.start}..{rng.end} (a recovery took messages back?)")
+            yield from self._decode(rng, got.units, got.first, dispatched, fail_on_data_loss)
+            pos = got.first + got.count
+
+    def _decode(self, rng: QueueRange, raw: bytes, first: int, dispatched: int,
+                fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+        units = np.frombuffer(raw, CQ_UNITS)
+        offsets = np.arange(first, first + len(units), dtype=np.int64)
+        real = units["size"] != BLANK_UNIT_SIZE
+        if not real.all():
+            units, offsets = units[real], offsets[real]
+        phy = units["phy"].astype(np.int64)
+        size = units["size"].astype(np.int64)
+        file_size = self.config.mapped_file_size_commit_log
+        # one copy per run of records lying in one CommitLog file without a big gap
+        cut = np.flatnonzero((phy[1:] // file_size != phy[:-1] // file_size)
+                             | (phy[1:] - (phy[:-1] + size[:-1]) > SPAN_GAP_BYTES)) + 1
+        for a, b in zip(np.r_[0, cut], np.r_[cut, len(phy)]):
+            a, b = int(a), int(b)
+            begin = int(phy[a])
+            data = self.reader.read_commit_log(begin, int(phy[b - 1] + size[b - 1]) - begin,
+                                               dispatched)
+            if data is None:
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {offsets[a]}..{offsets[b - 1]} "
+                      "expired while being read", fail_on_data_loss)
+                continue
+            batch = records_to_batch(data, phy[a:b] - begin, expect_sizes=size[a:b],
+                                     expect_queue_offsets=offsets[a:b],
+                                     expect_commit_log_offsets=phy[a:b])
+            _check_identity(batch, rng.topic, rng.queue_id)
+            yield batch
+
+    def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        update_offsets(self.config.config_dir, f"{topic}@{group}",
+                       {str(q): o for q, o in offsets.items()})
+
+    def close(self) -> None:
+        self.reader.close()
+        self.table.close()
+
+    def __enter__(self) -> "LocalStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------ remote
+_NOTHING_AT = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+               GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+
+
+class RemoteStore:
+    """A store reached through its reader socket, from any host."""
+
+    def __init__(self, endpoint: str, timeout_ms: int = 30_000):
+        self.endpoint = endpoint
+        self.client = ReaderClient(endpoints.resolve(endpoint).reader, timeout_ms=timeout_ms)
+
+    def bounds(self, topics: list[str] | None = None,
+               since_ms: int | None = None) -> list[QueueBounds]:
+        found = self.client.offsets(topics, since_ms)
+        return [QueueBounds(o.topic, o.queue_id, max(o.min_offset, 0), o.max_offset,
+                            o.time_offset) for o in found]
+
+    def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
+             batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        pos = rng.start
+        while pos < rng.end:
+            reply = self.client.fetch(rng.topic, rng.queue_id, pos,
+                                      min(batch_rows, rng.end - pos), FETCH_MAX_BYTES)
+            if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
+                    reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{reply.min_offset - 1} "
+                      "expired", fail_on_data_loss)
+                pos = max(pos + 1, reply.min_offset)
+                continue
+            if reply.status in _NOTHING_AT:
+                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
+                                    f"{reply.max_offset}, before offset {pos} of the range "
+                                    f"{rng.start}..{rng.end} (a recovery took messages back?)")
+            if reply.status is GetMessageStatus.FOUND and reply.records:
+                batch = _remote_batch(reply.records, pos, reply.next_begin_offset, rng.end)
+                _check_identity(batch, rng.topic, rng.queue_id)
+                if batch.num_rows:
+                    yield batch
+            if reply.next_begin_offset <= pos:
+                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the reader made no progress "
+                                    f"at offset {pos} ({reply.status.name})")
+            pos = reply.next_begin_offset
+
+    def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        self.client.commit_offsets(group, topic, offsets)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "RemoteStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _remote_batch(records, pos: int, next_begin: int, end: int) -> pa.RecordBatch:
+    """The rows of a FETCH reply's raw records, checked to lie in ``[pos, next_begin)``
+    in increasing order, cut at ``end``."""
+    sizes = np.fromiter((len(r) for r in records), np.int64, len(records))
+    starts = np.zeros(len(records), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    batch = records_to_batch(b"".join(records), starts, expect_sizes=sizes)
+    qo = batch.column("queue_offset").to_numpy()
+    if len(qo) and (qo[0] < pos or qo[-1] >= next_begin or (np.diff(qo) <= 0).any()):
+        raise DataLossError(f"the reader answered offsets {qo[0]}..{qo[-1]} for a read from "
+                            f"{pos} ending before {next_begin}")
+    keep = int(np.searchsorted(qo, end))
+    return batch if keep == len(qo) else batch.slice(0, keep)

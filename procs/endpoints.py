@@ -1,0 +1,49 @@
+"""Where a client finds a store's sockets, from one address a user can write down.
+
+    endpoint                       ingest (writer)                 reader
+    -----------------------------  ------------------------------  ------------------------------
+    ipc:///path/to/store           ipc://{run_dir(store)}/ingest   ipc://{run_dir(store)}/reader
+                                   .sock                           .sock
+    ipc:///path/to/store/run       ipc:///path/to/store/run/       ipc:///path/to/store/run/
+    (a directory holding the       ingest.sock                     reader.sock
+    sockets)
+    tcp://host:port                tcp://host:port                 tcp://host:port+1
+
+A store directory is told from a socket directory by its ``config`` or ``commitlog``
+subdirectory; ``shm.bus.run_dir`` decides where a store's sockets live (a short
+directory under /tmp when the store's path is too long for a Unix socket name).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from shm import bus
+
+
+class Endpoints(NamedTuple):
+    ingest: str
+    reader: str
+
+
+def resolve(endpoint: str) -> Endpoints:
+    """The ingest and reader addresses ``endpoint`` names. Raises ``ValueError`` for
+    an address of another form."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):].rstrip("/") or "/"
+        if _is_store_dir(path):
+            return Endpoints(bus.endpoint(path, "ingest"), bus.endpoint(path, "reader"))
+        return Endpoints(f"ipc://{path}/ingest.sock", f"ipc://{path}/reader.sock")
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65535:
+            raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port with a port "
+                             "below 65535 (the reader listens on port + 1)")
+        return Endpoints(f"tcp://{host}:{port}", f"tcp://{host}:{int(port) + 1}")
+    raise ValueError(f"endpoint {endpoint!r}: expected ipc://DIR (a store or its socket "
+                     "directory) or tcp://host:port")
+
+
+def _is_store_dir(path: str) -> bool:
+    return any(os.path.isdir(os.path.join(path, sub)) for sub in ("config", "commitlog"))

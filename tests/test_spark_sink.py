@@ -1,0 +1,185 @@
+"""The ``rocketstore`` Spark format, writing: real Spark (local[2], up to 4 attempts per
+task), a real store, batch and streaming writes, and a write whose Python workers are
+SIGKILLed mid-way: Spark retries the task and the store keeps every row exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from procs.client import Producer
+from shm.positions import Slot
+from storage import Message
+from store_processes import RunningStore, wait_for
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    rs = RunningStore(tmp_path_factory.mktemp("spark-sink")).start()
+    yield rs
+    rs.stop()
+
+
+def read(spark, **options):
+    return spark.read.format("rocketstore").options(**{k: str(v) for k, v in options.items()}).load()
+
+
+def caught_up(rs: RunningStore) -> None:
+    wait_for(lambda: rs.slot(Slot.DISPATCHED) >= rs.slot(Slot.WRITTEN), 30, "dispatch")
+
+
+def rows_df(spark, n: int, topic: str | None = None):
+    data = [(f"body {i}".encode(), f"tag{i % 3}", [f"k{i}", f"g{i % 7}"], {"i": str(i)}, i % 4)
+            for i in range(n)]
+    cols = "body binary, tags string, keys array<string>, properties map<string,string>, queue_id int"
+    df = spark.createDataFrame(data, cols)
+    if topic is not None:
+        from pyspark.sql import functions as F
+        df = df.withColumn("topic", F.lit(topic))
+    return df
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_write_then_read_back_every_column(spark, running, path):
+    topic = f"Written{path.title()}"
+    where = {"store": running.store_dir} if path == "local" else \
+        {"endpoint": f"ipc://{running.store_dir}"}
+    rows_df(spark, 2000, topic).repartition(3).write.format("rocketstore").options(**where) \
+        .mode("append").save()
+    caught_up(running)
+    back = read(spark, topic=topic, **where).collect()
+    assert len(back) == 2000
+    by_body = {r.body: r for r in back}
+    assert len(by_body) == 2000
+    for i in range(2000):
+        r = by_body[f"body {i}".encode()]
+        assert (r.tags, r.keys, r.properties, r.queue_id) == \
+            (f"tag{i % 3}", [f"k{i}", f"g{i % 7}"], {"i": str(i)}, i % 4)
+
+
+def test_string_bodies_and_the_topic_option(spark, running):
+    df = spark.createDataFrame([("héllo",), ("world",)], "body string")
+    df.write.format("rocketstore").option("store", running.store_dir).option("topic", "Texts") \
+        .mode("append").save()
+    caught_up(running)
+    back = sorted(r.body for r in read(spark, store=running.store_dir, topic="Texts").collect())
+    assert back == sorted(["héllo".encode(), b"world"])
+
+
+@pytest.mark.parametrize("columns, words", [
+    ("tags string", "needs a body column"),
+    ("body binary, value string", "not one the rocketstore sink writes"),
+    ("body binary, queue_id string", "expected"),
+])
+def test_bad_columns_are_named(spark, running, columns, words):
+    df = spark.createDataFrame([], columns)
+    with pytest.raises(Exception, match=words):
+        df.write.format("rocketstore").option("store", running.store_dir) \
+            .option("topic", "Bad").mode("append").save()
+
+
+def test_a_refused_row_fails_the_write_with_the_store_reason(spark, running):
+    df = spark.createDataFrame([(b"x", "a\x01b")], "body binary, tags string")
+    with pytest.raises(Exception, match="MESSAGE_ILLEGAL"):
+        df.write.format("rocketstore").option("store", running.store_dir) \
+            .option("topic", "Refused").mode("append").save()
+
+
+# ------------------------------------------------------------------------------ retries
+def python_workers() -> list[int]:
+    """Pids of the Python workers Spark's pyspark.daemon forked (not the daemon)."""
+    daemons, parents = set(), {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"pyspark.daemon" in cmd:
+            daemons.add(int(pid))
+            parents[int(pid)] = ppid
+    return [pid for pid, ppid in parents.items() if ppid in daemons]
+
+
+def stored_count(rs: RunningStore, topic: str) -> int:
+    from procs.client import ReaderClient
+    with ReaderClient(rs.store_dir) as c:
+        return sum(o.max_offset for o in c.offsets([topic]))
+
+
+def test_a_write_whose_workers_are_killed_mid_way_is_retried_without_duplicates(spark, running):
+    topic, n = "Retried", 120_000
+    df = spark.range(n).selectExpr("cast(cast(id as string) as binary) as body",
+                                   "cast(id % 4 as int) as queue_id").repartition(2)
+    killed: list[int] = []
+
+    def killer():
+        # Once some of the rows are stored, SIGKILL the Python workers that send them.
+        try:
+            wait_for(lambda: stored_count(running, topic) >= n // 10, 120, "first rows")
+        except AssertionError:
+            return
+        if stored_count(running, topic) < n:
+            for pid in python_workers():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+
+    t = threading.Thread(target=killer)
+    t.start()
+    df.write.format("rocketstore").option("store", running.store_dir).option("topic", topic) \
+        .option("batchSize", 200).mode("append").save()
+    t.join()
+    assert killed, "no worker was killed while the write ran"
+    caught_up(running)
+    bodies = [r.body for r in read(spark, store=running.store_dir, topic=topic)
+              .select("body").collect()]
+    assert len(bodies) == n
+    assert len(set(bodies)) == n
+
+
+# ------------------------------------------------------------------------------ streaming
+def test_streaming_write_is_exactly_once_even_when_a_batch_is_replayed(spark, running, tmp_path):
+    source, sink = "StreamIn", "StreamOut"
+    with Producer(running.store_dir) as p:
+        sent = p.send_batch([Message(topic=source, body=b"in %d" % i, queue_id=i % 2)
+                             for i in range(400)])
+    assert all(r.ok for r in sent)
+    caught_up(running)
+    checkpoint = str(tmp_path / "ck")
+
+    def run():
+        q = (spark.readStream.format("rocketstore").option("store", running.store_dir)
+             .option("topic", source).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", 100).load()
+             .selectExpr("body", "tags", "keys").writeStream.format("rocketstore")
+             .option("store", running.store_dir).option("topic", sink)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+
+    run()
+    caught_up(running)
+    first = read(spark, store=running.store_dir, topic=sink).collect()
+    assert sorted(r.body for r in first) == sorted(b"in %d" % i for i in range(400))
+    # Forget that the last micro-batch was committed: Spark runs it again, with the same
+    # batch id and offsets, and the store keeps what the first run already wrote once.
+    commits = os.path.join(checkpoint, "commits")
+    last = max(int(n) for n in os.listdir(commits) if n.isdigit())
+    os.remove(os.path.join(commits, str(last)))
+    crc = os.path.join(commits, f".{last}.crc")
+    if os.path.exists(crc):
+        os.remove(crc)
+    run()
+    caught_up(running)
+    again = read(spark, store=running.store_dir, topic=sink).collect()
+    assert len(again) == 400
