@@ -45,5 +45,17 @@ def resolve(endpoint: str) -> Endpoints:
                      "directory) or tcp://host:port")
 
 
+def bind_addresses(store_dir: str, name: str, tcp_listen_address: str,
+                   listen_port: int) -> list[str]:
+    """Where the store's ``ingest`` or ``reader`` socket listens: its Unix socket, and
+    ``tcp://{tcp_listen_address}:{port}`` too when that is set (``listen_port`` for
+    ingest, ``listen_port + 1`` for the reader), the addresses ``resolve`` gives."""
+    addresses = [bus.endpoint(store_dir, name)]
+    if tcp_listen_address:
+        port = listen_port + (1 if name == "reader" else 0)
+        addresses.append(f"tcp://{tcp_listen_address}:{port}")
+    return addresses
+
+
 def _is_store_dir(path: str) -> bool:
     return any(os.path.isdir(os.path.join(path, sub)) for sub in ("config", "commitlog"))

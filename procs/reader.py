@@ -38,7 +38,7 @@ import time
 
 import zmq
 
-from procs import protocol
+from procs import endpoints, protocol
 from procs.consumer import update_offsets
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
@@ -62,7 +62,10 @@ class ReaderService(Service):
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.bind(bus.endpoint(self.store_dir, "reader"))
+        cfg = self.config
+        for address in endpoints.bind_addresses(self.store_dir, "reader",
+                                                cfg.tcp_listen_address, cfg.listen_port):
+            self.socket.bind(address)
         self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [bus.ARRIVAL])
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)

@@ -33,11 +33,14 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
         processes = load_process_configs(tomllib.load(f))
     supervisor = Supervisor(config, processes)
 
+    tcp = (f"tcp://{config.tcp_listen_address}:{config.listen_port} (ingest, reader on the "
+           "next port); " if config.tcp_listen_address else "")
+
     def ready() -> None:
         print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "
               f"(supervisor pid {os.getpid()}); ingest {bus.endpoint(config.store_path_root_dir, 'ingest')}, "
               f"reader {bus.endpoint(config.store_path_root_dir, 'reader')}; "
-              "Ctrl-C stops it", flush=True)
+              f"{tcp}Ctrl-C stops it", flush=True)
 
     return supervisor.run(ready=ready)
 

@@ -97,7 +97,7 @@ import time
 
 import zmq
 
-from procs import protocol
+from procs import endpoints, protocol
 from procs.protocol import ErrorCode, ProtocolError
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
@@ -168,7 +168,9 @@ class WriterService(Service):
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
-        self.router.bind(bus.endpoint(self.store_dir, "ingest"))
+        for address in endpoints.bind_addresses(self.store_dir, "ingest",
+                                                cfg.tcp_listen_address, cfg.listen_port):
+            self.router.bind(address)
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
         self.flushed_sub = (bus.Subscriber(ctx, self.store_dir, ["flusher"], [bus.FLUSHED])
                             if self.sync_flush else None)

@@ -16,7 +16,8 @@ the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
 stored are refused when switched on: ``duplication_enable`` and
 ``enable_consume_queue_ext``.
 
-One setting is rocketstore's own: ``producer_id_expiration_ms`` (Kafka's
+Two settings are rocketstore's own: ``tcp_listen_address`` (TCP sockets beside the
+Unix ones, loopback only for now) and ``producer_id_expiration_ms`` (Kafka's
 ``producer.id.expiration.ms``, default one day), how long the writer remembers an
 idempotent producer that stores nothing (``storage.producer_state``).
 
@@ -29,6 +30,7 @@ RocketMQ's own tests use 8 KiB-10 MiB commitlog files.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from typing import Any
@@ -132,6 +134,9 @@ class StoreConfig:
     # --- BrokerConfig values the store needs -------------------------------------------
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
+    # rocketstore's: also listen on TCP at this address (ingest on listen_port, reader on
+    # listen_port + 1); empty = Unix sockets only. Loopback only until CURVE is built.
+    tcp_listen_address: str = ""
     default_topic_queue_nums: int = 8
     long_polling_enable: bool = True
 
@@ -191,6 +196,18 @@ class StoreConfig:
         for name in ("duplication_enable", "enable_consume_queue_ext"):
             if getattr(self, name):
                 raise StoreConfigError(f"{name} is not supported by this store")
+        if self.tcp_listen_address:
+            try:
+                loopback = ipaddress.ip_address(self.tcp_listen_address).is_loopback
+            except ValueError:
+                raise StoreConfigError(f"tcp_listen_address {self.tcp_listen_address!r} is "
+                                       "not an IP address") from None
+            if not loopback:
+                raise StoreConfigError(
+                    f"tcp_listen_address {self.tcp_listen_address} is not a loopback address: "
+                    "listening beyond this host needs CURVE authentication, not built yet")
+        if not 0 < self.listen_port < 65535:
+            raise StoreConfigError("listen_port must be in 1..65534 (the reader uses port + 1)")
         if self.max_index_num < 2:
             raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
         if not 0 < self.disk_max_used_space_ratio <= 100:

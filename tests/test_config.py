@@ -203,3 +203,14 @@ def test_to_dict_has_every_field():
     d = StoreConfig().to_dict()
     assert list(d) == StoreConfig.field_names()
     assert d == defaults()
+
+
+def test_tcp_listening_is_loopback_only_until_curve_is_built():
+    assert StoreConfig(tcp_listen_address="127.0.0.1").tcp_listen_address == "127.0.0.1"
+    assert StoreConfig(tcp_listen_address="::1").tcp_listen_address == "::1"
+    with pytest.raises(StoreConfigError, match="CURVE"):
+        StoreConfig(tcp_listen_address="0.0.0.0")
+    with pytest.raises(StoreConfigError, match="not an IP address"):
+        StoreConfig(tcp_listen_address="db1")
+    with pytest.raises(StoreConfigError, match="listen_port"):
+        StoreConfig(listen_port=65535)

@@ -234,3 +234,37 @@ def test_expired_offsets_are_an_error_unless_failOnDataLoss_is_false(spark, tmp_
         offsets = sorted(r.queue_offset for r in rest)
         assert 0 < len(offsets) < 1500
         assert offsets == list(range(1500 - len(offsets), 1500))
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 are free on loopback now."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65534:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no free pair of ports")
+
+
+def test_a_tcp_endpoint_writes_and_reads_like_the_local_path(spark, tmp_path):
+    port = free_port_pair()
+    with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port) as rs:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        df = spark.createDataFrame([(b"tcp %d" % i, f"t{i % 2}", i % 3) for i in range(300)],
+                                   "body binary, tags string, queue_id int")
+        df.write.format("rocketstore").option("endpoint", endpoint).option("topic", "Tcp") \
+            .mode("append").save()
+        dispatched_all(rs)
+        remote = read(spark, endpoint=endpoint, topic="Tcp").collect()
+        local = read(spark, store=rs.store_dir, topic="Tcp").collect()
+        assert len(remote) == 300
+        assert sorted(remote, key=row_key) == sorted(local, key=row_key)
+        assert sorted(r.body for r in remote) == sorted(b"tcp %d" % i for i in range(300))
