@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 CQ_UNITS = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 assert CQ_UNITS.itemsize == 20
-DEFAULT_BATCH_ROWS = 4096
+DEFAULT_BATCH_ROWS = 16384
 FETCH_MAX_BYTES = 8 << 20
 SPAN_GAP_BYTES = 64 << 10   # a gap this large between two records splits the span copied
 

@@ -20,8 +20,9 @@ Schema (``SCHEMA``; ``SPARK_SCHEMA_DDL`` is the same for Spark):
     properties         map<string, string>          every other property, stored order,
                                                     without TAGS, KEYS, __PID and __SEQ
     body               binary                       BODY
-    born_timestamp     timestamp[us, tz=UTC]        BORNTIMESTAMP (ms in the record)
-    store_timestamp    timestamp[us, tz=UTC]        STORETIMESTAMP (ms in the record)
+    born_timestamp     timestamp[us, tz=UTC]        BORNTIMESTAMP, ms in the record
+    store_timestamp    timestamp[us, tz=UTC]        STORETIMESTAMP, ms in the record
+                                                    (both null past int64 microseconds)
 
 Every column equals what ``record.decode_at`` and ``MessageExt`` give (``.msg_id``,
 ``.tags``, ``.keys``, ``.properties``): a property pair without ``\\x01`` is ignored, a
@@ -58,15 +59,16 @@ local[2]. Here each step is one numpy or Arrow call over all records of the call
   elements overlap (``strides=(1,)``, 92-byte elements: fields 1-15 for IPv4 hosts and
   the body's first 4 bytes), indexed by ``starts``, then viewed as a big-endian
   structured dtype (``FIXED_V4``). Records with an IPv6 host re-read fields 11-15 at
-  their own positions; TOPICLENGTH and PROPERTIESLENGTH are gathered byte by byte.
+  their own positions. TOPICLENGTH is gathered byte by byte, PROPERTIESLENGTH together
+  with the first 4 bytes of the properties.
 * Topic, body and properties become Arrow ``binary_view`` arrays whose 16-byte views
   point into ``buf`` (a value of at most 12 bytes is stored in its view), and one Arrow
   cast per column copies them into plain ``binary``/``string`` arrays. UTF-8 is
   validated once per column.
-* Properties are parsed in that copy: one ``flatnonzero`` finds every \x01 and \x02.
-  When every record's properties end with \x02 and the two alternate (what every
+* Properties are parsed in that copy: one ``flatnonzero`` finds every \\x01 and \\x02.
+  When every record's properties end with \\x02 and the two alternate (what every
   writer writes), the separators are the pair boundaries; otherwise a cumulative
-  count of \x02 per record splits items and keeps each item's first \x01. Names and
+  count of \\x02 per record splits items and keeps each item's first \\x01. Names and
   values are ``take``s from one string array whose offsets are those boundaries.
   Each name's first 8 bytes, as an integer, identify TAGS, KEYS, __PID and __SEQ
   (names of at most 8 bytes, no NUL); a hash of them finds names stored twice in a
@@ -82,21 +84,28 @@ columns (``binary``/``string`` have 32-bit offsets); ``buf`` itself may be large
 
 Measured (``python bench/arrow_codec.py``: 100,000 records of 263 bytes, 128-byte
 body, a tag, one key, one user property, IPv4 hosts; one process on the 2-core
-development VM, other work running beside it, best of 9):
+development VM while other sessions kept both cores busy, load average 2.3-2.8; the
+best of 15 runs, lowest and highest of two bench runs):
 
-MEASUREMENTS
+    records a call   MALLOC_TOP_PAD_   adjacent            non-adjacent (0-63 B gaps)
+    100,000          unset             1.04-1.21 M/s       1.10-1.20 M/s
+    100,000          256 MiB           1.37-1.53 M/s       1.19-1.43 M/s
+    16,384           unset             1.21-1.65 M/s
+    16,384           256 MiB           1.52-1.77 M/s
+    4,096            either            0.94-1.25 M/s
+    1,024            either            0.64-0.67 M/s
 
-What bounds it: about 60 numpy/Arrow calls over the batch, each 0.2-4 ms per 100,000
-records. The largest are the three casts that copy topic, body and properties
-(~6 ms), the gathers that first touch each record's head, topic and properties
-(~3 ms each: a cache miss per record), the separator scan of the properties (~3 ms),
-the name/value ``take``s (~5 ms) and the msg_id table look-ups (~3 ms). Each call
-also costs ~1 ms however few records it holds (about 250 Python-level numpy and Arrow
-calls), so callers should convert thousands of records at a time. Without
-``MALLOC_TOP_PAD_`` glibc hands the freed temporaries of each call back to the
-kernel and the next call page-faults them in again (~5,000 faults, ~15 ms per
-100,000 records here); Spark executors can set it with
-``spark.executorEnv.MALLOC_TOP_PAD_=268435456``.
+What bounds it: some 60 numpy and Arrow calls over all records, 0.2-4 ms each per
+100,000 records. The largest: the three casts that copy topic, body and properties
+(~9 ms together), the gathers that first touch each record's head, topic and
+properties (~4 ms each, about one cache miss per record), the first 8 bytes of every
+property name (~4 ms), the separator scan of the properties (~3 ms), the name and
+value ``take``s (~5 ms), the msg_id table look-ups (~3 ms). A call also costs ~1 ms
+however few records it holds (some 400 Python-level calls), hence the small-call rows:
+convert thousands of records a call, ~16,000 at best. Without ``MALLOC_TOP_PAD_``
+glibc gives each call's freed temporaries back to the kernel and the next call
+page-faults them in again (~5,000 faults, ~15 ms per 100,000 records here); Spark
+executors can set it with ``spark.executorEnv.MALLOC_TOP_PAD_=268435456``.
 """
 
 from __future__ import annotations
@@ -185,6 +194,7 @@ _HEX2 = np.frombuffer("".join(f"{i:02X}" for i in range(256)).encode(), "<u2")
 _HEX4 = (_HEX2[np.arange(65536) & 0xFF].astype("<u4")
          | (_HEX2[np.arange(65536) >> 8].astype("<u4") << 16))
 _MS_TO_US = 1000
+_MAX_MS = np.iinfo(np.int64).max // _MS_TO_US
 
 
 def _name_word(name: str) -> np.uint64:
@@ -477,9 +487,15 @@ def _as_utf8(arr: pa.Array) -> pa.Array:
 
 
 def _timestamps(ms: np.ndarray) -> pa.Array:
+    """Milliseconds to timestamp[us]; null where microseconds overflow int64 (beyond
+    the year 294,000: garbage, which an int64 would wrap into a plausible date)."""
     us = ms.astype(np.int64)
+    out_of_range = (us > _MAX_MS) | (us < -_MAX_MS)
     us *= _MS_TO_US
-    return pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), len(us), [None, pa.py_buffer(us)])
+    type_ = pa.timestamp("us", tz="UTC")
+    if out_of_range.any():
+        return pa.array(us, type_, mask=out_of_range)
+    return pa.Array.from_buffers(type_, len(us), [None, pa.py_buffer(us)])
 
 
 def _be_short(u8: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -601,8 +617,8 @@ class _Pairs:
             self.hash[long] ^= w8[eq[long] - 8] * np.uint64(0xC2B2AE3D27D4EB4F)
 
     def _items(self, n, po, sep, is2, closed):
-        """The general case: an item is the text between two \x02 or a \x02 and a
-        record's edge; only its first \x01 splits name and value, and an item without
+        """The general case: an item is the text between two \\x02 or a \\x02 and a
+        record's edge; only its first \\x01 splits name and value, and an item without
         one is ignored (``decode_properties``)."""
         n2 = np.cumsum(is2)  # how many \x02 up to each separator
         ones = np.flatnonzero(~is2)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
@@ -36,11 +37,11 @@ EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def sentences(count: int) -> list[Message]:
-    """Deterministic sentences: sentence i has 3 to 6 words from WORDS."""
+    """Sentences of 3 to 8 words from WORDS, the same for the same ``count``."""
+    rng = random.Random(count)
     out = []
     for i in range(count):
-        n = 3 + i % 4
-        words = [WORDS[(i * 7 + k * 5) % len(WORDS)] for k in range(n)]
+        words = rng.choices(WORDS, k=rng.randint(3, 8))
         out.append(Message(topic=SOURCE_TOPIC, body=" ".join(words).encode(),
                            tags=TAGS[i % len(TAGS)], keys=[f"sentence-{i}"], queue_id=None))
     return out
@@ -51,10 +52,12 @@ def spark_session(app: str = "rocketstore-pipeline-demo", master: str = "local[2
     rocketstore format registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
     from pipeline import register
     spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "4")
              .config("spark.driver.bindAddress", "127.0.0.1")
              .getOrCreate())

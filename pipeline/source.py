@@ -5,7 +5,11 @@
          .option("topics", "Orders,Refunds").option("maxOffsetsPerTrigger", 100000).load()
 
 Rows have ``pipeline.arrow_codec.SPARK_SCHEMA_DDL``; tasks hand Spark Arrow record
-batches. Options: ``pipeline.options``.
+batches. Options: ``pipeline.options``. A schema given to the reader that names a
+subset of the columns (``.schema("queue_offset long, body binary")``) is a projection:
+only those columns cross into Spark, which is where most of a read's time goes (the
+Python Data Source API has no column pruning of its own); ``bench/spark.py`` measures
+both.
 
 Batch (``BatchReader``): on the driver, ``partitions()`` looks up every matching queue's
 bounds, resolves ``startingOffsets`` (or ``startingTimestamp``) and ``endingOffsets``,
@@ -47,7 +51,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
 from pipeline import offsets as off
-from pipeline.access import open_store
+from pipeline.access import DEFAULT_BATCH_ROWS, open_store
 from pipeline.arrow_codec import SPARK_SCHEMA_DDL
 from pipeline.options import Options, parse
 
@@ -76,10 +80,10 @@ class RocketStoreDataSource(DataSource):
         return SPARK_SCHEMA_DDL
 
     def reader(self, schema) -> "BatchReader":
-        return BatchReader(parse(self.options, reading=True))
+        return BatchReader(parse(self.options, reading=True), projection(schema))
 
     def streamReader(self, schema) -> "StreamReader":
-        return StreamReader(parse(self.options, reading=True))
+        return StreamReader(parse(self.options, reading=True), projection(schema))
 
     def writer(self, schema, overwrite: bool):
         from pipeline.sink import BatchWriter
@@ -91,6 +95,32 @@ class RocketStoreDataSource(DataSource):
 
 
 # ------------------------------------------------------------------------------ shared
+COLUMN_TYPES = {name.strip(): kind.strip() for name, kind in
+                (col.strip().split(" ", 1) for col in SPARK_SCHEMA_DDL.split(", "))}
+SPARK_NAMES = {"int": "int", "long": "bigint", "string": "string", "binary": "binary",
+               "timestamp": "timestamp", "array<string>": "array<string>",
+               "map<string,string>": "map<string,string>"}
+
+
+def projection(schema) -> tuple[str, ...] | None:
+    """The columns a read produces, in order: None for the whole schema, else those a
+    user-given schema names. Raises ``ValueError`` for a column the format does not
+    have or a type that is not the column's."""
+    if isinstance(schema, str) or schema is None:
+        return None
+    names = tuple(f.name for f in schema.fields)
+    if names == tuple(COLUMN_TYPES):
+        return None
+    for f in schema.fields:
+        want = COLUMN_TYPES.get(f.name)
+        if want is None:
+            raise ValueError(f"column {f.name!r} is not one of the rocketstore format's "
+                             f"({', '.join(COLUMN_TYPES)})")
+        if f.dataType.simpleString() != SPARK_NAMES[want]:
+            raise ValueError(f"column {f.name!r} is {want}, not {f.dataType.simpleString()}")
+    return names
+
+
 def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]:
     """Every queue the query reads, with its bounds now."""
     with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
@@ -98,12 +128,13 @@ def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]
     return [b for b in found if opts.matches(b.topic)]
 
 
-def _read(opts: Options, partition: RangePartition):
+def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | None):
     if not isinstance(partition, RangePartition):
         return  # Spark reads one InputPartition(None) when partitions() planned none
     with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
-        yield from store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
-                              batch_rows=opts.batch_size or 4096)
+        for batch in store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
+                                batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS):
+            yield batch if columns is None else batch.select(columns)
 
 
 def _starting(opts: Options, bounds: list[off.QueueBounds], default: str) -> dict:
@@ -120,8 +151,9 @@ def _partitions(opts: Options, start: dict, end: dict) -> list[RangePartition]:
 
 # ------------------------------------------------------------------------------ batch
 class BatchReader(DataSourceReader):
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, columns: tuple[str, ...] | None = None):
         self.opts = opts
+        self.columns = columns
 
     def partitions(self) -> list[RangePartition]:
         opts = self.opts
@@ -159,15 +191,16 @@ class BatchReader(DataSourceReader):
         return settled
 
     def read(self, partition: RangePartition):
-        return _read(self.opts, partition)
+        return _read(self.opts, partition, self.columns)
 
 
 # ------------------------------------------------------------------------------ streaming
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, columns: tuple[str, ...] | None = None):
         if opts.ending_offsets is not None:
             raise ValueError("endingOffsets is for batch reads; a streaming query runs on")
         self.opts = opts
+        self.columns = columns
         self.target: dict | None = None      # AvailableNow: the max of every queue at start
         self.previous: dict | None = None    # the last end handed out (pyspark < 4.2)
 
@@ -209,7 +242,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _partitions(self.opts, off.from_offset_map(start), off.from_offset_map(end))
 
     def read(self, partition: RangePartition):
-        return _read(self.opts, partition)
+        return _read(self.opts, partition, self.columns)
 
     def commit(self, end: dict) -> None:
         """Record ``end`` as the consumer group's committed offsets. Failing to record

@@ -94,6 +94,29 @@ def test_remote_path_returns_the_same_rows_as_the_local_path(spark, running):
 
 
 @pytest.mark.parametrize("path", ["local", "remote"])
+def test_a_schema_naming_some_columns_reads_only_those(spark, running, path):
+    where = {"store": running.store_dir} if path == "local" else \
+        {"endpoint": f"ipc://{running.store_dir}"}
+    df = (spark.read.format("rocketstore").schema("body binary, queue_offset long, queue_id int")
+          .options(topic=ORDERS, **where).load())
+    assert df.columns == ["body", "queue_offset", "queue_id"]
+    rows = df.collect()
+    assert len(rows) == N_ORDERS
+    for row in rows:
+        assert row.body == running.expected[(row.queue_id, row.queue_offset)][0].body
+
+
+@pytest.mark.parametrize("schema, words", [
+    ("body binary, partition int", "'partition' is not one of"),
+    ("queue_offset int", "'queue_offset' is long, not int"),
+])
+def test_a_schema_the_format_cannot_produce_is_named(spark, running, schema, words):
+    with pytest.raises(Exception, match=words):
+        spark.read.format("rocketstore").schema(schema).options(
+            store=running.store_dir, topic=ORDERS).load().collect()
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
 def test_offsets_json_selects_exactly_the_rows_asked_for(spark, running, path):
     where = {"store": running.store_dir} if path == "local" else \
         {"endpoint": f"ipc://{running.store_dir}"}
