@@ -7,16 +7,16 @@ Both give the same three things, so the source's driver and tasks never care whi
     bounds(topics, since_ms)     StoreReader over the mapped files,  OFFSETS through the reader
                                  bounded by DISPATCHED (shm table)   socket
     read(range, ...)             consume queue units + CommitLog     FETCH through the reader socket
-                                 spans copied from the mappings      (raw records in the reply)
+                                 spans copied from the mappings      (units + their records)
     commit(group, topic, ...)    consumerOffset.json, under its      COMMIT through the reader
                                  flock (as a local Consumer)         socket (the reader writes it)
 
 ``read`` yields pyarrow RecordBatches of ``pipeline.arrow_codec.SCHEMA`` for a range
 ``[start, end)`` of one queue. Every read stops at DISPATCHED, so under SYNC_FLUSH no
-row is a message a crash could take back. Every record is checked against the unit
-that points at it (size, queue offset, CommitLog offset, topic, queue id) before it
-becomes a row; the body CRC is checked by the reader process for remote reads (it
-decodes what it ships) and not at all for local ones, as a local Consumer does not.
+row is a message a crash could take back. On both paths every record is checked here
+against the unit that points at it (size, queue offset, CommitLog offset, topic, queue
+id) before it becomes a row, with the same code (``records_to_batch``); the body CRC is
+not checked, as a local Consumer does not check it.
 
 Data loss: when the range starts below the queue's min (its files expired) or files
 expire while it is read, ``fail_on_data_loss`` raises ``DataLossError`` naming the
@@ -39,6 +39,7 @@ from procs import endpoints
 from procs.client import ReaderClient
 from procs.consumer import store_config, update_offsets
 from shm.positions import PositionTable, PositionTableError, Slot
+from storage.bulk_read import SPAN_GAP_BYTES
 from storage.consume_queue import BLANK_UNIT_SIZE
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
@@ -49,7 +50,6 @@ CQ_UNITS = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 assert CQ_UNITS.itemsize == 20
 DEFAULT_BATCH_ROWS = 16384
 FETCH_MAX_BYTES = 8 << 20
-SPAN_GAP_BYTES = 64 << 10   # a gap this large between two records splits the span copied
 
 
 def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000):
@@ -128,13 +128,7 @@ class LocalStore:
 
     def _decode(self, rng: QueueRange, raw: bytes, first: int, dispatched: int,
                 fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
-        units = np.frombuffer(raw, CQ_UNITS)
-        offsets = np.arange(first, first + len(units), dtype=np.int64)
-        real = units["size"] != BLANK_UNIT_SIZE
-        if not real.all():
-            units, offsets = units[real], offsets[real]
-        phy = units["phy"].astype(np.int64)
-        size = units["size"].astype(np.int64)
+        offsets, phy, size = _real_units(raw, first)
         file_size = self.config.mapped_file_size_commit_log
         # one copy per run of records lying in one CommitLog file without a big gap
         cut = np.flatnonzero((phy[1:] // file_size != phy[:-1] // file_size)
@@ -150,7 +144,8 @@ class LocalStore:
                 continue
             batch = records_to_batch(data, phy[a:b] - begin, expect_sizes=size[a:b],
                                      expect_queue_offsets=offsets[a:b],
-                                     expect_commit_log_offsets=phy[a:b])
+                                     expect_commit_log_offsets=phy[a:b],
+                                     source="CommitLog", buf_offset=begin)
             _check_identity(batch, rng.topic, rng.queue_id)
             yield batch
 
@@ -203,8 +198,13 @@ class RemoteStore:
                 raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
                                     f"{reply.max_offset}, before offset {pos} of the range "
                                     f"{rng.start}..{rng.end} (a recovery took messages back?)")
-            if reply.status is GetMessageStatus.FOUND and reply.records:
-                batch = _remote_batch(reply.records, pos, reply.next_begin_offset, rng.end)
+            if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
+                    and reply.next_begin_offset > pos:
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                      f"{reply.next_begin_offset - 1} expired while being read",
+                      fail_on_data_loss)
+            elif reply.status is GetMessageStatus.FOUND and len(reply.units):
+                batch = _remote_batch(reply, pos)
                 _check_identity(batch, rng.topic, rng.queue_id)
                 if batch.num_rows:
                     yield batch
@@ -226,16 +226,28 @@ class RemoteStore:
         self.close()
 
 
-def _remote_batch(records, pos: int, next_begin: int, end: int) -> pa.RecordBatch:
-    """The rows of a FETCH reply's raw records, checked to lie in ``[pos, next_begin)``
-    in increasing order, cut at ``end``."""
-    sizes = np.fromiter((len(r) for r in records), np.int64, len(records))
-    starts = np.zeros(len(records), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    batch = records_to_batch(b"".join(records), starts, expect_sizes=sizes)
-    qo = batch.column("queue_offset").to_numpy()
-    if len(qo) and (qo[0] < pos or qo[-1] >= next_begin or (np.diff(qo) <= 0).any()):
-        raise DataLossError(f"the reader answered offsets {qo[0]}..{qo[-1]} for a read from "
-                            f"{pos} ending before {next_begin}")
-    keep = int(np.searchsorted(qo, end))
-    return batch if keep == len(qo) else batch.slice(0, keep)
+def _real_units(raw, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The logical offsets, CommitLog offsets and sizes of the non-blank units in
+    ``raw`` (consume queue units from logical offset ``first``)."""
+    units = np.frombuffer(raw, CQ_UNITS)
+    offsets = np.arange(first, first + len(units), dtype=np.int64)
+    real = units["size"] != BLANK_UNIT_SIZE
+    if not real.all():
+        units, offsets = units[real], offsets[real]
+    return offsets, units["phy"].astype(np.int64), units["size"].astype(np.int64)
+
+
+def _remote_batch(reply, pos: int) -> pa.RecordBatch:
+    """The rows of a FETCH_REPLY for a read from ``pos``: every record checked against
+    its unit, as the local path does."""
+    count = len(reply.units) // CQ_UNITS.itemsize
+    if reply.first_offset != pos or reply.next_begin_offset != pos + count:
+        raise DataLossError(f"the reader answered units {reply.first_offset}.."
+                            f"{reply.first_offset + count - 1} (next {reply.next_begin_offset}) "
+                            f"for a read from {pos}")
+    offsets, phy, size = _real_units(reply.units, pos)
+    starts = np.zeros(len(size), np.int64)
+    np.cumsum(size[:-1], out=starts[1:])
+    return records_to_batch(reply.data, starts, expect_sizes=size,
+                            expect_queue_offsets=offsets, expect_commit_log_offsets=phy,
+                            source="FETCH_REPLY")

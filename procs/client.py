@@ -325,16 +325,20 @@ class ReaderClient:
 
     def fetch(self, topic: str, queue_id: int, offset: int,
               max_msgs: int = protocol.MAX_FETCH_MSGS,
-              max_bytes: int = protocol.MAX_FETCH_BYTES) -> protocol.PullReplyRaw:
-        """A bulk read from ``offset``: up to ``max_msgs`` records (the reader takes at
-        most 65536) and no more than ``max_bytes`` of them (at most 16 MiB), except that
-        a first record larger than that still comes. Answered at once, never long-polled.
-        The records are raw CommitLog bytes, memoryviews into the reply frame, not
-        decoded and not CRC-checked (``storage.record.decode_at(r, 0, check_crc=True)``
-        decodes one); status and offsets are ``pull``'s.
+              max_bytes: int = protocol.MAX_FETCH_BYTES) -> protocol.FetchReply:
+        """A bulk read from ``offset``: up to ``max_msgs`` consume queue units (the
+        reader takes at most 65536) and their records, no more than ``max_bytes`` of
+        them (at most 16 MiB) except that a first record larger than that still comes.
+        Answered at once, never long-polled; status and offsets are ``pull``'s.
+
+        The reply holds the units (``first_offset`` is the first one's logical offset)
+        and the records' raw CommitLog bytes back to back, unchecked: ``r.records``
+        slices one memoryview per record, ``storage.record.decode_at(x, 0,
+        check_crc=True)`` decodes and checks one, ``pipeline.access`` checks a whole
+        reply against its units in bulk.
         """
         rid = self._dealer.next_id()
-        return protocol.decode_pull_reply_raw(self._ask(
+        return protocol.decode_fetch_reply(self._ask(
             protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes), rid))
 
     def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:

@@ -90,7 +90,7 @@ the store restarts), then at 16 ``count`` records, one per queue::
                                   timestamp_ms, max_offset when there is none
     30+T        end
 
-FETCH body (count 0), answered at once (never parked) with a PULL_REPLY::
+FETCH body (count 0), answered at once (never parked) with a FETCH_REPLY::
 
     0      2+T  topic       u16 len + UTF-8
     2+T    4    queue_id    i32
@@ -99,12 +99,31 @@ FETCH body (count 0), answered at once (never parked) with a PULL_REPLY::
     18+T   4    max_bytes   i32  the reader takes at most ``MAX_FETCH_BYTES``
     22+T        end
 
+FETCH_REPLY body (count = the number of consume queue units shipped)::
+
+    0      1    status        u8   ``GetMessageStatus`` value
+    1      8    next_begin    i64  where the next FETCH starts
+    9      8    min_offset    i64  the queue's bounds within DISPATCHED
+    17     8    max_offset    i64
+    25     8    first_offset  i64  the logical offset of the first unit
+    33     20*count  units         the units as the consume queue holds them:
+                                   commit_log_offset i64, size i32, tags_code i64;
+                                   blank (filler) units have size 0x7FFFFFFF
+    33+20*count      data          to the frame's end: the records of the non-blank
+                                   units, back to back, in unit order
+
+The records' bytes follow the units, not a length prefix each, so neither side touches
+them one by one: the reader copies CommitLog spans (``storage.bulk_read``) and the
+client checks every record against its unit in bulk (size, queue offset, CommitLog
+offset, topic and queue id: ``pipeline.access``). The decoder checks that the data is
+exactly as long as the units' sizes add up to.
+
 COMMIT body: group (u16 len + UTF-8) at 0, topic (u16 len + UTF-8) at 2+G, then at
 4+G+T ``count`` records of 12 bytes: queue_id i32, offset i64 (the group's next offset
 in that queue). COMMIT_REPLY body: ``count`` records of the same 12 bytes from 0, the
 pairs stored, in the COMMIT's order.
 
-Kinds 7-11 (OFFSETS .. COMMIT_REPLY) and error code 7 (BAD_REQUEST) were added to
+Kinds 7-12 (OFFSETS .. FETCH_REPLY) and error code 7 (BAD_REQUEST) were added to
 version 1 without changing anything that was there: an older reader answers the new
 kinds UNKNOWN_KIND, and BAD_REQUEST answers only the new kinds.
 
@@ -124,9 +143,9 @@ values it refuses (a topic or group name outside the rule, a FETCH limit <= 0, a
 negative queue id or offset, a commit past a queue's max offset); the message names the
 value.
 
-``decode_pull_reply_raw`` takes the same PULL_REPLY as ``decode_pull_reply`` but leaves
-each record as a memoryview slice of the frame (no copy, no decoding; TOTALSIZE and the
-magic are checked, the body CRC is not), for callers that decode batches in bulk.
+``decode_fetch_reply`` leaves the units and the data as memoryviews of the frame (no
+copy, no decoding; ``FetchReply.records`` slices one view per record, unchecked), for
+callers that decode batches in bulk.
 
 Raises: every ``decode_*`` and ``peek_header`` raise only ``ProtocolError`` (a
 ``ValueError``) for bad bytes (truncated, trailing garbage, wrong magic, unknown version, unexpected kind, too
@@ -159,8 +178,8 @@ from storage.commit_log import PutMessageResult
 from storage.message import (
     PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
     encode_properties, format_host, parse_host)
-from storage.record import (
-    MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2, SIZE_MAGIC, RecordFormatError, decode_at)
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
+from storage.record import SIZE_MAGIC, RecordFormatError, decode_at
 from storage.status import GetMessageStatus, PutMessageStatus
 
 MAGIC = b"RS"
@@ -184,15 +203,16 @@ class Kind(enum.IntEnum):
     QUERY_REPLY = 6
     OFFSETS = 7
     OFFSETS_REPLY = 8
-    FETCH = 9            # answered with a PULL_REPLY
+    FETCH = 9
     COMMIT = 10
     COMMIT_REPLY = 11
+    FETCH_REPLY = 12
     ERROR = 15
 
 
 REPLY_KIND = {Kind.SEND: Kind.SEND_REPLY, Kind.PULL: Kind.PULL_REPLY,
               Kind.QUERY: Kind.QUERY_REPLY, Kind.OFFSETS: Kind.OFFSETS_REPLY,
-              Kind.FETCH: Kind.PULL_REPLY, Kind.COMMIT: Kind.COMMIT_REPLY}
+              Kind.FETCH: Kind.FETCH_REPLY, Kind.COMMIT: Kind.COMMIT_REPLY}
 
 
 class ErrorCode(enum.IntEnum):
@@ -243,11 +263,12 @@ QUERY_KEY_FIXED = struct.Struct(">iqq")   # max_num, begin_ms, end_ms
 OFFSETS_REPLY_FIXED = struct.Struct(">qq")       # dispatched, generation
 QUEUE_OFFSETS_FIXED = struct.Struct(">iqqq")     # queue_id, min, max, time offsets
 FETCH_FIXED = struct.Struct(">iqii")      # queue_id, offset, max_msgs, max_bytes
+FETCH_REPLY_FIXED = struct.Struct(">Bqqqq")  # status, next_begin, min, max, first offsets
 QUEUE_OFFSET = struct.Struct(">iq")       # COMMIT / COMMIT_REPLY record: queue_id, offset
 assert (SEND_IDS.size, SEND_FIXED.size, SEND_REPLY_FIXED.size) == (18, 25, 30)
 assert (PULL_FIXED.size, PULL_REPLY_FIXED.size, QUERY_KEY_FIXED.size) == (20, 25, 20)
 assert (OFFSETS_REPLY_FIXED.size, QUEUE_OFFSETS_FIXED.size, FETCH_FIXED.size,
-        QUEUE_OFFSET.size) == (16, 28, 20, 12)
+        QUEUE_OFFSET.size, FETCH_REPLY_FIXED.size) == (16, 28, 20, 12, 33)
 SEND_RECORD_MIN = SEND_IDS.size + SEND_FIXED.size + 2 + 2 + 4 + 4
 assert SEND_RECORD_MIN == 55
 
@@ -331,16 +352,28 @@ class ErrorReply(NamedTuple):
     message: str
 
 
-class PullReplyRaw(NamedTuple):
-    """A PULL_REPLY whose records are left as bytes: each a memoryview into the frame
-    (no copy), checked for length, TOTALSIZE and magic only (not the body CRC)."""
+class FetchReply(NamedTuple):
+    """A FETCH_REPLY: ``units`` and ``data`` are memoryviews into the frame (no copy)."""
 
     request_id: int
     status: GetMessageStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
-    records: list[memoryview]
+    first_offset: int
+    units: memoryview     # count * 20 bytes: CQ_UNIT (commit_log_offset, size, tags_code)
+    data: memoryview      # the non-blank units' records, back to back
+
+    @property
+    def records(self) -> list[memoryview]:
+        """One view of ``data`` per non-blank unit, in order (not checked: a record's
+        own TOTALSIZE, magic and CRC are ``storage.record.decode_at``'s to check)."""
+        out, p = [], 0
+        for _, size, _ in CQ_UNIT.iter_unpack(self.units):
+            if size != BLANK_UNIT_SIZE:
+                out.append(self.data[p:p + size])
+                p += size
+        return out
 
 
 class OffsetsRequest(NamedTuple):
@@ -753,57 +786,6 @@ def decode_pull_reply(frame) -> PullReply:
     return PullReply(request_id, status, next_begin, min_offset, max_offset, messages)
 
 
-_RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
-
-
-def decode_pull_reply_raw(frame) -> PullReplyRaw:
-    """A PULL_REPLY (the answer to PULL or FETCH) without decoding its records: each is
-    a memoryview into ``frame`` (no copy; the views keep the frame alive), checked only
-    for its length prefix, TOTALSIZE and magic. The body CRC is not checked: callers
-    that decode in bulk check it themselves (``storage.record.decode_at(...,
-    check_crc=True)``).
-
-    Raises ``ProtocolError``.
-    """
-    h = peek_header(frame)
-    if h.kind is not Kind.PULL_REPLY:
-        raise ProtocolError(ErrorCode.UNKNOWN_KIND,
-                            f"expected PULL_REPLY, got {h.kind.name}", h.request_id)
-    request_id, count = h.request_id, h.count
-    view = memoryview(frame).cast("B")
-    end = len(view)
-    try:
-        value, next_begin, min_offset, max_offset = PULL_REPLY_FIXED.unpack_from(view, HEADER_SIZE)
-    except struct.error as e:
-        raise _malformed(request_id, f"PULL_REPLY body: {e}") from None
-    status = _GET_STATUSES.get(value)
-    if status is None:
-        raise _malformed(request_id, f"PULL_REPLY: unknown status {value}")
-    p = HEADER_SIZE + PULL_REPLY_FIXED.size
-    if p + count * (4 + SIZE_MAGIC.size) > end:
-        raise _malformed(request_id, f"{end} bytes cannot hold {count} PULL_REPLY records")
-    records: list[memoryview] = []
-    u32_unpack, size_magic_unpack = U32.unpack_from, SIZE_MAGIC.unpack_from
-    for i in range(count):
-        if p + 4 > end:
-            raise _malformed(request_id, f"PULL_REPLY record {i}: truncated length")
-        (n,) = u32_unpack(view, p)
-        p += 4
-        if p + n > end:
-            raise _malformed(request_id, f"PULL_REPLY record {i} of {n} bytes runs past the frame")
-        if n < SIZE_MAGIC.size:
-            raise _malformed(request_id, f"PULL_REPLY record {i} of {n} bytes is no record")
-        total_size, magic = size_magic_unpack(view, p)
-        if total_size != n or magic not in _RECORD_MAGICS:
-            raise _malformed(request_id, f"PULL_REPLY record {i}: {n} bytes framed, TOTALSIZE "
-                                         f"{total_size}, magic {magic:#x}")
-        records.append(view[p:p + n])
-        p += n
-    if p != end:
-        _check_end(view, p, request_id, "the PULL_REPLY records")
-    return PullReplyRaw(request_id, status, next_begin, min_offset, max_offset, records)
-
-
 # ------------------------------------------------------------------------------ QUERY
 def encode_query_by_key(request_id: int, topic: str, key: str, max_num: int,
                         begin_ms: int = 0, end_ms: int = INT64_MAX) -> bytes:
@@ -971,6 +953,56 @@ def decode_fetch(frame) -> FetchRequest:
         raise _malformed(request_id, f"FETCH body: {e}") from None
     _check_end(buf, p + FETCH_FIXED.size, request_id, "the FETCH body")
     return FetchRequest(request_id, topic, queue_id, offset, max_msgs, max_bytes)
+
+
+def encode_fetch_reply(request_id: int, status: GetMessageStatus, next_begin_offset: int,
+                       min_offset: int, max_offset: int, first_offset: int,
+                       units: Sequence = (), data: Sequence = ()) -> bytes:
+    """A FETCH_REPLY frame. ``units`` and ``data`` are pieces (any bytes-like) joined in
+    order: the units as the consume queue holds them and the non-blank units' records."""
+    count = sum(memoryview(u).nbytes for u in units) // CQ_STORE_UNIT_SIZE
+    try:
+        fixed = FETCH_REPLY_FIXED.pack(status.value, next_begin_offset, min_offset, max_offset,
+                                       first_offset)
+    except struct.error as e:
+        raise ValueError(f"FETCH_REPLY does not fit the wire: {e}") from None
+    return _finish([_header(Kind.FETCH_REPLY, request_id, count), fixed, *units, *data],
+                   request_id)
+
+
+def decode_fetch_reply(frame) -> FetchReply:
+    """Checks the layout: the units fit the frame, each non-blank one's size is at least
+    a record's TOTALSIZE and magic, and the data is exactly their sum.
+
+    Raises ``ProtocolError``.
+    """
+    h = peek_header(frame)
+    if h.kind is not Kind.FETCH_REPLY:
+        raise ProtocolError(ErrorCode.UNKNOWN_KIND,
+                            f"expected FETCH_REPLY, got {h.kind.name}", h.request_id)
+    request_id, count = h.request_id, h.count
+    view = memoryview(frame).cast("B")
+    try:
+        value, next_begin, min_offset, max_offset, first = \
+            FETCH_REPLY_FIXED.unpack_from(view, HEADER_SIZE)
+    except struct.error as e:
+        raise _malformed(request_id, f"FETCH_REPLY body: {e}") from None
+    status = _GET_STATUSES.get(value)
+    if status is None:
+        raise _malformed(request_id, f"FETCH_REPLY: unknown status {value}")
+    p = HEADER_SIZE + FETCH_REPLY_FIXED.size
+    q = p + count * CQ_STORE_UNIT_SIZE
+    if q > len(view):
+        raise _malformed(request_id, f"{len(view)} bytes cannot hold {count} FETCH_REPLY units")
+    units = view[p:q]
+    sizes = [size for _, size, _ in CQ_UNIT.iter_unpack(units) if size != BLANK_UNIT_SIZE]
+    if sizes and min(sizes) < SIZE_MAGIC.size:
+        raise _malformed(request_id, f"FETCH_REPLY: a unit of size {min(sizes)} is no record")
+    if sum(sizes) != len(view) - q:
+        raise _malformed(request_id, f"FETCH_REPLY: units of {sum(sizes)} bytes of records, "
+                                     f"{len(view) - q} bytes of data")
+    return FetchReply(request_id, status, next_begin, min_offset, max_offset, first,
+                      units, view[q:])
 
 
 # ------------------------------------------------------------------------------ COMMIT

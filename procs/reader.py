@@ -11,9 +11,11 @@ bytes; the client decodes them.
   offsets' bound and notice a store restart. No topics named: every topic the store
   has, less the reserved ones (``SCHEDULE_TOPIC_XXXX``, ``RMQ_SYS_*``).
 - FETCH: a bulk read for batch readers, answered at once (never parked) with a
-  PULL_REPLY of up to ``MAX_FETCH_MSGS`` records and about ``max_bytes`` (at most
-  ``MAX_FETCH_BYTES``) of them, read across consume queue files; RocketMQ's per-pull
-  transfer limits (32 messages / 256 KiB) are for consumers and do not apply.
+  FETCH_REPLY of up to ``MAX_FETCH_MSGS`` units and their records, no more than
+  ``max_bytes`` (at most ``MAX_FETCH_BYTES``) of them, read across consume queue files;
+  RocketMQ's per-pull transfer limits (32 messages / 256 KiB) are for consumers and do
+  not apply. The records go out as CommitLog spans copied whole (``storage.bulk_read``),
+  unchecked: the client checks every one against its unit, in bulk.
 - COMMIT: the reader writes ``config/consumerOffset.json`` on behalf of remote clients:
   their group's offsets are merged in through ``procs.consumer.update_offsets`` (the
   same flock and RocketMQ shape local ``Consumer``s use), so a remote group's progress
@@ -182,9 +184,10 @@ class ReaderService(Service):
 
     # ------------------------------------------------------------------ fetch
     def _fetch(self, req: protocol.FetchRequest) -> bytes:
-        """Records from ``req.offset`` on, read chunk after chunk (a chunk ends at a
-        consume queue file's end) until ``max_msgs``, ``max_bytes`` or the queue's end.
-        Every chunk is bounded by the same DISPATCHED."""
+        """A FETCH_REPLY of the units from ``req.offset`` on and their records, read
+        consume queue file after file (``StoreReader.read_queue_records``) until
+        ``max_msgs``, ``max_bytes`` or the queue's end, all bounded by one DISPATCHED.
+        The records are copied, not checked: the client checks each against its unit."""
         _refuse_if(check_topic(req.topic, internal=True), req.request_id)
         if req.max_msgs <= 0 or req.max_bytes <= 0:
             _refuse_if(f"max_msgs {req.max_msgs} and max_bytes {req.max_bytes} must be "
@@ -193,34 +196,28 @@ class ReaderService(Service):
         max_bytes = min(req.max_bytes, protocol.MAX_FETCH_BYTES)
         dispatched = self.table.get(Slot.DISPATCHED)
         min_phy = self.table.get(Slot.MIN_OFFSET)
-        records: list[bytes] = []
-        total = 0
+        units: list[bytes] = []
+        data: list = []
+        count = nbytes = 0
         offset = req.offset
         first = last = None
-        while len(records) < max_msgs and total < max_bytes:
-            r = self.reader.get_raw_messages(
-                req.topic, req.queue_id, offset, max_msgs - len(records), dispatched,
-                min_commit_log_offset=min_phy,
-                batch_limits=(max_msgs - len(records), max_bytes - total))
-            if first is None:
-                first = r
-            if r.status is not GetMessageStatus.FOUND:
+        while count < max_msgs and nbytes < max_bytes:
+            r = self.reader.read_queue_records(
+                req.topic, req.queue_id, offset, max_msgs - count, max_bytes - nbytes,
+                dispatched, min_commit_log_offset=min_phy, at_least_one=nbytes == 0)
+            first = first or r
+            if r.status is not GetMessageStatus.FOUND or r.count == 0:
                 break
-            if records and total + len(r.records[0]) > max_bytes:
-                break  # the first record of a later chunk always comes: not over the limit
-            records += r.records
-            total += sum(len(x) for x in r.records)
-            last = r
+            units.append(r.units)
+            data += r.data
+            count, nbytes, last = count + r.count, nbytes + r.nbytes, r
             if r.next_begin_offset >= r.max_offset:
                 break
             offset = r.next_begin_offset
-        if last is None:
-            return protocol.encode_pull_reply(req.request_id, first.status,
-                                              first.next_begin_offset, first.min_offset,
-                                              first.max_offset, [])
-        return protocol.encode_pull_reply(req.request_id, GetMessageStatus.FOUND,
-                                          last.next_begin_offset, last.min_offset,
-                                          last.max_offset, records)
+        answer = last or first
+        return protocol.encode_fetch_reply(
+            req.request_id, answer.status, answer.next_begin_offset, answer.min_offset,
+            answer.max_offset, req.offset, units, data)
 
     # ------------------------------------------------------------------ commit
     def _commit(self, req: protocol.CommitRequest) -> bytes:

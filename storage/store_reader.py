@@ -11,7 +11,8 @@ shared position table; ``storage`` never imports ``shm``):
     call                                  bound        a thing counts only if
     ------------------------------------  -----------  ----------------------------------
     get_message, get_raw_messages,        dispatched   its consume queue unit has
-    get_{min,max}_offset_in_queue,                     offset + size <= dispatched
+    read_queue_units, read_queue_records,              offset + size <= dispatched
+    get_{min,max}_offset_in_queue,
     get_offset_in_queue_by_time
     query_message                         dispatched   the index hit's offset < dispatched
     look_message_by_offset / _by_id       written      the whole record lies below written
@@ -79,13 +80,13 @@ from the bound of the call in progress).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import mmap
 import os
 import time
 from typing import Callable, Iterable, NamedTuple
 
+from storage.bulk_read import QueueRecords, plan_spans
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
@@ -98,7 +99,8 @@ from storage.mapped_file import MappedFile, offset_to_file_name
 from storage.message import MessageExt
 from storage.read_path import (
     NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_record, get_from_queue,
-    look_message_by_id, memory_limit_bytes, query_messages, tags_of_message, tags_of_raw)
+    look_message_by_id, memory_limit_bytes, offset_status, query_messages, tags_of_message,
+    tags_of_raw)
 from storage.status import GetMessageStatus
 from storage.validation import check_topic
 
@@ -509,32 +511,18 @@ class StoreReader:
 
     def get_raw_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                          dispatched: int, tags: Iterable[str] | None = None, *,
-                         min_commit_log_offset: int | None = None,
-                         batch_limits: tuple[int, int] | None = None) -> GetRawMessagesResult:
+                         min_commit_log_offset: int | None = None) -> GetRawMessagesResult:
         """``get_message`` returning each record's bytes as the CommitLog holds them
-        (checked the same way, never decoded unless ``tags`` filters).
-
-        ``batch_limits=(max_count, max_bytes)`` replaces the consumers' per-pull limits
-        (``max_transfer_{count,bytes}_on_message_in_{memory,disk}``) for bulk readers;
-        the first record is returned even when it alone is over ``max_bytes``."""
+        (checked the same way, never decoded unless ``tags`` filters)."""
         r = self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
-                       min_commit_log_offset, check_unit_raw, tags_of_raw, batch_limits)
+                       min_commit_log_offset, check_unit_raw, tags_of_raw)
         return GetRawMessagesResult(r.status, r.messages, r.next_begin_offset, r.min_offset,
                                     r.max_offset)
 
     def _pull(self, topic: str, queue_id: int, offset: int, max_msgs: int, dispatched: int,
               tags: Iterable[str] | None, min_hint: int | None, check: Callable,
-              tags_of: Callable, batch_limits: tuple[int, int] | None = None
-              ) -> GetMessageResult:
+              tags_of: Callable) -> GetMessageResult:
         self._check_open()
-        config = self.config
-        if batch_limits is not None:
-            count, size = batch_limits
-            config = dataclasses.replace(
-                config, max_transfer_count_on_message_in_memory=count,
-                max_transfer_bytes_on_message_in_memory=size,
-                max_transfer_count_on_message_in_disk=count,
-                max_transfer_bytes_on_message_in_disk=size)
         qv = self._queue(topic, queue_id)
         if qv is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
@@ -555,7 +543,7 @@ class StoreReader:
                 raise
 
         return get_from_queue(qv.cq, offset, max_msgs, tags, lo, hi, read_unit,
-                              config=config, max_phy=dispatched,
+                              config=self.config, max_phy=dispatched,
                               memory_limit=self._memory_limit,
                               roll_next_file=self._commit_log.roll_next_file, tags_of=tags_of)
 
@@ -649,6 +637,52 @@ class StoreReader:
         mf, pos, _ = found
         units = bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
         return QueueUnits(units, first, count, lo, hi)
+
+    def read_queue_records(self, topic: str, queue_id: int, offset: int, max_units: int,
+                           max_bytes: int, dispatched: int, *,
+                           min_commit_log_offset: int | None = None,
+                           at_least_one: bool = True) -> QueueRecords:
+        """``read_queue_units`` with the records the units point at (``storage.bulk_read``):
+        units from ``offset`` while their records fit ``max_bytes`` (a first record over
+        it still comes when ``at_least_one``), one consume queue file at most. The
+        records are not checked: the caller checks each against its unit.
+
+        The status is ``offset_status``'s for an offset outside the queue,
+        NO_MATCHED_LOGIC_QUEUE for an unknown queue, and OFFSET_FOUND_NULL when the
+        consume queue file or the first records' CommitLog file went while being read
+        (``next_begin_offset`` is past them)."""
+        self._check_open()
+        qv = self._queue(topic, queue_id)
+        if qv is None:
+            return QueueRecords(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, offset, 0, 0, 0, 0,
+                                b"", [], 0)
+        got = self.read_queue_units(topic, queue_id, offset, max_units, dispatched,
+                                    min_commit_log_offset=min_commit_log_offset)
+        lo, hi = got.min_offset, got.max_offset
+        early = offset_status(offset, lo, hi)
+        if early is not None:
+            return QueueRecords(early.status, offset, 0, early.next_begin_offset, lo, hi,
+                                b"", [], 0)
+        if got.count == 0:  # the consume queue file went meanwhile
+            return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
+                                qv.cq.roll_next_file(offset), lo, hi, b"", [], 0)
+        taken, spans = plan_spans(got.units, max_bytes, at_least_one,
+                                  self.config.mapped_file_size_commit_log)
+        data: list = []
+        nbytes = 0
+        for span in spans:
+            copied = self.read_commit_log(span.begin, span.end - span.begin, dispatched)
+            if copied is None:  # expired while being read: stop before it
+                taken = span.first_unit
+                if taken == 0:
+                    return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
+                                        offset + span.end_unit, lo, hi, b"", [], 0)
+                break
+            view = memoryview(copied)
+            data += [view[a:a + n] for a, n in span.pieces]
+            nbytes += sum(n for _, n in span.pieces)
+        return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
+                            got.units[:taken * CQ_STORE_UNIT_SIZE], data, nbytes)
 
     def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
                                   dispatched: int, *,

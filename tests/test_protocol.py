@@ -18,6 +18,7 @@ from procs import protocol as P
 from procs.protocol import ErrorCode, Kind, ProtocolError, QueryMode
 from storage import record
 from storage.commit_log import PutMessageResult
+from storage.consume_queue import BLANK_UNIT, CQ_UNIT
 from storage.message import Message, create_message_id, encode_host, encode_properties
 from storage.status import GetMessageStatus, PutMessageStatus
 
@@ -108,6 +109,15 @@ def sample_records() -> list[bytes]:
                                keys=[f"k{i}"], queue_id=1), i, 1000 * i) for i in range(3)]
 
 
+def units_of(records: list[bytes], first_phy: int = 0) -> list[bytes]:
+    """Consume queue units pointing at ``records`` laid back to back from ``first_phy``."""
+    units, phy = [], first_phy
+    for r in records:
+        units.append(CQ_UNIT.pack(phy, len(r), 0))
+        phy += len(r)
+    return units
+
+
 def valid_frames() -> dict[str, tuple[bytes, object]]:
     """One valid frame of every kind (and mode) with the decoder that takes it."""
     recs = sample_records()
@@ -126,8 +136,8 @@ def valid_frames() -> dict[str, tuple[bytes, object]]:
         "query_offset": (P.encode_query_by_offset(18, 4096), P.decode_query),
         "query_reply": (P.encode_query_reply(19, recs[:2]), P.decode_query_reply),
         "error": (P.encode_error(20, ErrorCode.INTERNAL, "disk on fire"), P.decode_error),
-        "pull_reply_raw": (P.encode_pull_reply(21, GetMessageStatus.FOUND, 3, 0, 3, recs),
-                           P.decode_pull_reply_raw),
+        "fetch_reply": (P.encode_fetch_reply(21, GetMessageStatus.FOUND, 3, 0, 3, 0,
+                                             units_of(recs), recs), P.decode_fetch_reply),
         "offsets": (P.encode_offsets(22, ["TopicTest", "Other"], 1700000000000),
                     P.decode_offsets),
         "offsets_all": (P.encode_offsets(23), P.decode_offsets),
@@ -143,7 +153,7 @@ def valid_frames() -> dict[str, tuple[bytes, object]]:
 VALID = valid_frames()
 DECODER_KINDS = {P.decode_send: Kind.SEND, P.decode_send_reply: Kind.SEND_REPLY,
                  P.decode_pull: Kind.PULL, P.decode_pull_reply: Kind.PULL_REPLY,
-                 P.decode_pull_reply_raw: Kind.PULL_REPLY, P.decode_query: Kind.QUERY,
+                 P.decode_fetch_reply: Kind.FETCH_REPLY, P.decode_query: Kind.QUERY,
                  P.decode_query_reply: Kind.QUERY_REPLY, P.decode_offsets: Kind.OFFSETS,
                  P.decode_offsets_reply: Kind.OFFSETS_REPLY, P.decode_fetch: Kind.FETCH,
                  P.decode_commit: Kind.COMMIT, P.decode_commit_reply: Kind.COMMIT_REPLY,
@@ -403,7 +413,7 @@ def test_unknown_version_is_unsupported_and_keeps_request_id(name, version):
     raises(ErrorCode.UNSUPPORTED_VERSION, P.peek_header, bad, rid)
 
 
-@pytest.mark.parametrize("kind", [0, 12, 13, 14, 16, 255])
+@pytest.mark.parametrize("kind", [0, 13, 14, 16, 255])
 def test_unknown_kind(kind):
     frame = set_header(VALID["send"][0], kind=kind)
     raises(ErrorCode.UNKNOWN_KIND, P.peek_header, frame, 11)
@@ -652,7 +662,7 @@ def test_fetch_has_pull_layout_with_max_bytes_in_place_of_timeout():
     fetch = P.encode_fetch(9, "T", 1, 2, 3, 4)
     pull = P.encode_pull(9, "T", 1, 2, 3, 4)
     assert fetch[3] == Kind.FETCH and fetch[4:] == pull[4:]
-    assert P.REPLY_KIND[Kind.FETCH] is Kind.PULL_REPLY
+    assert P.REPLY_KIND[Kind.FETCH] is Kind.FETCH_REPLY
 
 
 @given(U64, st.lists(_text(0, 60), max_size=6), INT64)
@@ -701,48 +711,51 @@ def test_commit_takes_a_mapping_or_pairs():
 
 
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
-@given(U64, st.sampled_from(GetMessageStatus), INT64, INT64, INT64,
-       st.lists(record_messages, max_size=5))
-def test_raw_pull_reply_gives_the_records_bytes_without_copying(request_id, status, nb, lo,
-                                                                hi, msgs):
+@given(U64, st.sampled_from(GetMessageStatus), INT64, INT64, INT64, INT64,
+       st.lists(record_messages, max_size=5), st.integers(0, 2))
+def test_fetch_reply_gives_the_units_and_records_without_copying(request_id, status, nb, lo,
+                                                                 hi, first, msgs, blanks):
     raws = [raw_record(m, i, 10_000 * i) for i, m in enumerate(msgs)]
-    frame = P.encode_pull_reply(request_id, status, nb, lo, hi, raws)
-    raw = P.decode_pull_reply_raw(frame)
-    assert raw[:5] == (request_id, status, nb, lo, hi)
-    assert [bytes(r) for r in raw.records] == raws
-    assert all(isinstance(r, memoryview) and r.obj is frame for r in raw.records)
-    assert [record.decode_at(r, 0, check_crc=True) for r in raw.records] == \
-        P.decode_pull_reply(frame).messages
+    units = [BLANK_UNIT] * blanks + units_of(raws)
+    frame = P.encode_fetch_reply(request_id, status, nb, lo, hi, first, units, raws)
+    reply = P.decode_fetch_reply(frame)
+    assert reply[:6] == (request_id, status, nb, lo, hi, first)
+    assert bytes(reply.units) == b"".join(units) and bytes(reply.data) == b"".join(raws)
+    assert [bytes(r) for r in reply.records] == raws
+    assert all(isinstance(r, memoryview) and r.obj is frame for r in reply.records)
+    assert [record.decode_at(r, 0, check_crc=True) for r in reply.records] == \
+        [record.decode_at(r, 0, check_crc=True) for r in raws]
 
 
-def test_raw_pull_reply_takes_any_buffer():
+def test_fetch_reply_takes_any_buffer():
     import zmq
-    frame = VALID["pull_reply_raw"][0]
-    expected = [bytes(r) for r in P.decode_pull_reply_raw(frame).records]
+    frame = VALID["fetch_reply"][0]
+    expected = [bytes(r) for r in P.decode_fetch_reply(frame).records]
     for buf in (bytearray(frame), memoryview(frame), zmq.Frame(frame)):
-        assert [bytes(r) for r in P.decode_pull_reply_raw(buf).records] == expected
+        assert [bytes(r) for r in P.decode_fetch_reply(buf).records] == expected
 
 
-def test_raw_pull_reply_checks_framing_but_leaves_the_crc_to_the_caller():
+def test_fetch_reply_checks_its_layout_but_leaves_the_records_to_the_caller():
     recs = sample_records()
-    frame = P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, recs[:1])
+    units = units_of(recs)
+    frame = P.encode_fetch_reply(7, GetMessageStatus.FOUND, 3, 0, 3, 0, units, recs)
     torn = bytearray(frame)
-    torn[P.HEADER_SIZE + P.PULL_REPLY_FIXED.size + 4 + 88] ^= 0x01  # a body byte
-    [r] = P.decode_pull_reply_raw(bytes(torn)).records
+    torn[len(frame) - len(recs[-1]) + 88] ^= 0x01  # a body byte: the CRC is the caller's
+    [_, _, r] = P.decode_fetch_reply(bytes(torn)).records
     with pytest.raises(record.RecordFormatError):
         record.decode_at(r, 0, check_crc=True)
-    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply, bytes(torn), 7)
-    # TOTALSIZE one short of the length prefix, no magic, a wrong magic
-    wrong_magic = b"\x00\x00\x00\x0c\xca\xfe\xba\xbe" + bytes(4)
-    for bad in ([recs[0] + b"\x00"], [bytes(100)], [wrong_magic]):
-        e = raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
-                   P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, bad), 7)
-        assert "PULL_REPLY record 0" in e.detail
-    for short in ([b"\x00\x00\x00\x04"], [b""], [recs[0][:4] + b"\x00" * 4] * 2):
-        raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
-               P.encode_pull_reply(7, GetMessageStatus.FOUND, 3, 0, 3, short), 7)
-    raises(ErrorCode.MALFORMED_FRAME, P.decode_pull_reply_raw,
-           frame[:P.HEADER_SIZE] + b"\x09" + frame[P.HEADER_SIZE + 1:], 7)
+    for bad_units, bad_data in ((units, recs[:2]), (units[:2], recs), (units, recs + [b"x"]),
+                                ([CQ_UNIT.pack(0, 4, 0)], [b"\x00" * 4])):
+        e = raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch_reply,
+                   P.encode_fetch_reply(7, GetMessageStatus.FOUND, 3, 0, 3, 0, bad_units,
+                                        bad_data), 7)
+        assert "FETCH_REPLY" in e.detail
+    header = P.HEADER.pack(P.MAGIC, P.VERSION, Kind.FETCH_REPLY, 7, 3)
+    body = frame[P.HEADER_SIZE:P.HEADER_SIZE + P.FETCH_REPLY_FIXED.size + 40]
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch_reply, header + body, 7)  # 2 of 3 units
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch_reply, frame[:P.HEADER_SIZE + 20], 7)
+    raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch_reply,
+           frame[:P.HEADER_SIZE] + b"\x09" + frame[P.HEADER_SIZE + 1:], 7)  # status 9
 
 
 def test_batch_frames_bad_utf8_and_lengths_past_the_frame():

@@ -44,35 +44,52 @@ def offsets_file(store_dir: str) -> dict:
         return json.load(f)["offsetTable"]
 
 
-# ============================================================ StoreReader.get_raw_messages
-def test_batch_limits_replace_the_consumers_per_pull_limits(tmp_path):
+# ============================================================ StoreReader.read_queue_records
+def test_read_queue_records_takes_units_and_their_records_past_the_per_pull_limits(tmp_path):
     config = small_config(tmp_path / "store", mapped_file_size_consume_queue=20 * 300)
     store = MessageStore(config)
     store.load()
     reader = StoreReader(config)
     try:
-        store.put_batch([Message(topic=BULK, body=bulk_body(i), queue_id=0) for i in range(200)])
+        # two queues interleaved: each queue's records have the other's between them
+        store.put_batch([Message(topic=BULK, body=bulk_body(i), queue_id=i % 2)
+                         for i in range(400)])
         store.dispatch()
         d = store.reput_from_offset
-        default = reader.get_raw_messages(BULK, 0, 0, 1000, d)
-        assert len(default.records) == config.max_transfer_count_on_message_in_memory == 32
-        bulk = reader.get_raw_messages(BULK, 0, 0, 1000, d, batch_limits=(1000, 1 << 30))
-        assert (bulk.status, bulk.next_begin_offset, len(bulk.records)) == (S.FOUND, 200, 200)
-        assert bulk.records[:32] == default.records
-        assert [decode_at(r, 0, check_crc=True).body for r in bulk.records] == \
-            [bulk_body(i) for i in range(200)]
-        sizes = [len(r) for r in bulk.records]
-        five = reader.get_raw_messages(BULK, 0, 10, 1000, d, batch_limits=(1000, sum(sizes[10:15])))
-        assert five.records == bulk.records[10:15] and five.next_begin_offset == 15
-        one = reader.get_raw_messages(BULK, 0, 3, 1000, d, batch_limits=(1000, 1))
-        assert one.records == bulk.records[3:4]   # the first record always comes
-        capped = reader.get_raw_messages(BULK, 0, 0, 7, d, batch_limits=(1000, 1 << 30))
-        assert len(capped.records) == 7
-        counted = reader.get_raw_messages(BULK, 0, 0, 1000, d, batch_limits=(50, 1 << 30))
-        assert len(counted.records) == 50
-        # nothing leaks into the consumers' reads
-        assert len(reader.get_message(BULK, 0, 0, 1000, d).messages) == 32
-        assert reader.get_raw_messages(BULK, 0, 0, 1000, d).records == default.records
+        pulled = reader.get_raw_messages(BULK, 0, 0, 1000, d)
+        assert len(pulled.records) == config.max_transfer_count_on_message_in_memory == 32
+        r = reader.read_queue_records(BULK, 0, 0, 1000, 1 << 30, d)
+        assert (r.status, r.first, r.count, r.next_begin_offset, r.max_offset) == \
+            (S.FOUND, 0, 200, 200, 200)
+        assert len(r.units) == 20 * 200
+        records = [bytes(x) for x in r.data]
+        assert len(records) == 200          # no two records of queue 0 touch
+        assert records[:32] == pulled.records
+        assert r.nbytes == sum(map(len, records))
+        msgs = [decode_at(x, 0, check_crc=True) for x in records]
+        assert [m.queue_offset for m in msgs] == list(range(200))
+        assert [m.body for m in msgs] == [bulk_body(i) for i in range(0, 400, 2)]
+        sizes = [len(x) for x in records]
+        five = reader.read_queue_records(BULK, 0, 10, 1000, sum(sizes[10:15]), d)
+        assert [bytes(x) for x in five.data] == records[10:15] and five.next_begin_offset == 15
+        one = reader.read_queue_records(BULK, 0, 3, 1000, 1, d)
+        assert [bytes(x) for x in one.data] == records[3:4]   # the first record always comes
+        assert reader.read_queue_records(BULK, 0, 3, 1000, 1, d, at_least_one=False).count == 0
+        assert reader.read_queue_records(BULK, 0, 0, 7, 1 << 30, d).count == 7
+        # one queue alone: its records touch, and come as one piece per CommitLog file
+        store.put_batch([Message(topic=SMALL, body=bulk_body(i), queue_id=0) for i in range(50)])
+        store.dispatch()
+        d = store.reput_from_offset
+        alone = reader.read_queue_records(SMALL, 0, 0, 1000, 1 << 30, d)
+        assert alone.count == 50 and len(alone.data) <= 2
+        assert b"".join(alone.data) == b"".join(
+            reader.get_raw_messages(SMALL, 0, k, 32, d).records[0] for k in range(50))
+        # the statuses of a pull
+        assert reader.read_queue_records(BULK, 0, 200, 10, 1000, d).status is S.OFFSET_OVERFLOW_ONE
+        assert reader.read_queue_records(BULK, 0, 250, 10, 1000, d).status is \
+            S.OFFSET_OVERFLOW_BADLY
+        assert reader.read_queue_records(BULK, 5, 0, 10, 1000, d).status is \
+            S.NO_MATCHED_LOGIC_QUEUE
     finally:
         reader.close()
         store.close()

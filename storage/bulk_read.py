@@ -1,0 +1,93 @@
+"""Bulk reads of one queue's records, for readers that check and decode in batches.
+
+A consumer's pull (``read_path.get_from_queue``) reads, checks and returns one record at
+a time under RocketMQ's transfer limits (32 messages / 256 KiB). A bulk reader (the
+reader process answering FETCH for Spark executors on other hosts) ships thousands of
+records a call to a client that checks every one of them against its unit in bulk
+(``pipeline.arrow_codec.records_to_batch``), so the store side does as little per record
+as it can:
+
+1. ``StoreReader.read_queue_units`` hands over the consume queue's 20-byte units as they
+   lie (one file at most, never past DISPATCHED);
+2. ``plan_spans`` walks them once: it takes units while their records fit the byte
+   budget and groups the records into *spans*, runs of the CommitLog inside one file
+   with no gap over ``SPAN_GAP_BYTES`` between two records (a queue's records are
+   interleaved with other queues'), each copied out of the mapping in one call;
+3. inside a span, records that touch (``phy == previous end``) form one *piece*: a
+   topic with one queue ships each span as one piece, four interleaved queues one piece
+   per record. Pieces are memoryviews of the span's copy; joined in order they are
+   exactly the taken records, back to back.
+
+Blank (filler) units (``BLANK_UNIT_SIZE``) are taken like any other but point at no
+record. Nothing here checks a record: the client does, and must.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
+from storage.status import GetMessageStatus
+
+SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span
+
+
+class Span(NamedTuple):
+    """CommitLog bytes ``[begin, end)`` in one file, holding the records of units
+    ``[first_unit, end_unit)`` (counted from the first unit planned)."""
+
+    begin: int
+    end: int
+    first_unit: int
+    end_unit: int
+    pieces: list[tuple[int, int]]   # (start relative to begin, length): touching records
+
+
+class QueueRecords(NamedTuple):
+    """``StoreReader.read_queue_records``: units of one queue and their records."""
+
+    status: GetMessageStatus   # FOUND, or why nothing was read (``offset_status``'s, or
+    #                            OFFSET_FOUND_NULL: the file or records at ``first`` are gone)
+    first: int                 # the logical offset of the first unit
+    count: int                 # units taken
+    next_begin_offset: int     # where the next read starts
+    min_offset: int            # the queue's bounds within the call's ``dispatched``
+    max_offset: int
+    units: bytes               # count * 20 bytes, as the consume queue holds them
+    data: list                 # the taken units' records back to back, in pieces
+    nbytes: int                # the records' total size
+
+
+def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
+               file_size: int) -> tuple[int, list[Span]]:
+    """``(taken, spans)``: how many of ``units`` to take (from the first, while their
+    records' sizes add up to at most ``max_bytes``; a first record over the budget is
+    still taken when ``at_least_one``) and the spans that copy their records."""
+    spans: list[Span] = []
+    taken = total = 0
+    begin = end = -1
+    first_unit = 0
+    pieces: list[tuple[int, int]] = []
+    for phy, size, _ in CQ_UNIT.iter_unpack(units):
+        if size == BLANK_UNIT_SIZE:
+            taken += 1
+            continue
+        if total + size > max_bytes and (total or not at_least_one):
+            break
+        same_span = begin >= 0 and phy // file_size == begin // file_size \
+            and end <= phy <= end + SPAN_GAP_BYTES
+        if same_span and phy == end:
+            start, length = pieces[-1]
+            pieces[-1] = (start, length + size)
+        elif same_span:
+            pieces.append((phy - begin, size))
+        else:
+            if begin >= 0:
+                spans.append(Span(begin, end, first_unit, taken, pieces))
+            begin, first_unit, pieces = phy, taken, [(0, size)]
+        end = phy + size
+        total += size
+        taken += 1
+    if begin >= 0:
+        spans.append(Span(begin, end, first_unit, taken, pieces))
+    return taken, spans

@@ -1,0 +1,73 @@
+"""``storage.bulk_read.plan_spans``: which units a bulk read takes and how it copies
+their records (spans within one CommitLog file, touching records joined into pieces)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from storage.bulk_read import SPAN_GAP_BYTES, Span, plan_spans
+from storage.consume_queue import BLANK_UNIT, CQ_UNIT
+
+FILE = 1 << 20
+
+
+def units(*pairs) -> bytes:
+    return b"".join(BLANK_UNIT if p is None else CQ_UNIT.pack(p[0], p[1], 0) for p in pairs)
+
+
+def test_touching_records_form_one_piece_and_gaps_separate_pieces():
+    taken, spans = plan_spans(units((0, 100), (100, 50), (400, 10), (410, 10)), 1 << 30,
+                              True, FILE)
+    assert taken == 4
+    assert spans == [Span(0, 420, 0, 4, [(0, 150), (400, 20)])]
+
+
+def test_a_file_boundary_or_a_large_gap_starts_a_new_span():
+    far = 200 + SPAN_GAP_BYTES + 1
+    taken, spans = plan_spans(units((0, 100), (far, 100), (FILE, 100), (FILE + 100, 8)),
+                              1 << 30, True, FILE)
+    assert taken == 4
+    assert spans == [Span(0, 100, 0, 1, [(0, 100)]), Span(far, far + 100, 1, 2, [(0, 100)]),
+                     Span(FILE, FILE + 108, 2, 4, [(0, 108)])]
+
+
+def test_the_byte_budget_cuts_before_the_record_that_would_pass_it():
+    u = units((0, 100), (100, 100), (200, 100))
+    assert plan_spans(u, 250, True, FILE)[0] == 2
+    assert plan_spans(u, 300, True, FILE)[0] == 3
+    assert plan_spans(u, 50, True, FILE) == (1, [Span(0, 100, 0, 1, [(0, 100)])])
+    assert plan_spans(u, 50, False, FILE) == (0, [])
+
+
+def test_blank_units_are_taken_but_point_at_nothing():
+    taken, spans = plan_spans(units(None, None, (0, 100), None, (100, 20)), 1 << 30, True, FILE)
+    assert taken == 5
+    assert spans == [Span(0, 120, 2, 5, [(0, 120)])]
+    assert plan_spans(units(None, None), 10, False, FILE) == (2, [])
+
+
+@given(st.lists(st.tuples(st.integers(0, 3 * SPAN_GAP_BYTES), st.integers(8, 5000)),
+                max_size=40), st.integers(1, 100_000))
+@settings(max_examples=300)
+def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
+    phy, pairs = 0, []
+    for gap, size in layout:
+        phy += gap
+        if phy // FILE != (phy + size - 1) // FILE:
+            phy = (phy // FILE + 1) * FILE   # a record never crosses a CommitLog file
+        pairs.append((phy, size))
+        phy += size
+    taken, spans = plan_spans(units(*pairs), budget, True, FILE)
+    assert taken == len(pairs) or sum(s for _, s in pairs[:taken + 1]) > budget
+    assert sum(s for _, s in pairs[:taken]) <= budget or taken == 1
+    got = [(span.begin + a, n) for span in spans for a, n in span.pieces]
+    expected, end = [], None
+    for p, s in pairs[:taken]:
+        if expected and p == end and p // FILE == expected[-1][0] // FILE:
+            expected[-1] = (expected[-1][0], expected[-1][1] + s)
+        else:
+            expected.append((p, s))
+        end = p + s
+    assert got == expected
+    for span in spans:
+        assert span.begin // FILE == (span.end - 1) // FILE
