@@ -11,7 +11,8 @@ Both give the same three things, so the source's driver and tasks never care whi
     commit(group, topic, ...)    consumerOffset.json, under its      COMMIT through the reader
                                  flock (as a local Consumer)         socket (the reader writes it)
 
-``read`` yields pyarrow RecordBatches of ``pipeline.arrow_codec.SCHEMA`` for a range
+``read`` yields pyarrow RecordBatches of ``pipeline.arrow_codec.SCHEMA`` (or of the
+``columns`` asked for: a projection, only those built) for a range
 ``[start, end)`` of one queue. Every read stops at DISPATCHED, so under SYNC_FLUSH no
 row is a message a crash could take back. On both paths every record is checked here
 against the unit that points at it (size, queue offset, CommitLog offset, topic, queue
@@ -39,7 +40,7 @@ from procs import endpoints
 from procs.client import ReaderClient
 from procs.consumer import store_config, update_offsets
 from shm.positions import PositionTable, PositionTableError, Slot
-from storage.bulk_read import SPAN_GAP_BYTES
+from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES
 from storage.consume_queue import BLANK_UNIT_SIZE
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
@@ -48,8 +49,8 @@ log = logging.getLogger(__name__)
 
 CQ_UNITS = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 assert CQ_UNITS.itemsize == 20
-DEFAULT_BATCH_ROWS = 16384
-FETCH_MAX_BYTES = 8 << 20
+DEFAULT_BATCH_ROWS = 65536         # rows per Arrow batch (fewer, larger batches: faster)
+BATCH_MAX_BYTES = MAX_SPAN_BYTES   # and about this many bytes of records at most
 
 
 def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000):
@@ -63,14 +64,23 @@ def _loss(problem: str, fail: bool) -> None:
     log.warning("skipping: %s", problem)
 
 
-def _check_identity(batch: pa.RecordBatch, topic: str, queue_id: int) -> None:
-    """Every row of ``batch`` must be a message of ``topic``/``queue_id``."""
-    if batch.num_rows == 0:
-        return
-    if not (pc.all(pc.equal(batch.column("topic"), topic)).as_py()
-            and pc.all(pc.equal(batch.column("queue_id"), queue_id)).as_py()):
-        raise DataLossError(f"{topic}/{queue_id}: a consume queue unit points at a message of "
-                            "another queue (the store is inconsistent; run rocketstore check)")
+IDENTITY = ("topic", "queue_id")
+
+
+def _rows(buf, starts, rng: QueueRange, columns: tuple[str, ...] | None,
+          **expect) -> pa.RecordBatch:
+    """The records at ``buf[starts]`` as a batch of ``columns`` (None: all), each checked
+    against its unit (``expect``: sizes, queue and CommitLog offsets) and to be a message
+    of the range's topic and queue."""
+    wanted = None if columns is None else tuple(dict.fromkeys(IDENTITY + tuple(columns)))
+    batch = records_to_batch(buf, starts, columns=wanted, **expect)
+    if batch.num_rows and not (
+            pc.all(pc.equal(batch.column("topic"), rng.topic)).as_py()
+            and pc.all(pc.equal(batch.column("queue_id"), rng.queue_id)).as_py()):
+        raise DataLossError(f"{rng.topic}/{rng.queue_id}: a consume queue unit points at a "
+                            "message of another queue (the store is inconsistent; run "
+                            "rocketstore check)")
+    return batch if columns is None or wanted == columns else batch.select(list(columns))
 
 
 # ------------------------------------------------------------------------------ local
@@ -107,7 +117,8 @@ class LocalStore:
         return out
 
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
-             batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = DEFAULT_BATCH_ROWS,
+             columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
         pos = rng.start
         while pos < rng.end:
             dispatched, min_phy = self._positions()
@@ -123,15 +134,20 @@ class LocalStore:
                 raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
                                     f"{got.max_offset}, before offset {pos} of the range "
                                     f"{rng.start}..{rng.end} (a recovery took messages back?)")
-            yield from self._decode(rng, got.units, got.first, dispatched, fail_on_data_loss)
+            yield from self._decode(rng, *_real_units(got.units, got.first), dispatched,
+                                    fail_on_data_loss, columns)
             pos = got.first + got.count
 
-    def _decode(self, rng: QueueRange, raw: bytes, first: int, dispatched: int,
-                fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
-        offsets, phy, size = _real_units(raw, first)
+    def _decode(self, rng: QueueRange, offsets: np.ndarray, phy: np.ndarray, size: np.ndarray,
+                dispatched: int, fail_on_data_loss: bool,
+                columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
         file_size = self.config.mapped_file_size_commit_log
-        # one copy per run of records lying in one CommitLog file without a big gap
+        # one copy and one batch per span, as storage.bulk_read plans them for the
+        # reader: records in one CommitLog file and MAX_SPAN_BYTES stretch of it, without
+        # a big gap (so a batch holds at most about MAX_SPAN_BYTES of records)
+        stretch = phy % file_size // MAX_SPAN_BYTES
         cut = np.flatnonzero((phy[1:] // file_size != phy[:-1] // file_size)
+                             | (stretch[1:] != stretch[:-1])
                              | (phy[1:] - (phy[:-1] + size[:-1]) > SPAN_GAP_BYTES)) + 1
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(phy)]):
             a, b = int(a), int(b)
@@ -142,12 +158,9 @@ class LocalStore:
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {offsets[a]}..{offsets[b - 1]} "
                       "expired while being read", fail_on_data_loss)
                 continue
-            batch = records_to_batch(data, phy[a:b] - begin, expect_sizes=size[a:b],
-                                     expect_queue_offsets=offsets[a:b],
-                                     expect_commit_log_offsets=phy[a:b],
-                                     source="CommitLog", buf_offset=begin)
-            _check_identity(batch, rng.topic, rng.queue_id)
-            yield batch
+            yield _rows(data, phy[a:b] - begin, rng, columns, expect_sizes=size[a:b],
+                        expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
+                        source="CommitLog", buf_offset=begin)
 
     def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         update_offsets(self.config.config_dir, f"{topic}@{group}",
@@ -183,11 +196,12 @@ class RemoteStore:
                             o.time_offset) for o in found]
 
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
-             batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = DEFAULT_BATCH_ROWS,
+             columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
         pos = rng.start
         while pos < rng.end:
             reply = self.client.fetch(rng.topic, rng.queue_id, pos,
-                                      min(batch_rows, rng.end - pos), FETCH_MAX_BYTES)
+                                      min(batch_rows, rng.end - pos), BATCH_MAX_BYTES)
             if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
                     reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{reply.min_offset - 1} "
@@ -204,8 +218,7 @@ class RemoteStore:
                       f"{reply.next_begin_offset - 1} expired while being read",
                       fail_on_data_loss)
             elif reply.status is GetMessageStatus.FOUND and len(reply.units):
-                batch = _remote_batch(reply, pos)
-                _check_identity(batch, rng.topic, rng.queue_id)
+                batch = _remote_batch(reply, rng, pos, columns)
                 if batch.num_rows:
                     yield batch
             if reply.next_begin_offset <= pos:
@@ -237,7 +250,8 @@ def _real_units(raw, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return offsets, units["phy"].astype(np.int64), units["size"].astype(np.int64)
 
 
-def _remote_batch(reply, pos: int) -> pa.RecordBatch:
+def _remote_batch(reply, rng: QueueRange, pos: int,
+                  columns: tuple[str, ...] | None) -> pa.RecordBatch:
     """The rows of a FETCH_REPLY for a read from ``pos``: every record checked against
     its unit, as the local path does."""
     count = len(reply.units) // CQ_UNITS.itemsize
@@ -248,6 +262,6 @@ def _remote_batch(reply, pos: int) -> pa.RecordBatch:
     offsets, phy, size = _real_units(reply.units, pos)
     starts = np.zeros(len(size), np.int64)
     np.cumsum(size[:-1], out=starts[1:])
-    return records_to_batch(reply.data, starts, expect_sizes=size,
-                            expect_queue_offsets=offsets, expect_commit_log_offsets=phy,
-                            source="FETCH_REPLY")
+    return _rows(reply.data, starts, rng, columns, expect_sizes=size,
+                 expect_queue_offsets=offsets, expect_commit_log_offsets=phy,
+                 source="FETCH_REPLY")

@@ -21,8 +21,9 @@
     group                  yes          streaming: consumer group whose committed offsets
                                         record the query's progress (default
                                         ``spark-rocketstore``); `rocketstore status` shows lag
-    batchSize              yes   yes    messages per fetch / per SEND frame (default 4096 /
-                                        500)
+    batchSize              yes   yes    reading: rows per Arrow batch (default 65536, and
+                                        at most 16 MiB of records); writing: messages per
+                                        SEND frame (default 500)
     timeoutMs                    yes    how long a send waits for the store (default 30000)
 
 Unknown options are refused with the list of known ones, as a misspelt option would

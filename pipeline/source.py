@@ -132,9 +132,8 @@ def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | N
     if not isinstance(partition, RangePartition):
         return  # Spark reads one InputPartition(None) when partitions() planned none
     with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
-        for batch in store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
-                                batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS):
-            yield batch if columns is None else batch.select(columns)
+        yield from store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
+                              batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS, columns=columns)
 
 
 def _starting(opts: Options, bounds: list[off.QueueBounds], default: str) -> dict:

@@ -11,8 +11,10 @@ as it can:
    lie (one file at most, never past DISPATCHED);
 2. ``plan_spans`` walks them once: it takes units while their records fit the byte
    budget and groups the records into *spans*, runs of the CommitLog inside one file
-   with no gap over ``SPAN_GAP_BYTES`` between two records (a queue's records are
-   interleaved with other queues'), each copied out of the mapping in one call;
+   and one ``MAX_SPAN_BYTES``-aligned stretch of it, with no gap over
+   ``SPAN_GAP_BYTES`` between two records (a queue's records are interleaved with other
+   queues'), each copied out of the mapping in one call: a copy is never much larger
+   than ``MAX_SPAN_BYTES`` however far apart the records lie;
 3. inside a span, records that touch (``phy == previous end``) form one *piece*: a
    topic with one queue ships each span as one piece, four interleaved queues one piece
    per record. Pieces are memoryviews of the span's copy; joined in order they are
@@ -30,6 +32,13 @@ from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
 from storage.status import GetMessageStatus
 
 SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span
+MAX_SPAN_BYTES = 16 << 20   # a record starting in the next aligned stretch starts one too
+
+
+def span_key(phy: int, file_size: int) -> tuple[int, int]:
+    """Records whose keys differ never share a span: their CommitLog file, and their
+    ``MAX_SPAN_BYTES`` stretch in it. (numpy callers compute the same per array.)"""
+    return phy // file_size, phy % file_size // MAX_SPAN_BYTES
 
 
 class Span(NamedTuple):
@@ -74,8 +83,8 @@ def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
             continue
         if total + size > max_bytes and (total or not at_least_one):
             break
-        same_span = begin >= 0 and phy // file_size == begin // file_size \
-            and end <= phy <= end + SPAN_GAP_BYTES
+        same_span = begin >= 0 and end <= phy <= end + SPAN_GAP_BYTES \
+            and span_key(phy, file_size) == span_key(begin, file_size)
         if same_span and phy == end:
             start, length = pieces[-1]
             pieces[-1] = (start, length + size)

@@ -207,6 +207,25 @@ def test_buffer_over_2_gib(tmp_path):
         mm.close()
 
 
+@pytest.mark.parametrize("columns", [["body"], ["queue_offset", "body"], ["tags", "topic"],
+                                     ["store_timestamp", "keys", "msg_id"], list(SCHEMA.names)])
+def test_columns_builds_only_those_in_that_order(columns):
+    buf, starts = pack(variety() * 2)
+    whole = records_to_batch(buf, starts)
+    part = records_to_batch(buf, starts, columns=columns)
+    assert part.schema.names == columns
+    assert part.equals(whole.select(columns))
+    empty = records_to_batch(b"", [], columns=columns)
+    assert empty.num_rows == 0 and empty.schema.names == columns
+
+
+def test_columns_leave_every_check_in_place():
+    buf, starts = pack([make(), make(props=b"TAGS\x01a\x00\x02")])
+    raises_at(1, "NUL byte in properties", buf, starts, columns=["body"])
+    with pytest.raises(ValueError, match="'partition'"):
+        records_to_batch(*pack([make()]), columns=["body", "partition"])
+
+
 def test_no_records():
     batch = records_to_batch(b"", np.zeros(0, np.int64))
     assert batch.num_rows == 0 and batch.schema.equals(SCHEMA)

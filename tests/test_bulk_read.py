@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from storage.bulk_read import SPAN_GAP_BYTES, Span, plan_spans
+from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_spans
 from storage.consume_queue import BLANK_UNIT, CQ_UNIT
 
 FILE = 1 << 20
@@ -29,6 +29,15 @@ def test_a_file_boundary_or_a_large_gap_starts_a_new_span():
     assert taken == 4
     assert spans == [Span(0, 100, 0, 1, [(0, 100)]), Span(far, far + 100, 1, 2, [(0, 100)]),
                      Span(FILE, FILE + 108, 2, 4, [(0, 108)])]
+
+
+def test_a_span_never_runs_much_past_one_aligned_stretch_of_the_file():
+    big_file, size = 4 * MAX_SPAN_BYTES, 1 << 20
+    records = [(k * size, size) for k in range(40)]     # 40 MiB back to back
+    taken, spans = plan_spans(units(*records), 1 << 30, True, big_file)
+    assert taken == 40
+    assert [(s.begin, s.end) for s in spans] == [
+        (0, MAX_SPAN_BYTES), (MAX_SPAN_BYTES, 2 * MAX_SPAN_BYTES), (2 * MAX_SPAN_BYTES, 40 * size)]
 
 
 def test_the_byte_budget_cuts_before_the_record_that_would_pass_it():

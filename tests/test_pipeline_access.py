@@ -1,0 +1,59 @@
+"""``pipeline.access`` without Spark: the local path (mapped files) and the remote path
+(FETCH through the reader) against a real running store, where a batch's bytes, not its
+row count, must bound what is copied."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipeline.access import BATCH_MAX_BYTES, LocalStore, RemoteStore
+from pipeline.offsets import QueueRange
+from procs.client import Producer
+from shm.positions import Slot
+from storage import Message
+from store_processes import RunningStore, wait_for
+
+BIG = "Big"
+BODY = 300 * 1024
+COUNT = 120    # 36 MiB back to back in one queue and one CommitLog file
+
+
+def body(i: int) -> bytes:
+    return (b"%06d" % i) * (BODY // 6)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    rs = RunningStore(tmp_path_factory.mktemp("access"), mapped_file_size_commit_log=64 << 20,
+                      max_message_size=1 << 20).start()
+    with Producer(rs.store_dir) as p:
+        for k in range(0, COUNT, 10):
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic=BIG, body=body(i), queue_id=0) for i in range(k, k + 10)]))
+    wait_for(lambda: rs.slot(Slot.DISPATCHED) >= rs.slot(Slot.WRITTEN), 30, "dispatch")
+    yield rs
+    rs.stop()
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_large_records_come_in_batches_bounded_by_bytes(running, path):
+    store = LocalStore(running.store_dir) if path == "local" else \
+        RemoteStore(f"ipc://{running.store_dir}")
+    with store:
+        batches = list(store.read(QueueRange(BIG, 0, 0, COUNT)))
+    assert len(batches) > 2
+    assert all(b.nbytes <= BATCH_MAX_BYTES + 2 * BODY for b in batches)
+    rows = pa.Table.from_batches(batches)
+    assert rows.column("queue_offset").to_pylist() == list(range(COUNT))
+    assert rows.column("body").to_pylist() == [body(i) for i in range(COUNT)]
+
+
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_columns_asked_for_come_alone(running, path):
+    store = LocalStore(running.store_dir) if path == "local" else \
+        RemoteStore(f"ipc://{running.store_dir}")
+    with store:
+        batches = list(store.read(QueueRange(BIG, 0, 3, 9), columns=("queue_offset",)))
+    assert [b.schema.names for b in batches] == [["queue_offset"]] * len(batches)
+    assert pa.Table.from_batches(batches).column(0).to_pylist() == list(range(3, 9))
