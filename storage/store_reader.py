@@ -678,9 +678,8 @@ class StoreReader:
                     return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
                                         offset + span.end_unit, lo, hi, b"", [], 0)
                 break
-            view = memoryview(copied)
-            data += [view[a:a + n] for a, n in span.pieces]
-            nbytes += sum(n for _, n in span.pieces)
+            data += map(memoryview(copied).__getitem__, span.pieces)
+            nbytes += sum(p.stop - p.start for p in span.pieces)
         return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
                             got.units[:taken * CQ_STORE_UNIT_SIZE], data, nbytes)
 

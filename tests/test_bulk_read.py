@@ -11,6 +11,10 @@ from storage.consume_queue import BLANK_UNIT, CQ_UNIT
 FILE = 1 << 20
 
 
+def pieces(*pairs) -> list[slice]:
+    return [slice(a, a + n) for a, n in pairs]
+
+
 def units(*pairs) -> bytes:
     return b"".join(BLANK_UNIT if p is None else CQ_UNIT.pack(p[0], p[1], 0) for p in pairs)
 
@@ -19,7 +23,7 @@ def test_touching_records_form_one_piece_and_gaps_separate_pieces():
     taken, spans = plan_spans(units((0, 100), (100, 50), (400, 10), (410, 10)), 1 << 30,
                               True, FILE)
     assert taken == 4
-    assert spans == [Span(0, 420, 0, 4, [(0, 150), (400, 20)])]
+    assert spans == [Span(0, 420, 0, 4, pieces((0, 150), (400, 20)))]
 
 
 def test_a_file_boundary_or_a_large_gap_starts_a_new_span():
@@ -27,8 +31,9 @@ def test_a_file_boundary_or_a_large_gap_starts_a_new_span():
     taken, spans = plan_spans(units((0, 100), (far, 100), (FILE, 100), (FILE + 100, 8)),
                               1 << 30, True, FILE)
     assert taken == 4
-    assert spans == [Span(0, 100, 0, 1, [(0, 100)]), Span(far, far + 100, 1, 2, [(0, 100)]),
-                     Span(FILE, FILE + 108, 2, 4, [(0, 108)])]
+    assert spans == [Span(0, 100, 0, 1, pieces((0, 100))),
+                     Span(far, far + 100, 1, 2, pieces((0, 100))),
+                     Span(FILE, FILE + 108, 2, 4, pieces((0, 108)))]
 
 
 def test_a_span_never_runs_much_past_one_aligned_stretch_of_the_file():
@@ -44,14 +49,14 @@ def test_the_byte_budget_cuts_before_the_record_that_would_pass_it():
     u = units((0, 100), (100, 100), (200, 100))
     assert plan_spans(u, 250, True, FILE)[0] == 2
     assert plan_spans(u, 300, True, FILE)[0] == 3
-    assert plan_spans(u, 50, True, FILE) == (1, [Span(0, 100, 0, 1, [(0, 100)])])
+    assert plan_spans(u, 50, True, FILE) == (1, [Span(0, 100, 0, 1, pieces((0, 100)))])
     assert plan_spans(u, 50, False, FILE) == (0, [])
 
 
 def test_blank_units_are_taken_but_point_at_nothing():
     taken, spans = plan_spans(units(None, None, (0, 100), None, (100, 20)), 1 << 30, True, FILE)
     assert taken == 5
-    assert spans == [Span(0, 120, 2, 5, [(0, 120)])]
+    assert spans == [Span(0, 120, 2, 5, pieces((0, 120)))]
     assert plan_spans(units(None, None), 10, False, FILE) == (2, [])
 
 
@@ -69,7 +74,7 @@ def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
     taken, spans = plan_spans(units(*pairs), budget, True, FILE)
     assert taken == len(pairs) or sum(s for _, s in pairs[:taken + 1]) > budget
     assert sum(s for _, s in pairs[:taken]) <= budget or taken == 1
-    got = [(span.begin + a, n) for span in spans for a, n in span.pieces]
+    got = [(span.begin + p.start, p.stop - p.start) for span in spans for p in span.pieces]
     expected, end = [], None
     for p, s in pairs[:taken]:
         if expected and p == end and p // FILE == expected[-1][0] // FILE:
