@@ -96,6 +96,7 @@ class LocalStore:
                                      f"with `rocketstore up --store {store_dir}`): {e}") from None
         self.config = store_config(store_dir)
         self.reader = StoreReader(self.config)
+        self.units_per_file = self.config.mapped_file_size_consume_queue // CQ_UNITS.itemsize
 
     def _positions(self) -> tuple[int, int]:
         return self.table.get(Slot.DISPATCHED), self.table.get(Slot.MIN_OFFSET)
@@ -126,9 +127,15 @@ class LocalStore:
                                                min(batch_rows, rng.end - pos), dispatched,
                                                min_commit_log_offset=min_phy)
             if got.first > pos:
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{got.first - 1} expired",
-                      fail_on_data_loss)
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                      f"{min(rng.end, got.first) - 1} expired", fail_on_data_loss)
                 pos = got.first
+                continue
+            if got.count == 0 and got.first < got.max_offset:  # its consume queue file went
+                end = min(rng.end, (pos // self.units_per_file + 1) * self.units_per_file)
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{end - 1} expired while "
+                      "being read", fail_on_data_loss)
+                pos = end
                 continue
             if got.count == 0:
                 raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
@@ -204,8 +211,8 @@ class RemoteStore:
                                       min(batch_rows, rng.end - pos), BATCH_MAX_BYTES)
             if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
                     reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}..{reply.min_offset - 1} "
-                      "expired", fail_on_data_loss)
+                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                      f"{min(rng.end, reply.min_offset) - 1} expired", fail_on_data_loss)
                 pos = max(pos + 1, reply.min_offset)
                 continue
             if reply.status in _NOTHING_AT:
@@ -215,9 +222,9 @@ class RemoteStore:
             if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
                     and reply.next_begin_offset > pos:
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
-                      f"{reply.next_begin_offset - 1} expired while being read",
+                      f"{min(rng.end, reply.next_begin_offset) - 1} expired while being read",
                       fail_on_data_loss)
-            elif reply.status is GetMessageStatus.FOUND and len(reply.units):
+            elif reply.status is GetMessageStatus.FOUND:
                 batch = _remote_batch(reply, rng, pos, columns)
                 if batch.num_rows:
                     yield batch
@@ -255,7 +262,7 @@ def _remote_batch(reply, rng: QueueRange, pos: int,
     """The rows of a FETCH_REPLY for a read from ``pos``: every record checked against
     its unit, as the local path does."""
     count = len(reply.units) // CQ_UNITS.itemsize
-    if reply.first_offset != pos or reply.next_begin_offset != pos + count:
+    if count == 0 or reply.first_offset != pos or reply.next_begin_offset != pos + count:
         raise DataLossError(f"the reader answered units {reply.first_offset}.."
                             f"{reply.first_offset + count - 1} (next {reply.next_begin_offset}) "
                             f"for a read from {pos}")

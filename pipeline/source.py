@@ -104,12 +104,10 @@ SPARK_NAMES = {"int": "int", "long": "bigint", "string": "string", "binary": "bi
 
 def projection(schema) -> tuple[str, ...] | None:
     """The columns a read produces, in order: None for the whole schema, else those a
-    user-given schema names. Raises ``ValueError`` for a column the format does not
-    have or a type that is not the column's."""
+    user-given schema names (case-sensitively). Raises ``ValueError`` for a column the
+    format does not have, a type that is not the column's, or NOT NULL (every column
+    may be null: a message without tags, a timestamp out of Spark's range)."""
     if isinstance(schema, str) or schema is None:
-        return None
-    names = tuple(f.name for f in schema.fields)
-    if names == tuple(COLUMN_TYPES):
         return None
     for f in schema.fields:
         want = COLUMN_TYPES.get(f.name)
@@ -118,7 +116,10 @@ def projection(schema) -> tuple[str, ...] | None:
                              f"({', '.join(COLUMN_TYPES)})")
         if f.dataType.simpleString() != SPARK_NAMES[want]:
             raise ValueError(f"column {f.name!r} is {want}, not {f.dataType.simpleString()}")
-    return names
+        if not f.nullable:
+            raise ValueError(f"column {f.name!r} may be null: drop NOT NULL from the schema")
+    names = tuple(f.name for f in schema.fields)
+    return None if names == tuple(COLUMN_TYPES) else names
 
 
 def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]:

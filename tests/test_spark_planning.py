@@ -170,3 +170,37 @@ def test_endpoints_from_a_store_dir_a_socket_dir_and_tcp(tmp_path):
     for bad in ("db1:10911", "tcp://db1", "tcp://:1", "tcp://h:65535", "http://h:1"):
         with pytest.raises(ValueError, match="endpoint"):
             endpoints.resolve(bad)
+
+
+# ------------------------------------------------------------------------------ projection
+def struct(ddl: str):
+    """A StructType of "name type[ not null], ..." (our column types only: fromDDL needs
+    a running session)."""
+    from pyspark.sql import types as T
+    kinds = {"int": T.IntegerType(), "long": T.LongType(), "string": T.StringType(),
+             "binary": T.BinaryType(), "timestamp": T.TimestampType(),
+             "array<string>": T.ArrayType(T.StringType()),
+             "map<string,string>": T.MapType(T.StringType(), T.StringType())}
+    fields = []
+    for col in ddl.split(", "):
+        name, kind = col.split(" ", 1)
+        nullable = not kind.endswith(" not null")
+        fields.append(T.StructField(name, kinds[kind.removesuffix(" not null")], nullable))
+    return T.StructType(fields)
+
+
+def test_a_user_schema_is_a_projection_checked_column_by_column():
+    from pipeline.arrow_codec import SPARK_SCHEMA_DDL
+    from pipeline.source import projection
+    assert projection(struct(SPARK_SCHEMA_DDL)) is None
+    assert projection(SPARK_SCHEMA_DDL) is None
+    assert projection(struct("body binary, queue_offset long")) == ("body", "queue_offset")
+    whole_reordered = ", ".join(reversed(SPARK_SCHEMA_DDL.split(", ")))
+    assert projection(struct(whole_reordered))[0] == "store_timestamp"
+    bad = [("partition int", "'partition' is not one of"),
+           ("Body binary", "'Body' is not one of"),
+           (SPARK_SCHEMA_DDL.replace("queue_id int", "queue_id long"), "'queue_id' is int"),
+           ("queue_offset long not null", "'queue_offset' may be null")]
+    for schema, words in bad:
+        with pytest.raises(ValueError, match=words):
+            projection(struct(schema))
