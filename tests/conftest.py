@@ -6,6 +6,7 @@ roll-over, expiry and recovery across many files happen with a few hundred messa
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -56,6 +57,26 @@ def crash(s: MessageStore) -> None:
     nothing closed cleanly (the lock goes with the descriptor)."""
     s._lock_file.release()
     s._state = "crashed"
+
+
+def refuse_space(monkeypatch) -> None:
+    """Every new mapped file fails to allocate with ENOSPC: injected through
+    ``storage.mapped_file.FILE_OPS``, as a real disk cannot be filled on demand."""
+    from storage.mapped_file import FILE_OPS
+
+    def enospc(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(FILE_OPS, "fallocate", enospc)
+
+
+def refuse_next_commit_log_file(config: StoreConfig, offset: int, monkeypatch) -> None:
+    """The CommitLog cannot grow past the file holding ``offset``: files named past it
+    (the preallocated next one) are removed and creating one fails with ENOSPC
+    (``refuse_space``)."""
+    for name in os.listdir(config.commit_log_dir):
+        if int(name) > offset:
+            os.unlink(os.path.join(config.commit_log_dir, name))
+    refuse_space(monkeypatch)
 
 
 def destroy_context(context) -> None:

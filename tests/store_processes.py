@@ -125,6 +125,19 @@ class RunningStore:
         finally:
             t.close()
 
+    def expire_commit_log(self, keep: int = 2) -> list[str]:
+        """Make every CommitLog file but the last ``keep`` look long expired (mtime 0),
+        have the running cleaner delete them (``rocketstore clean``) and wait until
+        MIN_OFFSET moves. Returns the file names there were before."""
+        commit_dir = os.path.join(self.store_dir, "commitlog")
+        names = sorted(os.listdir(commit_dir))
+        for name in names[:len(names) - keep]:
+            os.utime(os.path.join(commit_dir, name), (0, 0))
+        r = cli("clean", "--config", self.config_path)
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: self.slot(Slot.MIN_OFFSET) > 0, what="min offset to move")
+        return names
+
     def __enter__(self) -> "RunningStore":
         return self.start()
 

@@ -17,7 +17,6 @@ fallocate failing with ENOSPC.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -29,14 +28,13 @@ from collections import Counter
 import pytest
 import zmq
 
-from conftest import destroy_context, read_queue
+from conftest import destroy_context, read_queue, refuse_next_commit_log_file
 from procs import protocol
 from procs.client import ClientError, Consumer, Producer, RequestTimeout
 from shm import bus
 from shm.positions import Slot
 from storage import Message, MessageStore, PutMessageStatus, StoreConfig
 from storage.config import recorded_geometry
-from storage.mapped_file import FILE_OPS
 from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
 from storage.producer_state import SNAPSHOT_FILE
 from store_processes import RunningStore, wait_for
@@ -556,14 +554,7 @@ def test_a_duplicate_of_a_record_whose_append_failed_fails_too(tmp_path, monkeyp
 
     try:
         assert all(r.reason == "" for r in serve((b"a", 1, 0, 5))[1])
-        written = w.table.read_written()[0]
-        for name in os.listdir(w.config.commit_log_dir):       # no preallocated next file
-            if int(name) > written:
-                os.unlink(os.path.join(w.config.commit_log_dir, name))
-
-        def enospc(fd, offset, length):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        monkeypatch.setattr(FILE_OPS, "fallocate", enospc)
+        refuse_next_commit_log_file(w.config, w.table.read_written()[0], monkeypatch)
         replies = serve((b"a", 2, 5, n - 5), (b"b", 3, 5, n - 5))
         a, b = replies[2], replies[3]
         fits = sum(r.status is PutMessageStatus.PUT_OK for r in a)

@@ -17,6 +17,7 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import refuse_space
 import refcodec
 from storage import mapped_file
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
@@ -332,9 +333,7 @@ def test_impossible_index_count_raises(tmp_path):
 
 
 def test_allocation_failure_leaves_no_file(tmp_path, monkeypatch):
-    def enospc(fd, offset, length):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(mapped_file.FILE_OPS, "fallocate", enospc)
+    refuse_space(monkeypatch)
     with pytest.raises(StoreFileError, match="cannot allocate"):
         new_file(tmp_path)
     assert os.listdir(tmp_path) == []

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from conftest import refuse_space
 from storage import index_service as index_service_module
 from storage import mapped_file
 from storage.errors import StoreFileError
@@ -196,9 +197,7 @@ def test_flush_failure_during_roll_is_raised(service, monkeypatch):
 
 
 def test_build_returns_false_when_no_file_can_be_created(service, monkeypatch):
-    def enospc(fd, offset, length):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(mapped_file.FILE_OPS, "fallocate", enospc)
+    refuse_space(monkeypatch)
     assert service.build_index("T", 0, T0, NOT, None, "K") is False
     assert service.files == [] and os.listdir(service.index_dir) == []
     monkeypatch.undo()

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from conftest import refuse_space
 from storage import mapped_file as mapped_file_module
 from storage.errors import StoreFileError
 from storage.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
@@ -603,13 +604,9 @@ def test_load_ignores_names_that_are_not_offsets(tmp_path):
 
 
 # ------------------------------------------------------------------ fault injection
-def enospc(fd, offset, length):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 def test_fallocate_enospc_fails_creation_and_leaves_no_partial_file(tmp_path, monkeypatch):
     """fallocate is replaced to raise ENOSPC: a real disk cannot be filled on demand."""
-    monkeypatch.setattr(mapped_file_module.FILE_OPS, "fallocate", enospc)
+    refuse_space(monkeypatch)
     with pytest.raises(StoreFileError) as e:
         MappedFile(path_of(tmp_path, 0), SIZE)
     assert "No space left" in str(e.value) or "ENOSPC" in str(e.value)
@@ -623,7 +620,7 @@ def test_queue_creation_under_enospc_raises_and_leaves_the_queue_unchanged(tmp_p
         first = q.get_or_create_last_mapped_file(0)
         fill(first)
         os.unlink(path_of(tmp_path, SIZE))           # the preallocated next file is gone
-        monkeypatch.setattr(mapped_file_module.FILE_OPS, "fallocate", enospc)
+        refuse_space(monkeypatch)
         with pytest.raises(StoreFileError):
             q.get_or_create_last_mapped_file(0)
         assert q.mapped_files == [first]

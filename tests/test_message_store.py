@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import msg, reopen, small_config
+from conftest import msg, refuse_next_commit_log_file, reopen, small_config
 from storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreClosedError,
     StoreLockedError)
@@ -360,15 +360,9 @@ def test_disk_full_at_roll_over(store, monkeypatch):
         assert store.put(msg(i)).ok
         i += 1
     before = store.commit_log.get_max_offset()
-    for name in os.listdir(store.config.commit_log_dir):  # drop the preallocated file
-        path = os.path.join(store.config.commit_log_dir, name)
-        if int(name) > store.commit_log.mapped_file_queue.mapped_files[-1].file_from_offset:
-            os.unlink(path)
-
-    def enospc(fd, off, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(mapped_file.FILE_OPS, "fallocate", enospc)
+    refuse_next_commit_log_file(
+        store.config, store.commit_log.mapped_file_queue.mapped_files[-1].file_from_offset,
+        monkeypatch)
     statuses = {store.put(msg(j)).status for j in range(i, i + 200)}
     assert PutMessageStatus.CREATE_MAPEDFILE_FAILED in statuses
     assert store.commit_log.get_max_offset() >= before

@@ -43,7 +43,7 @@ import multiprocess
 import pytest
 import zmq
 
-from conftest import destroy_context, small_config
+from conftest import destroy_context, refuse_next_commit_log_file, small_config
 from procs import protocol, recovery
 from procs.flusher import FlusherService
 from procs.protocol import ErrorCode, Kind
@@ -793,13 +793,7 @@ def _verify_embedded(config: StoreConfig, stored: list[protocol.SendResult]) -> 
 def test_a_file_that_cannot_be_created_fails_only_its_records(writer, monkeypatch):
     first = writer.put([message(i, queue_id=0) for i in range(5)])
     written = writer.table.read_written()[0]
-    for name in os.listdir(writer.config.commit_log_dir):      # no preallocated next file
-        if int(name) > written:
-            os.unlink(os.path.join(writer.config.commit_log_dir, name))
-
-    def enospc(fd, offset, length):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(FILE_OPS, "fallocate", enospc)
+    refuse_next_commit_log_file(writer.config, written, monkeypatch)
     got = writer.put([message(10 + i, queue_id=0) for i in range(60)])   # crosses the file end
     fits = [r for r in got if r.status is PutMessageStatus.PUT_OK]
     failed = got[len(fits):]
