@@ -23,7 +23,7 @@ import sys
 import time
 
 from procs.client import Producer
-from procs.demo import DEMO_FILE_SIZES, create_store, start_up
+from procs.demo import create_store, start_up
 from procs.running_commands import store_status
 from shm.positions import PositionTable, PositionTableError
 from storage import Message, StoreConfig
