@@ -5,14 +5,17 @@ ROUTER at ``shm.bus.endpoint(store, "ingest")``. Each turn the writer drains eve
 request waiting (at most ``MAX_BATCH_RECORDS`` records), and for the whole batch, across
 requests and clients:
 
-1. refuses every request (SERVICE_NOT_AVAILABLE, with the reason) when FLUSH_ERROR or
-   DISK_FULL is set, STATE is not RUNNING/STARTING, or the store is a SLAVE;
+1. refuses every request (SERVICE_NOT_AVAILABLE, with the reason) by the rules of
+   ``storage.put_path``: STATE is not RUNNING/STARTING, the store is a SLAVE,
+   FLUSH_ERROR is set, DISPATCH_ERROR is set (consume queues or index cannot be
+   written: RocketMQ's WRITE_LOGICS_QUEUE_ERROR; puts resume once the dispatcher moves
+   DISPATCHED again and clears it), or DISK_FULL is set;
 2. refuses a request beyond its client's window (``WINDOW`` unanswered requests per
    client identity): OS_PAGECACHE_BUSY, reason ``"busy"``, nothing stored;
-3. per message: ``validation.check_message``, for a record with a producer id its
-   sequence (below), the queue (round robin per topic when the producer left it to the
-   store), ``CommitLog.prepare``; a refused message gets its status and reason and does
-   not stop the others;
+3. per message (``storage.put_path.prepare_batch``): ``validation.check_message``, for
+   a record with a producer id its sequence (below), the queue (round robin per topic
+   when the producer left it to the store), ``CommitLog.prepare``; a refused message
+   gets its status and reason and does not stop the others;
 4. one ``CommitLog.append`` for every prepared record, the producer table learns the
    identities stored, one ``publish_written`` and one bus APPENDED, then the replies.
 
@@ -107,11 +110,11 @@ from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.errors import StoreFileError, errno_text
 from storage.mapped_file import file_may_hold_data
 from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from storage.producer_state import (
     LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge)
 from storage.status import AppendMessageStatus, PutMessageStatus
 from storage.topic_queue_table import rebuild
-from storage.validation import check_message
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +162,7 @@ class WriterService(Service):
         self.next_snapshot_ms = _monotonic_ms() + cfg.flush_delay_offset_interval
         self.commit_log = self._open_commit_log()
         self.last_store_ts = self.table.read_written()[1]
-        self.round_robin: dict[str, int] = {}
+        self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.parked: collections.deque[_Request] = collections.deque()
         self.unanswered: dict[bytes, int] = {}
         ctx = self.context
@@ -306,12 +309,10 @@ class WriterService(Service):
                 continue
             mark = len(batch)
             try:
-                if any(send.producer_ids):
-                    if claims is None:
-                        claims = _Claims(self.producers)
-                    self._prepare_idempotent(req, send, now, batch, claims)
-                else:
-                    self._prepare(req, send.messages, now, batch)
+                if claims is None and any(send.producer_ids):
+                    claims = _Claims(self.producers)
+                self._prepare(req, send, now, batch,
+                              claims if any(send.producer_ids) else None)
             except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the writer
                 log.exception("request %d failed before its append", req.request_id)
                 del batch[mark:]
@@ -335,72 +336,47 @@ class WriterService(Service):
             _unmap_all_but_last(self.commit_log)
         self._answer(accepted)
 
-    def _prepare(self, req: _Request, messages: list, now: int,
-                 batch: list[EncodedMessage]) -> None:
-        """Validate and encode each message of ``req`` into ``batch``; refusals go
-        straight into its results."""
-        cfg = self.config
-        prepare = self.commit_log.prepare
-        results, slots = req.results, req.slots
-        for i, msg in enumerate(messages):
-            bad = check_message(msg, cfg)
-            if bad is None:
-                queue_id = msg.queue_id
-                if queue_id is None:
-                    queue_id = self._pick_queue(msg.topic)
-                enc = prepare(msg, queue_id, now)
-                if type(enc) is EncodedMessage:
-                    batch.append(enc)
-                    slots.append(i)
-                    if msg.wait_store_msg_ok:
-                        req.wait = True
-                    continue
-                bad = enc
-            results[i] = PutMessageResult.refused(*bad)
+    def _prepare(self, req: _Request, send: protocol.SendRequest, now: int,
+                 batch: list[EncodedMessage], claims: "_Claims | None") -> None:
+        """Validate and encode each message of ``req`` into ``batch``
+        (``storage.put_path.prepare_batch``); refusals go straight into its results.
+        With ``claims``, a record with a producer id is judged first, and stored with
+        its identity in its properties only when NEW."""
+        admit = encoded = None
+        if claims is not None:
+            admit, encoded = self._idempotence(req, send, claims)
+        prepared = prepare_batch(self.commit_log, self.config, send.messages, now,
+                                 self.queues, req.results, batch, admit, encoded)
+        req.slots = prepared.slots
+        req.wait = req.wait or prepared.wait   # a duplicate may wait already
 
-    def _prepare_idempotent(self, req: _Request, send: protocol.SendRequest, now: int,
-                            batch: list[EncodedMessage], claims: "_Claims") -> None:
-        """``_prepare`` for a request with producer ids: a record with one is judged
-        first, and stored with its identity in its properties only when NEW."""
-        cfg = self.config
-        prepare = self.commit_log.prepare
-        results, slots = req.results, req.slots
-        pids, seqs = send.producer_ids, send.sequences
-        for i, msg in enumerate(send.messages):
-            bad = check_message(msg, cfg)
-            if bad is None:
-                pid = pids[i]
-                if pid:
-                    seq = seqs[i]
-                    last = claims.last_sequence(pid)
-                    verdict = judge(last, seq)
-                    if verdict is not _NEW:
-                        if verdict is _DUPLICATE:
-                            claims.duplicate(req, i, pid, seq, msg.wait_store_msg_ok)
-                        else:
-                            results[i] = _out_of_order(pid, seq, last)
-                        continue
-                    msg.properties[PROPERTY_PRODUCER_ID] = str(pid)
-                    msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
-                queue_id = msg.queue_id
-                if queue_id is None:
-                    queue_id = self._pick_queue(msg.topic)
-                enc = prepare(msg, queue_id, now)
-                if type(enc) is EncodedMessage:
-                    batch.append(enc)
-                    slots.append(i)
-                    if msg.wait_store_msg_ok:
-                        req.wait = True
-                    if pid:
-                        claims.claim(pid, seq, req, i)
-                    continue
-                bad = enc
-            results[i] = PutMessageResult.refused(*bad)
+    @staticmethod
+    def _idempotence(req: _Request, send: protocol.SendRequest, claims: "_Claims"):
+        """The ``admit`` and ``encoded`` steps of an idempotent producer's records."""
+        pids, seqs, results = send.producer_ids, send.sequences, req.results
 
-    def _pick_queue(self, topic: str) -> int:
-        n = self.round_robin.get(topic, -1) + 1
-        self.round_robin[topic] = n
-        return n % self.config.default_topic_queue_nums
+        def admit(i: int, msg) -> bool:
+            pid = pids[i]
+            if not pid:
+                return True
+            seq = seqs[i]
+            last = claims.last_sequence(pid)
+            verdict = judge(last, seq)
+            if verdict is _NEW:
+                msg.properties[PROPERTY_PRODUCER_ID] = str(pid)
+                msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
+                return True
+            if verdict is _DUPLICATE:
+                claims.duplicate(req, i, pid, seq, msg.wait_store_msg_ok)
+            else:
+                results[i] = _out_of_order(pid, seq, last)
+            return False
+
+        def encoded(i: int) -> None:
+            if pids[i]:
+                claims.claim(pids[i], seqs[i], req, i)
+
+        return admit, encoded
 
     def _append(self, batch: list[EncodedMessage], accepted: list[_Request], now: int) -> int:
         """Append ``batch``, fill each request's results; the end of the last record
@@ -492,24 +468,19 @@ class WriterService(Service):
             self._reply(req, counted=False)
 
     def _refusal(self) -> PutMessageResult | None:
-        """The answer every put gets now, when the store does not take puts."""
+        """The answer every put gets now, when the store does not take puts
+        (``storage.put_path``'s rules over the position table)."""
         table = self.table
-        reason = None
         flush_error = table.get(Slot.FLUSH_ERROR)
+        dispatch_error = table.get(Slot.DISPATCH_ERROR)
         state = table.get(Slot.STATE)
-        if flush_error:
-            reason = (f"commitlog flush failed ({errno_text(flush_error)}): the store "
-                      "refuses writes until it is restarted")
-        elif table.get(Slot.DISK_FULL):
-            reason = "disk full: the store refuses writes until space is freed"
-        elif state not in _OK_STATES:
-            name = StoreState(state).name if state in StoreState._value2member_map_ else state
-            reason = f"the store is {name}"
-        elif self.config.broker_role == "SLAVE":
-            reason = "a SLAVE store does not accept puts"
-        if reason is None:
-            return None
-        return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
+        return refusal(StoreCondition(
+            not_running=None if state in _OK_STATES else _state_name(state),
+            slave=self.config.broker_role == "SLAVE",
+            flush_error=errno_text(flush_error) if flush_error else None,
+            logics_error=f"the dispatcher stopped on {errno_text(dispatch_error)}"
+            if dispatch_error else None,
+            disk_full=bool(table.get(Slot.DISK_FULL))))
 
     # ================================================================== replies
     def _reply(self, req: _Request, counted: bool = True) -> None:
@@ -532,6 +503,10 @@ class WriterService(Service):
                             envelope[0].hex())
                 return
             raise
+
+
+def _state_name(state: int) -> str:
+    return StoreState(state).name if state in StoreState._value2member_map_ else str(state)
 
 
 def _monotonic_ms() -> int:
