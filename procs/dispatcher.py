@@ -94,7 +94,7 @@ import time
 
 from procs.service import MAX_TURN_MS, Service
 from shm.bus import (
-    APPENDED, ARRIVAL, DISPATCHED, FLUSHED, Publisher, Subscriber, encode_arrival,
+    APPENDED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
 from shm.positions import Slot, now_ms
 from storage.checkpoint import StoreCheckpoint
@@ -318,7 +318,7 @@ class Dispatcher(Service):
         publish = self.publisher.publish
         publish(DISPATCHED, encode_offset(offset))
         for (topic, queue_id), next_offset in self._arrivals.items():
-            publish(ARRIVAL, encode_arrival(topic, queue_id, next_offset))
+            publish(arrival_topic(topic), encode_arrival(topic, queue_id, next_offset))
         self._arrivals.clear()
 
     # ================================================================== expiry

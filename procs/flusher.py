@@ -17,9 +17,10 @@ so the flusher opens each CommitLog file it must flush by name
 Two services, chosen by ``flush_disk_type`` (SPEC §4.6):
 
 * FlushRealTimeService (ASYNC_FLUSH): every ``flush_interval_commit_log`` ms, or at
-  once when the writer's APPENDED wakes it (unless ``flush_commit_log_timed``), flush
-  when at least ``flush_commit_log_least_pages`` pages are dirty or a whole file is;
-  everything every ``flush_commit_log_thorough_interval`` ms.
+  once when the writer's PAGES wakes it (unless ``flush_commit_log_timed``: WRITTEN
+  crossed a multiple of ``flush_commit_log_least_pages`` pages, APPENDED when that is
+  0), flush when at least ``flush_commit_log_least_pages`` pages are dirty or a whole
+  file is; everything every ``flush_commit_log_thorough_interval`` ms.
 * GroupCommitService (SYNC_FLUSH): whenever WRITTEN > FLUSHED, at once; one fdatasync
   covers every request the writer has parked, however many.
 
@@ -74,7 +75,8 @@ class FlusherService(Service):
         self.fds: dict[int, int] = {}
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.publisher = bus.Publisher(self.context, self.store_dir, "flusher")
-        self.appended = bus.Subscriber(self.context, self.store_dir, ["writer"], [bus.APPENDED])
+        self.appended = bus.Subscriber(self.context, self.store_dir, ["writer"],
+                                       [self._wake_topic()])
         self.last_flush_ms = self.last_thorough_ms = now_ms()
         self.failed = self.table.get(Slot.FLUSH_ERROR) != 0
         if self.failed:
@@ -92,6 +94,15 @@ class FlusherService(Service):
         self.appended.close()
 
     # ================================================================== the loop
+    def _wake_topic(self) -> bytes:
+        """GroupCommitService wakes on every append; FlushRealTimeService only when
+        enough pages may be dirty for its least-pages rule (bus PAGES), so an append of
+        a few bytes does not cost a wake-up that would find nothing to flush."""
+        cfg = self.config
+        if cfg.sync_flush or not bus.pages_span(cfg.flush_commit_log_least_pages):
+            return bus.APPENDED
+        return bus.PAGES
+
     def turn(self) -> None:
         if self.failed:
             self.appended.wait(MAX_TURN_MS)

@@ -51,7 +51,9 @@ class SchedulerService(Service):
         self.held: dict[int, MessageExt] = {}
         self.service = ScheduleMessageService(self, self.delay_level_ms, self.config.config_dir)
         self.service.load()
-        self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [bus.ARRIVAL])
+        # only delayed messages' arrivals wake it
+        self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"],
+                                       [bus.arrival_topic(SCHEDULE_TOPIC)])
 
     def turn(self) -> None:
         due = self.service.next_due_ms()

@@ -173,6 +173,7 @@ class WriterService(Service):
         self.last_store_ts = self.table.read_written()[1]
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
+        self.pages_span = bus.pages_span(cfg.flush_commit_log_least_pages)
         self.parked: collections.deque[_Request] = collections.deque()
         self.unanswered: dict[bytes, int] = {}
         ctx = self.context
@@ -346,9 +347,12 @@ class WriterService(Service):
         if claims is not None:
             claims.settle(accepted)
         if end:
+            written = self.table.read_written()[0]
             self.table.publish_written(end, now)
             self.last_store_ts = now
             self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
+            if self.pages_span and end // self.pages_span != written // self.pages_span:
+                self.publisher.publish(bus.PAGES, bus.encode_offset(end))
             _unmap_all_but_last(self.commit_log)
         self._answer(accepted)
 

@@ -7,10 +7,18 @@ listeners connect a SUB socket to the ones they care about. A message is two fra
     topic          publisher    payload                         meaning
     -------------  -----------  ------------------------------  ------------------------------
     b"appended"    writer       int64 WRITTEN                   new bytes in the CommitLog
+    b"pages"       writer       int64 WRITTEN                   WRITTEN crossed a multiple of
+                                                                ``pages_span`` bytes (the
+                                                                flusher's least pages)
     b"flushed"     flusher      int64 FLUSHED                   new bytes are durable
     b"dispatched"  dispatcher   int64 DISPATCHED                consume queues grew
-    b"arrival"     dispatcher   topic, queue id, next offset    a queue has new messages
-                                (``encode_arrival``)
+    b"arrival/T\0" dispatcher   topic, queue id, next offset    a queue of topic T has new
+                                (``encode_arrival``)            messages (``arrival_topic``)
+
+ZeroMQ filters by prefix on the first frame, so a listener wakes only for what it asked:
+``b"arrival"`` is every arrival, ``arrival_topic("Orders")`` only Orders' (the NUL ends
+the name, so Orders2's do not match). A wake-up costs the woken process tens of
+microseconds of CPU, which on a small machine is the producer's and the writer's.
 
 The bus carries wake-ups, never data that must arrive: PUB drops when a subscriber is
 slow, so every listener also wakes on its own interval and reads the position table (the
@@ -27,6 +35,7 @@ import struct
 import zmq
 
 APPENDED = b"appended"
+PAGES = b"pages"
 FLUSHED = b"flushed"
 DISPATCHED = b"dispatched"
 ARRIVAL = b"arrival"
@@ -58,6 +67,17 @@ def encode_offset(offset: int) -> bytes:
 
 def decode_offset(payload: bytes) -> int:
     return _OFFSET.unpack(payload)[0]
+
+
+def arrival_topic(topic: str) -> bytes:
+    """The first frame of an ARRIVAL of ``topic``, and the subscription to only those."""
+    return ARRIVAL + b"/" + topic.encode() + b"\0"
+
+
+def pages_span(least_pages: int) -> int:
+    """Bytes between two PAGES announcements: ``least_pages`` OS pages (0: every append,
+    announced as APPENDED)."""
+    return least_pages * 4096
 
 
 def encode_arrival(topic: str, queue_id: int, next_offset: int) -> bytes:

@@ -135,8 +135,20 @@ class Appended(NamedTuple):
     the queue offset each took."""
 
     count: int
-    physical_offsets: np.ndarray
-    queue_offsets: np.ndarray
+    physical_offsets: list[int]
+    queue_offsets: list[int]
+
+
+def _run_end(starts, ends, done: int, room: int, small: bool) -> int:
+    """One past the last record from ``done`` on whose end stays within ``room`` bytes
+    of where record ``done`` starts."""
+    if small:
+        limit = starts[done] + room
+        k = done
+        while k < len(ends) and ends[k] <= limit:
+            k += 1
+        return k
+    return done + int(np.searchsorted(ends[done:] - starts[done], room, "right"))
 
 
 class RecoveryResult(NamedTuple):
@@ -226,9 +238,9 @@ class CommitLog:
         prefix = self._msg_id_prefix
         results = [AppendMessageResult(AppendMessageStatus.PUT_OK, off, size,
                                        prefix + f"{off:016X}", store_timestamp, qoff, real)
-                   for off, size, qoff, real in zip(done.physical_offsets.tolist(),
+                   for off, size, qoff, real in zip(done.physical_offsets,
                                                     records.sizes[:done.count].tolist(),
-                                                    done.queue_offsets.tolist(),
+                                                    done.queue_offsets,
                                                     records.real_queue_ids)]
         results.extend(AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
                        for _ in batch[done.count:])
@@ -248,9 +260,11 @@ class CommitLog:
         """
         n = len(batch)
         queue_offsets = self._queue_offsets(batch, queue_ids)
-        physical = np.empty(n, np.int64)
-        starts, sizes, data = batch.starts, batch.sizes, batch.data
-        ends = starts + sizes
+        physical: list[int] = []
+        small = n < record_batch.SMALL_BATCH      # plain ints: numpy costs more here
+        starts = batch.starts.tolist() if small else batch.starts
+        sizes = batch.sizes.tolist() if small else batch.sizes
+        ends = [a + b for a, b in zip(starts, sizes)] if small else starts + sizes
         mfq = self.mapped_file_queue
         mf = mfq.get_last_mapped_file()
         done = 0
@@ -259,7 +273,7 @@ class CommitLog:
                 if mf is None or mf.is_full():
                     mf = mfq.get_or_create_last_mapped_file(0)
                 room = mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH
-                k = done + int(np.searchsorted(ends[done:] - starts[done], room, "right"))
+                k = _run_end(starts, ends, done, room, small)
                 if k == done:
                     if mf.wrote_position == 0:
                         raise ValueError(f"a record of {int(sizes[done])} bytes cannot fit "
@@ -271,25 +285,27 @@ class CommitLog:
                 log.error("create mapped file failed: %s", e)
                 break
             pos = mf.wrote_position
-            base = mf.file_from_offset + pos - int(starts[done])
-            physical[done:k] = starts[done:k] + base
-            record_batch.stamp(batch, done, k, queue_ids[done:k], queue_offsets[done:k],
-                               physical[done:k], store_timestamp, self._store_host_bytes)
             first, last = int(starts[done]), int(ends[k - 1])
-            mf.buf[pos:pos + last - first] = memoryview(data)[first:last]
+            base = mf.file_from_offset + pos - first
+            run = ([a + base for a in starts[done:k]] if small
+                   else (starts[done:k] + base).tolist())
+            physical += run
+            record_batch.stamp(batch, done, k, queue_ids[done:k], queue_offsets[done:k],
+                               run, store_timestamp, self._store_host_bytes)
+            mf.buf[pos:pos + last - first] = memoryview(batch.data)[first:last]
             mf.wrote_position = mf.committed_position = pos + last - first
             mf.store_timestamp = store_timestamp
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
-        return Appended(done, physical[:done], queue_offsets[:done])
+        return Appended(done, physical, queue_offsets[:done])
 
-    def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> np.ndarray:
+    def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> list[int]:
         """The QUEUEOFFSET of each record: the topic-queue table's next offsets, counted
         on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed.
         A batch of one topic is counted queue by queue in bulk."""
         table = self.topic_queue_table
         topics = batch.topics
-        if len(topics) > 1 and topics.count(topics[0]) == len(topics):
+        if len(topics) >= record_batch.SMALL_BATCH and topics.count(topics[0]) == len(topics):
             topic = topics[0]
             queues = np.asarray(queue_ids, np.int64)
             takes = np.asarray(batch.consumable, bool)
@@ -297,7 +313,7 @@ class CommitLog:
             for queue_id in np.unique(queues[takes]).tolist():
                 mask = takes & (queues == queue_id)
                 out[mask] = table.get((topic, queue_id), 0) + np.arange(int(mask.sum()))
-            return out
+            return out.tolist()
         taken: dict[tuple[str, int], int] = {}
         offsets = []
         for topic, queue_id, consumable in zip(topics, queue_ids, batch.consumable):
@@ -310,26 +326,28 @@ class CommitLog:
                 offsets.append(offset)
             else:
                 offsets.append(0)
-        return np.asarray(offsets, np.int64)
+        return offsets
 
     def _advance_queues(self, batch: RecordBatch, queue_ids: Sequence[int],
-                        queue_offsets: np.ndarray, count: int) -> None:
+                        queue_offsets: list[int], count: int) -> None:
         """The topic-queue table learns the first ``count`` records: each queue's next
         offset is one past the last it took."""
         if not count:
             return
         table = self.topic_queue_table
-        takes = np.asarray(batch.consumable[:count], bool)
         topics = batch.topics
-        if count > 1 and topics.count(topics[0]) == len(topics):
+        if count >= record_batch.SMALL_BATCH and topics.count(topics[0]) == len(topics):
+            takes = np.asarray(batch.consumable[:count], bool)
             queues = np.asarray(queue_ids[:count], np.int64)
+            offsets = np.asarray(queue_offsets[:count], np.int64)
             for queue_id in np.unique(queues[takes]).tolist():
-                last = queue_offsets[:count][takes & (queues == queue_id)][-1]
+                last = offsets[takes & (queues == queue_id)][-1]
                 table[(topics[0], queue_id)] = int(last) + 1
             return
-        keys = [(t, q) for t, q, c in zip(batch.topics[:count], queue_ids, takes.tolist()) if c]
-        for key, offset in zip(keys, queue_offsets[:count][takes].tolist()):
-            table[key] = offset + 1
+        for topic, queue_id, takes, offset in zip(topics[:count], queue_ids,
+                                                  batch.consumable, queue_offsets):
+            if takes:
+                table[(topic, queue_id)] = offset + 1
 
     @staticmethod
     def _write_blank(mf: MappedFile) -> None:

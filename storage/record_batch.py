@@ -212,25 +212,31 @@ def stamp(batch: RecordBatch, lo: int, hi: int, queue_ids: Sequence[int],
     ``host_pos`` asks) into records ``lo..hi-1`` of ``batch.data``."""
     data, starts = batch.data, batch.starts
     if hi - lo < SMALL_BATCH:
+        starts = starts.tolist()
         ipack, lpack = record.INT.pack_into, record.LONG.pack_into
         for k in range(lo, hi):
-            s = int(starts[k])
+            s = starts[k]
             ipack(data, s + QUEUEID_POS, queue_ids[k - lo])
             lpack(data, s + QUEUEOFFSET_POS, queue_offsets[k - lo])
-            lpack(data, s + PHYSICALOFFSET_POS, int(physical_offsets[k - lo]))
+            lpack(data, s + PHYSICALOFFSET_POS, physical_offsets[k - lo])
             lpack(data, s + int(batch.store_timestamp_pos[k]), store_timestamp)
     else:
         u8 = np.frombuffer(data, np.uint8)
         at = starts[lo:hi]
         scatter_be32(u8, at + QUEUEID_POS, np.asarray(queue_ids, np.int64))
         scatter_be64(u8, at + QUEUEOFFSET_POS, np.asarray(queue_offsets, np.int64))
-        scatter_be64(u8, at + PHYSICALOFFSET_POS, physical_offsets)
+        scatter_be64(u8, at + PHYSICALOFFSET_POS, np.asarray(physical_offsets, np.int64))
         scatter_be64(u8, at + batch.store_timestamp_pos[lo:hi],
                      np.full(hi - lo, store_timestamp, np.int64))
         del u8
     hp = batch.host_pos
     if len(hp):
         first, last = int(starts[lo]), int(starts[hi - 1] + batch.sizes[hi - 1])
+        if hi - lo < SMALL_BATCH:
+            for at in hp.tolist():
+                if first <= at < last:
+                    data[at:at + len(store_host)] = store_host
+            return
         sel = hp[(hp >= first) & (hp < last)]
         if len(sel):
             u8 = np.frombuffer(data, np.uint8)
@@ -367,8 +373,7 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
     n = len(offsets)
     u8 = np.frombuffer(data, np.uint8)
     starts = np.asarray(offsets, np.int64)
-    sizes = _check_chain(u8, starts)
-    head = _read_heads(u8, starts, sizes)
+    sizes, head = _read_heads(u8, starts, _check_chain(u8, starts))
     del u8
     refusals: dict[int, tuple[PutMessageStatus, str]] = {}
     _size_rules(sizes, head.props_len, config, refusals)
@@ -396,9 +401,21 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
                           starts, sizes)
 
 
+# Fields 1-15 of a record whose hosts are both IPv4, as one numpy record: a run's
+# headers are read with one gather. (A record with an IPv6 host has its later fields
+# shifted; only its STORETIMESTAMP and BODYLENGTH are read again, from their places.)
+_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"),
+                  ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
+                  ("sys_flag", ">i4"), ("born_timestamp", ">i8"), ("born_ip", "V4"),
+                  ("born_port", ">i4"), ("store_timestamp", ">i8"), ("store_host", "V8"),
+                  ("reconsume_times", ">i4"), ("prepared_offset", ">i8"), ("body_len", ">i4")])
+assert _HEAD.itemsize == BODY_POS
+_R_HEAD = np.arange(BODY_POS, dtype=np.int64)
+
+
 def _check_chain(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """TOTALSIZE of each record, checked against the offsets table: record i ends
-    where record i+1 starts, the last where the data ends."""
+    """Each record's byte count by the offsets table (record i ends where record i+1
+    starts, the last where the data ends), each at least a minimal record."""
     n, end = len(starts), len(u8)
     if n == 0:
         if end:
@@ -409,10 +426,7 @@ def _check_chain(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
     gaps = np.diff(np.append(starts, end))
     _first_bad(gaps < MIN_RECORD_SIZE, lambda i: f"{gaps[i]} bytes between its offset and "
                f"the next: shorter than a record ({MIN_RECORD_SIZE})")
-    sizes = gather_be(u8, starts, 4)
-    _first_bad(sizes != gaps, lambda i: f"TOTALSIZE {sizes[i]} disagrees with the offsets "
-               f"table ({gaps[i]} bytes)")
-    return sizes
+    return gaps
 
 
 def _first_bad(mask: np.ndarray, detail) -> None:
@@ -420,6 +434,17 @@ def _first_bad(mask: np.ndarray, detail) -> None:
     if mask.any():
         i = int(np.argmax(mask))
         raise RecordsFormatError(i, detail(i))
+
+
+def _first_of(checks: list[tuple[np.ndarray, object]]) -> None:
+    """``_first_bad`` for each check in order, once any of them marks a record (one
+    test when all is well)."""
+    bad = checks[0][0]
+    for mask, _ in checks[1:]:
+        bad = bad | mask
+    if bad.any():
+        for mask, detail in checks:
+            _first_bad(mask, detail)
 
 
 class Heads(NamedTuple):
@@ -438,45 +463,60 @@ class Heads(NamedTuple):
     props_len: np.ndarray
 
 
-def _read_heads(u8: np.ndarray, s: np.ndarray, sizes: np.ndarray) -> Heads:
+def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.ndarray, Heads]:
     """Read and check, stage by stage, the fields that place a record's parts; each
-    stage is checked before the next is read, so no read runs past a record."""
-    magic = gather_be(u8, s + record.MAGICCODE_POS, 4, signed=False)
+    stage is checked before the next is read, so no read runs past a record. Returns
+    the sizes (TOTALSIZE, equal to the offsets table's) and the heads."""
+    head = u8[s[:, None] + _R_HEAD].view(_HEAD).reshape(-1)
+    sizes = head["total"].astype(np.int64)
+    magic = head["magic"]
     v2 = magic == record.MESSAGE_MAGIC_CODE_V2
-    _first_bad(~v2 & (magic != record.MESSAGE_MAGIC_CODE),
-               lambda i: f"illegal magic code 0x{int(magic[i]):08X}")
-    sys_flag = gather_be(u8, s + SYSFLAG_POS, 4)
-    born_shift = np.where(sys_flag & BORNHOST_V6_FLAG, 12, 0).astype(np.int64)
-    store_shift = np.where(sys_flag & STOREHOSTADDRESS_V6_FLAG, 12, 0).astype(np.int64)
-    appender = (gather_be(u8, s + QUEUEOFFSET_POS, 8) | gather_be(u8, s + PHYSICALOFFSET_POS, 8)
-                | gather_be(u8, s + STORETIMESTAMP_POS + born_shift, 8))
-    _first_bad(appender != 0, lambda i: "QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are "
-               "the store's to fill: send them as 0")
-    body_len_pos = BODYLENGTH_POS + born_shift + store_shift
-    _first_bad(body_len_pos + 4 + 4 > sizes, lambda i: f"record size {sizes[i]} cannot hold "
-               "its header")
-    body_len = gather_be(u8, s + body_len_pos, 4)
+    sys_flag = head["sys_flag"].astype(np.int64)
+    born_v6 = (sys_flag & BORNHOST_V6_FLAG) != 0
+    body_len_pos = np.full(len(s), BODYLENGTH_POS, np.int64)
+    store_ts = head["store_timestamp"].astype(np.int64)
+    body_len = head["body_len"].astype(np.int64)
+    if (sys_flag & _HOST_FLAGS).any():
+        body_len_pos += np.where(born_v6, 12, 0) + np.where(sys_flag & STOREHOSTADDRESS_V6_FLAG, 12, 0)
+        shifted = np.nonzero(body_len_pos != BODYLENGTH_POS)[0]
+        fits = body_len_pos[shifted] + 4 + 4 <= gaps[shifted]
+        rows = shifted[fits]
+        store_ts[born_v6] = 0 if not born_v6.any() else \
+            gather_be(u8, s[born_v6] + STORETIMESTAMP_POS + 12, 8)
+        body_len[rows] = gather_be(u8, s[rows] + body_len_pos[rows], 4)
     body_pos = body_len_pos + 4
     topic_len_pos = body_pos + body_len
-    _first_bad((body_len < 0) | (topic_len_pos + 4 > sizes),
-               lambda i: f"body length {body_len[i]} runs past the record")
-    topic_len = np.where(v2, gather_be(u8, s + topic_len_pos, 2),
-                         gather_be(u8, s + topic_len_pos, 1))
-    _first_bad(topic_len < 1, lambda i: f"topic length {topic_len[i]}")
-    _first_bad(v2 & (topic_len <= record.MAX_V1_TOPIC_LENGTH),
-               lambda i: f"a v2 record with a topic of {topic_len[i]} bytes: topics up to "
-               f"{record.MAX_V1_TOPIC_LENGTH} bytes take the v1 layout")
+    _first_of([
+        (sizes != gaps, lambda i: f"TOTALSIZE {sizes[i]} disagrees with the offsets table "
+                                  f"({gaps[i]} bytes)"),
+        (~v2 & (magic != record.MESSAGE_MAGIC_CODE),
+         lambda i: f"illegal magic code 0x{int(magic[i]):08X}"),
+        ((head["queue_offset"] != 0) | (head["physical_offset"] != 0) | (store_ts != 0),
+         lambda i: "QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are the store's to fill: "
+                   "send them as 0"),
+        (body_len_pos + 4 + 4 > sizes, lambda i: f"record size {sizes[i]} cannot hold its "
+                                                 "header"),
+        ((body_len < 0) | (topic_len_pos + 4 > sizes),
+         lambda i: f"body length {body_len[i]} runs past the record")])
+    two = gather_be(u8, s + topic_len_pos, 2)
+    topic_len = np.where(v2, two, two >> 8)          # v1: the first of the two bytes
+    topic_len = np.where(~v2 & (topic_len > 127), topic_len - 256, topic_len)  # signed byte
     topic_pos = topic_len_pos + np.where(v2, 2, 1)
     props_len_pos = topic_pos + topic_len
-    _first_bad(props_len_pos + 2 > sizes, lambda i: f"topic length {topic_len[i]} runs past "
-               "the record")
+    _first_of([
+        (topic_len < 1, lambda i: f"topic length {topic_len[i]}"),
+        (v2 & (topic_len <= record.MAX_V1_TOPIC_LENGTH),
+         lambda i: f"a v2 record with a topic of {topic_len[i]} bytes: topics up to "
+                   f"{record.MAX_V1_TOPIC_LENGTH} bytes take the v1 layout"),
+        (props_len_pos + 2 > sizes, lambda i: f"topic length {topic_len[i]} runs past the "
+                                              "record")])
     props_len = gather_be(u8, s + props_len_pos, 2)
     props_pos = props_len_pos + 2
     _first_bad((props_len < 0) | (props_pos + props_len != sizes),
                lambda i: f"record size {sizes[i]} disagrees with its fields")
-    return Heads(gather_be(u8, s + record.BODYCRC_POS, 4), gather_be(u8, s + QUEUEID_POS, 4),
-                 sys_flag, gather_be(u8, s + BORNPORT_POS, 4), body_pos, body_len, topic_pos,
-                 topic_len, props_pos, props_len)
+    return sizes, Heads(head["crc"].astype(np.int64), head["queue_id"].astype(np.int64),
+                        sys_flag, head["born_port"].astype(np.int64), body_pos, body_len,
+                        topic_pos, topic_len, props_pos, props_len)
 
 
 def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,

@@ -285,10 +285,10 @@ def test_an_idempotent_resend_over_records_is_stored_once(tmp_path):
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir, producer_id=77) as p:
             assert p.wire == "records"
-            first = p.send_batch(rows(77, 0, 5))
-            again = p.send_batch(rows(77, 0, 5), first_sequence=0)
+            first = p.send_batch(rows(77, 0, 10))                  # SEND_RECORDS
+            again = p.send_batch(rows(77, 0, 10), first_sequence=0)
             assert all(r.status is PutMessageStatus.PUT_OK and r.reason == "" for r in first)
             assert all(r.reason.startswith("duplicate") for r in again)
-            gap = p.send_batch(rows(77, 9, 1), first_sequence=9)[0]
+            gap = p.send_batch(rows(77, 19, 9), first_sequence=19)[0]
             assert gap.status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE
         assert rs.stop() == 0, rs.log()
