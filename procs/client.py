@@ -96,6 +96,11 @@ class _Dealer:
         self.context.term()
 
 
+def _beyond_send(m: Message) -> bool:
+    """A message with a field a SEND record does not carry."""
+    return bool(getattr(m, "reconsume_times", 0) or getattr(m, "prepared_transaction_offset", 0))
+
+
 def _raise_if_error(frame: bytes) -> None:
     if protocol.peek_header(frame).kind == protocol.Kind.ERROR:
         err = protocol.decode_error(frame)
@@ -219,10 +224,12 @@ class Producer:
         """A SEND_RECORDS frame (records in CommitLog layout, checked by the writer in
         bulk); a SEND frame when ``wire="messages"``, for a batch of fewer than
         ``RECORDS_MIN_BATCH`` messages (the writer's bulk checks cost a fixed ~50 µs a
-        frame, more than checking a few messages field by field), or when a message
-        cannot be laid out as a record at all (the store then answers it with the status
-        it earns)."""
-        if self.wire == "records" and len(messages) >= RECORDS_MIN_BATCH:
+        frame, more than checking a few messages field by field) unless one carries a
+        field SEND cannot (``reconsume_times``, ``prepared_transaction_offset``), or when
+        a message cannot be laid out as a record at all (the store then answers it with
+        the status it earns)."""
+        if self.wire == "records" and (len(messages) >= RECORDS_MIN_BATCH
+                                       or any(_beyond_send(m) for m in messages)):
             try:
                 data, offsets = record_batch.encode_records(messages, now_ms(),
                                                             self.producer_id, seq)

@@ -132,8 +132,9 @@ kinds UNKNOWN_KIND, and BAD_REQUEST answers only the new kinds.
 
 ERROR body (count 0): code u16 (``ErrorCode``) at 0, message (u16 len + UTF-8) at 2.
 
-Not carried in version 1: ``Message.reconsume_times`` and ``prepared_transaction_offset``
-(they decode as 0). ``wait_store_msg_ok=False`` travels as RocketMQ's own property
+Not carried by SEND: ``Message.reconsume_times`` and ``prepared_transaction_offset``
+(they decode as 0); a SEND_RECORDS record carries every field, and ``Producer`` sends a
+message with either set that way. ``wait_store_msg_ok=False`` travels as RocketMQ's own property
 ``WAIT=false`` and comes back as the field.
 
 Error codes: a frame over ``MAX_FRAME_BYTES`` is FRAME_TOO_LARGE; shorter than a header or

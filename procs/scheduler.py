@@ -16,8 +16,9 @@ Restart decision table:
 
 A crash between a re-put and the offset write delivers those messages again on restart
 (at least once, never lost). A re-put that times out is retried later, for the same
-reason. Delivered messages lose ``reconsume_times`` and ``prepared_transaction_offset``
-(wire format version 1 does not carry them).
+reason. Delivered messages keep ``reconsume_times`` and ``prepared_transaction_offset``:
+the producer sends a message carrying either as a SEND_RECORDS record, which holds every
+field.
 """
 
 from __future__ import annotations

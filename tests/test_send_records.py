@@ -292,3 +292,27 @@ def test_an_idempotent_resend_over_records_is_stored_once(tmp_path):
             gap = p.send_batch(rows(77, 19, 9), first_sequence=19)[0]
             assert gap.status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE
         assert rs.stop() == 0, rs.log()
+
+
+def test_every_field_survives_the_wire_and_a_delayed_delivery(tmp_path):
+    """SEND has no room for reconsume_times and prepared_transaction_offset: a message
+    carrying either goes as a SEND_RECORDS record, alone or delayed, and keeps both."""
+    from procs.client import Consumer
+    from store_processes import RunningStore
+    with RunningStore(tmp_path, message_delay_level="1s 2s") as rs:
+        with Producer(rs.store_dir) as p:
+            now = Message("Fields", b"now", queue_id=0, reconsume_times=12345,
+                          prepared_transaction_offset=3)
+            later = Message("Fields", b"later", queue_id=0, reconsume_times=7,
+                            prepared_transaction_offset=9, delay_level=1)
+            assert [r.status for r in p.send_batch([now])] == [PutMessageStatus.PUT_OK]
+            assert [r.status for r in p.send_batch([later])] == [PutMessageStatus.PUT_OK]
+        got = []
+        with Consumer(rs.store_dir, "g", "Fields") as c:
+            for _ in range(40):
+                got += c.poll(max_msgs=8, timeout_ms=250)
+                if len(got) == 2:
+                    break
+        assert sorted((bytes(m.body), m.reconsume_times, m.prepared_transaction_offset)
+                      for m in got) == [(b"later", 7, 9), (b"now", 12345, 3)]
+        assert rs.stop() == 0, rs.log()
