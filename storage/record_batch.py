@@ -89,7 +89,11 @@ SMALL_BATCH = 12            # below this many records, stamping is a struct loop
 _R2 = np.arange(2, dtype=np.int64)
 _R4 = np.arange(4, dtype=np.int64)
 _R8 = np.arange(8, dtype=np.int64)
-_PAIRS = re.compile(rb"(?:(?!__PID\x01|__SEQ\x01)[^\x00\x01\x02]+\x01[^\x00\x01\x02]+\x02)*")
+_PAIR = rb"(?!__PID\x01|__SEQ\x01)[^\x00\x01\x02]+\x01[^\x00\x01\x02]+\x02"
+_PAIRS = re.compile(rb"(?:%s)*" % _PAIR)                 # one record's properties
+_ALL_PAIRS = re.compile(rb"(?:(?:%s)*\x00)*" % _PAIR)   # a run's, each ended by NUL
+_BAD_PAIRS = ("properties must be name\\x01value\\x02 pairs with non-empty names and values "
+              "free of \\x00, \\x01 and \\x02 (and not __PID/__SEQ)")
 _DELAY = PROPERTY_DELAY_TIME_LEVEL.encode() + b"\x01"
 _WAIT_FALSE = PROPERTY_WAIT_STORE_MSG_OK.encode() + b"\x01false\x02"
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
@@ -522,47 +526,58 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
 def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,
                 producer_id: int, first_sequence: int, verdicts: dict,
                 refusals: dict) -> tuple[list, list[bool], dict[int, None]]:
-    """What has no bulk form: body CRC, properties grammar and UTF-8; topics in bulk when
-    every record names the same one. Returns the topics, the wait flags and the records
-    to take the long way."""
+    """Topics (judged once when every record names the same), body CRCs (one
+    ``zlib.crc32`` each), and the properties of the whole run at once: one regular
+    expression over all of them joined by NUL, one ASCII test, one search for DELAY and
+    WAIT; a record is looked at alone only when the run as a whole fails one of those.
+    Returns the topics, the wait flags and the records to take the long way."""
     raw = data if type(data) is bytes else bytes(data)
     topics = _topics(raw, starts, head, verdicts, refusals)
-    crc32 = zlib.crc32
-    pairs = _PAIRS.fullmatch
-    waits: list[bool] = []
-    long_way: dict[int, None] = {}
-    body_at = starts + head.body_pos
+    n = len(starts)
+    body_at = (starts + head.body_pos).tolist()
+    body_end = (starts + head.body_pos + head.body_len).tolist()
     props_at = starts + head.props_pos
-    rows = zip(body_at.tolist(), (body_at + head.body_len).tolist(), head.crc.tolist(),
-               props_at.tolist(), (props_at + head.props_len).tolist())
-    for i, (b0, b1, crc, p0, p1) in enumerate(rows):
-        props = raw[p0:p1]
-        waits.append(_WAIT_FALSE not in props)
-        if refusals and i in refusals:
-            continue
+    props = [raw[a:b] for a, b in zip(props_at.tolist(), (props_at + head.props_len).tolist())]
+    crc32 = zlib.crc32
+    for i, (b0, b1, crc) in enumerate(zip(body_at, body_end, head.crc.tolist())):
         if crc32(raw[b0:b1]) & 0x7FFFFFFF != crc:
-            refusals[i] = (_ILLEGAL, f"body CRC {crc} does not match the body")
-            continue
-        if producer_id:
-            props, why = _without_identity(props, producer_id, first_sequence + i)
-            if why:
-                refusals[i] = (_ILLEGAL, why)
-                continue
-        if pairs(props) is None:
-            refusals[i] = (_ILLEGAL, "properties must be name\\x01value\\x02 pairs with "
-                                     "non-empty names and values free of \\x00, \\x01 and "
-                                     "\\x02 (and not __PID/__SEQ)")
-            continue
-        if not props.isascii():
-            try:
-                props.decode("utf-8")
-            except UnicodeDecodeError as e:
-                refusals[i] = (_ILLEGAL, f"properties are not UTF-8: {e}")
-                continue
-        if v6[i] or store_host_v6 or (_DELAY in props and (
-                props.startswith(_DELAY) or b"\x02" + _DELAY in props)):
-            long_way[i] = None
+            refusals.setdefault(i, (_ILLEGAL, f"body CRC {crc} does not match the body"))
+    if producer_id:
+        props = _check_identities(props, producer_id, first_sequence, refusals)
+    joined = b"\0".join(props) + b"\0"            # NUL may stand in no property
+    if _ALL_PAIRS.fullmatch(joined) is None:
+        for i, p in enumerate(props):
+            if _PAIRS.fullmatch(p) is None:
+                refusals.setdefault(i, (_ILLEGAL, _BAD_PAIRS))
+    if not joined.isascii():
+        for i, p in enumerate(props):
+            if not p.isascii():
+                try:
+                    p.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    refusals.setdefault(i, (_ILLEGAL, f"properties are not UTF-8: {e}"))
+    waits = ([True] * n if _WAIT_FALSE not in joined
+             else [_WAIT_FALSE not in p for p in props])
+    long_way: dict[int, None] = {}
+    delayed = _DELAY in joined
+    if delayed or store_host_v6 or any(v6):
+        for i, p in enumerate(props):
+            if i not in refusals and (v6[i] or store_host_v6 or (delayed and (
+                    p.startswith(_DELAY) or b"\x02" + _DELAY in p))):
+                long_way[i] = None
     return topics, waits, long_way
+
+
+def _check_identities(props: list[bytes], producer_id: int, first_sequence: int,
+                      refusals: dict) -> list[bytes]:
+    """Each record's properties without its idempotent identity (checked)."""
+    out = []
+    for i, p in enumerate(props):
+        rest, why = _without_identity(p, producer_id, first_sequence + i)
+        if why:
+            refusals.setdefault(i, (_ILLEGAL, why))
+        out.append(rest)
+    return out
 
 
 def _topics(raw: bytes, starts: np.ndarray, head: Heads, verdicts: dict,
