@@ -150,7 +150,7 @@ class RecordBatch(NamedTuple):
     def from_encoded(cls, encoded: Sequence) -> "RecordBatch":
         """A batch of ``CommitLog.prepare``'s records (their store host is set)."""
         sizes = np.fromiter((len(e.data) for e in encoded), np.int64, len(encoded))
-        return cls(bytearray(b"".join(e.data for e in encoded)), _starts(sizes), sizes,
+        return cls(bytearray().join(e.data for e in encoded), _starts(sizes), sizes,
                    [e.topic for e in encoded], [e.queue_id for e in encoded],
                    [e.real_queue_id for e in encoded], [e.consumable for e in encoded],
                    np.fromiter((e.store_timestamp_pos for e in encoded), np.int64,
@@ -168,7 +168,7 @@ class RecordBatch(NamedTuple):
     def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
         if len(batches) == 1:
             return batches[0]
-        data = bytearray(b"".join(b.data for b in batches))
+        data = bytearray().join(b.data for b in batches)
         sizes = np.concatenate([b.sizes for b in batches])
         bases = np.cumsum([0] + [len(b.data) for b in batches[:-1]])
         return cls(data, _starts(sizes), sizes,
@@ -195,7 +195,7 @@ def from_pieces(pieces: Sequence[tuple]) -> RecordBatch:
     sizes = np.fromiter((len(p[0]) for p in pieces), np.int64, len(pieces))
     starts = _starts(sizes)
     needs_host = np.fromiter((p[6] for p in pieces), bool, len(pieces))
-    return RecordBatch(bytearray(b"".join(p[0] for p in pieces)), starts, sizes,
+    return RecordBatch(bytearray().join(p[0] for p in pieces), starts, sizes,
                        [p[1] for p in pieces], [p[2] for p in pieces],
                        [p[3] for p in pieces], [p[4] for p in pieces],
                        np.fromiter((p[5] for p in pieces), np.int64, len(pieces)),
