@@ -99,7 +99,7 @@ from shm.bus import (
 from shm.positions import Slot, now_ms
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.consume_queue import ConsumeQueue
 from storage.errors import CorruptRecordError, StoreError
 from storage.index_service import IndexService
 from storage.mapped_file import MappedFile
@@ -139,7 +139,7 @@ class Dispatcher(Service):
         self.commit_log.mapped_file_queue.refresh(table.get(Slot.MIN_OFFSET))
         self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
         self._load_consume_queues()
-        rewound = sum(rewind_consume_queue(cq, dispatched)
+        rewound = sum(cq.rewind_to(dispatched)
                       for cq in self.consume_queue_table.values())
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.index_service = None
@@ -330,9 +330,9 @@ class Dispatcher(Service):
         self._seen_min_offset = min_offset
         self.commit_log.mapped_file_queue.refresh(min_offset)
         for cq in self.consume_queue_table.values():
-            unmap_consume_queue_files_below(cq, min_offset)
+            cq.delete_expired_file(min_offset, unlink=False)
         if self.index_service is not None:
-            unmap_index_files_below(self.index_service, min_offset)
+            self.index_service.delete_expired_file(min_offset, unlink=False)
 
     # ================================================================== flush
     def _flush_on_interval(self) -> None:
@@ -390,88 +390,6 @@ def finish_interrupted_creation(queue_dir: str, file_size: int) -> None:
     if os.path.getsize(path) == 0:
         log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
         MappedFile(path, file_size).close()
-
-
-def rewind_consume_queue(cq: ConsumeQueue, phy_offset: int) -> int:
-    """Move ``cq``'s write position back to its first unit whose message starts at or
-    past ``phy_offset``; returns how many units were rewound.
-
-    Re-dispatch from ``phy_offset`` writes those units again, each over itself. Files
-    that hold no unit before them (an empty last file included) are closed and dropped
-    from the list; re-dispatch opens them again through ``get_or_create_last_mapped_file``
-    (which also redoes the pre-blank fill of a queue's first file). Nothing is
-    truncated, zeroed or unlinked: readers may map these files.
-    """
-    mfq = cq.mapped_file_queue
-    rewound = 0
-    while (mf := mfq.get_last_mapped_file()) is not None:
-        keep = mf.wrote_position
-        while keep > 0:
-            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, keep - CQ_STORE_UNIT_SIZE)
-            if size == BLANK_UNIT_SIZE or phy < phy_offset:
-                break
-            keep -= CQ_STORE_UNIT_SIZE
-        rewound += (mf.wrote_position - keep) // CQ_STORE_UNIT_SIZE
-        if keep > 0:
-            mf.wrote_position = mf.committed_position = keep
-            mf.flushed_position = min(mf.flushed_position, keep)
-            break
-        mf.close()
-        mfq.mapped_files.pop()
-    end = mfq.get_max_offset()
-    mfq.flushed_where = min(mfq.flushed_where, end)
-    mfq.committed_where = min(mfq.committed_where, end)
-    cq.max_physic_offset = _last_unit_end(cq)
-    return rewound
-
-
-def _last_unit_end(cq: ConsumeQueue) -> int:
-    """The end (offset + size) of the queue's last non-blank unit, -1 when none."""
-    mf = cq.mapped_file_queue.get_last_mapped_file()
-    if mf is None:
-        return -1
-    for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
-        phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
-        if size != BLANK_UNIT_SIZE:
-            return phy + size
-    return -1
-
-
-def unmap_consume_queue_files_below(cq: ConsumeQueue, min_offset: int) -> int:
-    """Close (never unlink: the cleaner does) the leading files of ``cq`` whose last
-    unit points below ``min_offset``, never the last file: the cleaner's rule."""
-    mfq = cq.mapped_file_queue
-    gone = []
-    for mf in mfq.mapped_files[:-1]:
-        pos = mf.read_position - CQ_STORE_UNIT_SIZE
-        if pos >= 0 and CQ_UNIT.unpack_from(mf.buf, pos)[0] >= min_offset:
-            break
-        mf.close()
-        gone.append(mf)
-    if gone:
-        mfq.delete_expired_file(gone)
-        first = mfq.get_first_mapped_file().file_from_offset
-        mfq.flushed_where = max(mfq.flushed_where, first)
-        mfq.committed_where = max(mfq.committed_where, first)
-        cq.correct_min_offset(min_offset)
-    return len(gone)
-
-
-def unmap_index_files_below(index_service: IndexService, min_offset: int) -> int:
-    """Close (never unlink: the cleaner does) the leading index files whose
-    endPhyOffset is below ``min_offset``, never the last: the cleaner's rule.
-
-    IndexService has no verb that unmaps without unlinking, so this reaches into its
-    list (see ``IndexService.delete_expired_file`` for the same rule, with unlink).
-    """
-    files = index_service._files
-    n = 0
-    while n < len(files) - 1 and files[n].end_phy_offset < min_offset:
-        n += 1
-    for f in files[:n]:
-        f.close()
-    del files[:n]
-    return n
 
 
 SERVICE = Dispatcher

@@ -221,7 +221,7 @@ class CommitLog:
             _LONG.pack_into(data, record.PHYSICALOFFSET_POS, wrote_offset)
             _LONG.pack_into(data, enc.store_timestamp_pos, store_timestamp)
             mf.buf[pos:pos + n] = data
-            mf.wrote_position = mf.committed_position = pos + n
+            mf.appended(n)
             mf.store_timestamp = store_timestamp
             if enc.consumable:
                 table[key] = queue_offset + 1
@@ -236,7 +236,7 @@ class CommitLog:
         remain = mf.file_size - mf.wrote_position
         mf.buf[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
             record.encode_blank(remain)
-        mf.wrote_position = mf.committed_position = mf.file_size
+        mf.appended(remain)
 
     # ================================================================== offsets
     def get_min_offset(self) -> int:
@@ -360,7 +360,7 @@ class CommitLog:
                 break
         process_offset = mf.file_from_offset + pos
         mfq = self.mapped_file_queue
-        mfq.flushed_where = mfq.committed_where = process_offset
+        mfq.mark_flushed_to(process_offset)
         mfq.truncate_dirty_files(process_offset, self._quarantine_dir())
         return process_offset
 

@@ -90,8 +90,7 @@ class ConsumeQueue:
                 index += 1
                 continue
             break
-        self.mapped_file_queue.flushed_where = process_offset
-        self.mapped_file_queue.committed_where = process_offset
+        self.mapped_file_queue.mark_flushed_to(process_offset)
         self.mapped_file_queue.truncate_dirty_files(process_offset)
 
     def _valid_prefix(self, mf: MappedFile) -> int:
@@ -120,7 +119,7 @@ class ConsumeQueue:
         mf = mfq.get_or_create_last_mapped_file(expect)
         if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
             self.min_logic_offset = expect
-            mfq.flushed_where = mfq.committed_where = expect
+            mfq.mark_flushed_to(expect)
             self._fill_pre_blank(mf, expect)
         current = mf.file_from_offset + mf.wrote_position
         if expect < current:  # built already (a repeat): never write a unit twice
@@ -251,9 +250,47 @@ class ConsumeQueue:
             mf.zero_tail(keep)
             mf.set_positions(keep)
             break
-        end = mfq.get_max_offset()
-        mfq.flushed_where = min(mfq.flushed_where, end)
-        mfq.committed_where = min(mfq.committed_where, end)
+        mfq.clamp_flushed_where()
+
+    def rewind_to(self, phy_offset: int) -> int:
+        """Move the write position back to the first unit whose message starts at or
+        past ``phy_offset``; returns how many units were rewound (a writer restarting
+        while readers map the queue: the dispatcher).
+
+        Re-dispatch from ``phy_offset`` writes those units again, each over itself. Files
+        that hold no unit before them (an empty last file included) are closed and dropped
+        from the list; re-dispatch opens them again through ``get_or_create_last_mapped_file``
+        (which also redoes the pre-blank fill of a queue's first file). Nothing is
+        truncated, zeroed or unlinked: readers may map these files.
+        """
+        mfq = self.mapped_file_queue
+        rewound = 0
+        while (mf := mfq.get_last_mapped_file()) is not None:
+            keep = mf.wrote_position
+            while keep > 0:
+                phy, size, _ = CQ_UNIT.unpack_from(mf.buf, keep - CQ_STORE_UNIT_SIZE)
+                if size == BLANK_UNIT_SIZE or phy < phy_offset:
+                    break
+                keep -= CQ_STORE_UNIT_SIZE
+            rewound += (mf.wrote_position - keep) // CQ_STORE_UNIT_SIZE
+            if keep > 0:
+                mf.rewind(keep)
+                break
+            mfq.close_last_mapped_file()
+        mfq.clamp_flushed_where()
+        self.max_physic_offset = self._last_unit_end()
+        return rewound
+
+    def _last_unit_end(self) -> int:
+        """The end (offset + size) of the last non-blank unit, -1 when none."""
+        mf = self.mapped_file_queue.get_last_mapped_file()
+        if mf is None:
+            return -1
+        for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
+            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+            if size != BLANK_UNIT_SIZE:
+                return phy + size
+        return -1
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """Move ``min_logic_offset`` to the first unit whose message still exists."""
@@ -267,14 +304,16 @@ class ConsumeQueue:
                 return
         self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + mf.read_position)
 
-    def delete_expired_file(self, min_commit_log_offset: int) -> int:
-        """Delete files whose units all point below ``min_commit_log_offset``."""
+    def delete_expired_file(self, min_commit_log_offset: int, *, unlink: bool = True) -> int:
+        """Delete files whose units all point below ``min_commit_log_offset``, never the
+        last. Without ``unlink`` they are only unmapped (a process that follows the
+        cleaner: the dispatcher)."""
         def last_unit_offset(mf: MappedFile) -> int | None:
             pos = mf.read_position - CQ_STORE_UNIT_SIZE
             return CQ_PHY_OFFSET.unpack_from(mf.buf, pos)[0] if pos >= 0 else None
 
         count = self.mapped_file_queue.delete_expired_file_by_offset(
-            min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset)
+            min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset, unlink=unlink)
         self.correct_min_offset(min_commit_log_offset)
         return count
 

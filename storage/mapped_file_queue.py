@@ -2,9 +2,12 @@
 
 File ``n`` is named ``name[n-1] + mapped_file_size`` (20-digit offsets), so a global
 offset finds its file by arithmetic relative to the first file (old files are deleted,
-so the first need not start at 0). Two global pointers summarise the files:
+so the first need not start at 0). One global pointer summarises the files:
 
-    flushed_where <= committed_where <= max_wrote_position
+    flushed_where <= max_wrote_position
+
+(committed is wrote here: there is no transient pool, so RocketMQ's committedWhere
+would only repeat it.)
 
 ``flush(least_pages)`` works on the one file holding ``flushed_where`` per call and
 returns True when nothing moved (callers loop). The last file is the only one written.
@@ -49,7 +52,6 @@ class MappedFileQueue:
         self.read_only = read_only
         self.mapped_files: list[MappedFile] = []
         self.flushed_where = 0
-        self.committed_where = 0
         self.store_timestamp = 0
         self.short_file_index: int | None = None
 
@@ -230,7 +232,6 @@ class MappedFileQueue:
         where = mf.file_from_offset + mf.flush(flush_least_pages)
         result = where == self.flushed_where
         self.flushed_where = where
-        self.committed_where = max(self.committed_where, where)
         if flush_least_pages == 0:
             self.store_timestamp = tmp
         return result
@@ -297,7 +298,21 @@ class MappedFileQueue:
             remove.append(mf)
         self.delete_expired_file(remove)
         self.flushed_where = min(self.flushed_where, offset)
-        self.committed_where = min(self.committed_where, offset)
+
+    def mark_flushed_to(self, offset: int) -> None:
+        """Everything below ``offset`` is durable already: recovery found it on disk, or
+        a queue's first file starts there (the units before it were never written)."""
+        self.flushed_where = offset
+
+    def clamp_flushed_where(self) -> None:
+        """Keep ``flushed_where`` within the data after a cut or a rewind."""
+        self.flushed_where = min(self.flushed_where, self.get_max_offset())
+
+    def close_last_mapped_file(self) -> None:
+        """Unmap the last file and drop it from the list, keeping it on disk (a restarting
+        writer of a queue others may map: it opens the file again when it gets there)."""
+        last = self.mapped_files.pop()
+        last.close()
 
     def delete_last_mapped_file(self) -> None:
         last = self.get_last_mapped_file()
@@ -306,9 +321,13 @@ class MappedFileQueue:
             self.mapped_files.remove(last)
 
     def delete_expired_file(self, files: list[MappedFile]) -> None:
-        """Drop destroyed files from the list (those not in it are skipped)."""
+        """Drop destroyed (or unmapped) files from the list (those not in it are
+        skipped); ``flushed_where`` never stays below the first file left."""
         gone = {id(f) for f in files}
         self.mapped_files = [mf for mf in self.mapped_files if id(mf) not in gone]
+        first = self.get_first_mapped_file()
+        if first is not None and self.flushed_where < first.file_from_offset:
+            self.flushed_where = first.file_from_offset
 
     # ------------------------------------------------------------------ expiry
     def delete_expired_file_by_time(self, expired_time_ms: int, delete_files_interval_ms: int,
@@ -340,18 +359,23 @@ class MappedFileQueue:
         return len(deleted)
 
     def delete_expired_file_by_offset(self, offset: int, unit_size: int,
-                                      last_unit_offset: Callable[[MappedFile], int | None]) -> int:
+                                      last_unit_offset: Callable[[MappedFile], int | None], *,
+                                      unlink: bool = True) -> int:
         """Delete non-last files whose last unit points below ``offset`` (consume queues).
 
         ``last_unit_offset(mf)`` reads the CommitLog offset held by the file's last unit
-        (None when unreadable, which also lets it go).
+        (None when unreadable, which also lets it go). Without ``unlink`` the files are
+        only unmapped and dropped from the list (a process that follows the cleaner,
+        which unlinks them).
         """
         deleted: list[MappedFile] = []
         for mf in self.mapped_files[:-1]:
             phy = last_unit_offset(mf)
             if phy is not None and phy >= offset:
                 break
-            if not mf.destroy(60_000):
+            if not unlink:
+                mf.close()
+            elif not mf.destroy(60_000):
                 break
             deleted.append(mf)
         self.delete_expired_file(deleted)
@@ -366,7 +390,7 @@ class MappedFileQueue:
         for mf in self.mapped_files:
             mf.destroy(3000)
         self.mapped_files = []
-        self.flushed_where = self.committed_where = 0
+        self.flushed_where = 0
         if os.path.isdir(self.store_path):
             for name in os.listdir(self.store_path):
                 if name.isdigit():
