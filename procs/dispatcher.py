@@ -24,7 +24,8 @@ One turn:
    ``flush_consume_queue_thorough_interval`` ms everything: each queue until nothing
    is left, the index, and only then the checkpoint's logics and index times
    (``flush_one``), with the logics time read *before* the queues were flushed, so the
-   checkpoint never promises more than the disk holds. The index is flushed only on
+   checkpoint never promises more than the disk holds (``storage.logic_queues``, the
+   timing and the flush the embedded store uses too). The index is flushed only on
    the thorough pass (and when a file fills): its durability matters only through the
    checkpoint's index time, which only that pass moves.
 
@@ -96,16 +97,14 @@ from procs.service import MAX_TURN_MS, Service
 from shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, FLUSHED, Publisher, Subscriber, encode_arrival,
     encode_offset)
-from shm.positions import Slot, now_ms
+from shm.positions import Slot
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
-from storage.consume_queue import ConsumeQueue
+from storage.logic_queues import LogicQueues
 from storage.errors import CorruptRecordError, StoreError
 from storage.index_service import IndexService
-from storage.mapped_file import MappedFile
 from storage.record import BLANK_MAGIC_CODE, SIZE_MAGIC
 from storage.reput import ReputMessageService
-from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +136,19 @@ class Dispatcher(Service):
         dispatched = table.get(Slot.DISPATCHED)
         self.commit_log = CommitLog(cfg, read_only=True)
         self.commit_log.mapped_file_queue.refresh(table.get(Slot.MIN_OFFSET))
-        self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
-        self._load_consume_queues()
-        rewound = sum(cq.rewind_to(dispatched)
-                      for cq in self.consume_queue_table.values())
+        self.logic_queues = LogicQueues(cfg)
+        for cq in self.logic_queues.discover():
+            cq.mapped_file_queue.finish_interrupted_creation()
+            cq.load()
+            cq.recover()
+        rewound = sum(cq.rewind_to(dispatched) for cq in self.logic_queues.all())
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.index_service = None
         if cfg.message_index_enable:
             self.index_service = IndexService(cfg.index_dir, cfg.max_hash_slot_num,
                                               cfg.max_index_num)
             self.index_service.load(True, self.checkpoint.index_msg_timestamp)
-        self.reput = ReputMessageService(self.commit_log, self._find_consume_queue,
+        self.reput = ReputMessageService(self.commit_log, self.logic_queues.find,
                                          self.index_service, self._index_failed)
         self.reput.arriving_listener = self._arriving
         self.reput.reput_from_offset = dispatched
@@ -156,35 +157,10 @@ class Dispatcher(Service):
         self._seen_min_offset = -1
         self._dirty = False
         self._stalled = False
-        self._last_flush_ms = self._last_thorough_ms = now_ms()
         self.dispatched_messages = 0
         self.dispatch_busy_ns = 0
         log.info("dispatching from %d (%d queues, %d units past it rewound)", dispatched,
-                 len(self.consume_queue_table), rewound)
-
-    def _load_consume_queues(self) -> None:
-        root = self.config.consume_queue_dir
-        if not os.path.isdir(root):
-            return
-        for topic in sorted(os.listdir(root)):
-            topic_dir = os.path.join(root, topic)
-            if check_topic(topic, internal=True) or not os.path.isdir(topic_dir):
-                log.warning("skipping %s: not a topic directory", topic_dir)
-                continue
-            for name in sorted(os.listdir(topic_dir)):
-                if name.isdigit():
-                    cq = self._find_consume_queue(topic, int(name))
-                    finish_interrupted_creation(cq.store_path, cq.mapped_file_size)
-                    cq.load()
-                    cq.recover()
-
-    def _find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.consume_queue_table.get((topic, queue_id))
-        if cq is None:
-            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
-                              self.config.consume_queue_file_size)
-            self.consume_queue_table[(topic, queue_id)] = cq
-        return cq
+                 len(self.logic_queues), rewound)
 
     def _arriving(self, topic: str, queue_id: int, next_offset: int, _tags_code: int,
                   _store_timestamp: int) -> None:
@@ -329,67 +305,33 @@ class Dispatcher(Service):
             return
         self._seen_min_offset = min_offset
         self.commit_log.mapped_file_queue.refresh(min_offset)
-        for cq in self.consume_queue_table.values():
-            cq.delete_expired_file(min_offset, unlink=False)
+        self.logic_queues.delete_expired(min_offset, unlink=False)
         if self.index_service is not None:
             self.index_service.delete_expired_file(min_offset, unlink=False)
 
     # ================================================================== flush
     def _flush_on_interval(self) -> None:
-        cfg = self.config
-        now = now_ms()
-        if now - self._last_flush_ms < cfg.flush_interval_consume_queue:
-            return
-        self._last_flush_ms = now
-        if now - self._last_thorough_ms >= cfg.flush_consume_queue_thorough_interval:
-            self._last_thorough_ms = now
-            if self._dirty:
-                self.flush_logics()
-        else:
-            for cq in self.consume_queue_table.values():
-                cq.flush(cfg.flush_consume_queue_least_pages)
+        self.logic_queues.flush_on_interval(self._flush_if_dirty)
+
+    def _flush_if_dirty(self) -> None:
+        if self._dirty:
+            self.flush_logics()
 
     def flush_logics(self) -> None:
         """Everything dispatched made durable, then the checkpoint's logics and index
         times. Raises ``OSError`` when an fdatasync fails."""
-        logics_ts = self.reput.logics_timestamp
-        for cq in self.consume_queue_table.values():
-            for _ in range(len(cq.mapped_file_queue.mapped_files) + 2):
-                if cq.flush(0):
-                    break
-        index_ts = self.index_service.flush() if self.index_service is not None else 0
-        cp = self.checkpoint
-        if logics_ts > cp.logics_msg_timestamp:
-            cp.logics_msg_timestamp = logics_ts
-            cp.flush_one("logics")
-        if index_ts > cp.index_msg_timestamp:
-            cp.index_msg_timestamp = index_ts
-            cp.flush_one("index")
+        self.logic_queues.flush_logics(self.index_service, self.checkpoint,
+                                       self.reput.logics_timestamp)
         self._dirty = False
 
     def _close_files(self) -> None:
         self.commit_log.close()
-        for cq in self.consume_queue_table.values():
-            cq.close()
+        self.logic_queues.close()
         if self.index_service is not None:
             self.index_service.close()
         self.checkpoint.close()
         self.subscriber.close()
         self.publisher.close()
-
-
-# ====================================================================== helpers
-def finish_interrupted_creation(queue_dir: str, file_size: int) -> None:
-    """Allocate a zero-length last file: a creation a kill cut short between the
-    ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
-    it). Any other short file is left for the load to reject."""
-    names = sorted(n for n in os.listdir(queue_dir) if n.isdigit())
-    if not names:
-        return
-    path = os.path.join(queue_dir, names[-1])
-    if os.path.getsize(path) == 0:
-        log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
-        MappedFile(path, file_size).close()
 
 
 SERVICE = Dispatcher

@@ -113,6 +113,18 @@ class MappedFileQueue:
             self.mapped_files.append(mf)
             next_offset = offset + self.mapped_file_size
 
+    def finish_interrupted_creation(self) -> None:
+        """Allocate a zero-length last file: a creation a kill cut short between the
+        ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
+        it). Any other short file is left for ``load`` to reject. Call before ``load``."""
+        names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
+        if not names:
+            return
+        path = os.path.join(self.store_path, names[-1])
+        if os.path.getsize(path) == 0:
+            log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
+            MappedFile(path, self.mapped_file_size).close()
+
     def _check_files(self, names: list[str], extend_short: bool) -> int | None:
         """Raise ``StoreFileError`` for a gap or a wrong size; the short file's index."""
         short = None
