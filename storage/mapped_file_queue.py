@@ -51,6 +51,7 @@ class MappedFileQueue:
         self.preallocate_next = preallocate_next
         self.read_only = read_only
         self.mapped_files: list[MappedFile] = []
+        self._past_view: list[MappedFile] = []   # mapped, hidden by ``show_first``
         self.flushed_where = 0
         self.store_timestamp = 0
         self.short_file_index: int | None = None
@@ -86,7 +87,8 @@ class MappedFileQueue:
         """Read-only views only: map files another process created after the last file
         mapped here, and unmap files wholly below ``min_offset`` (deleted by the
         cleaner, or about to be). A file not yet allocated to full size is left for a
-        later call."""
+        later call. Every mapped file is shown again first (``show_all``)."""
+        self.show_all()
         while self.mapped_files and \
                 self.mapped_files[0].file_from_offset + self.mapped_file_size <= min_offset \
                 and len(self.mapped_files) > 1:
@@ -146,6 +148,25 @@ class MappedFileQueue:
                 raise StoreFileError(path, f"length {size} does not match the configured file "
                                      f"size {self.mapped_file_size}; check it manually")
         return short
+
+    # ------------------------------------------------------------------ bounded view
+    def show_first(self, count: int) -> None:
+        """Read-only views only: lookups (first and last file, find by offset or time,
+        max offset) see only the first ``count`` mapped files until ``show_all``; the
+        others stay mapped (a reader's bound lies before them)."""
+        assert self.read_only, "only a read-only view hides files"
+        every = self.mapped_files + self._past_view
+        self.mapped_files, self._past_view = every[:count], every[count:]
+
+    def show_all(self) -> None:
+        """Undo ``show_first``: every mapped file is in ``mapped_files`` again."""
+        if self._past_view:
+            self.mapped_files = self.mapped_files + self._past_view
+            self._past_view = []
+
+    def all_mapped_files(self) -> list[MappedFile]:
+        """Every mapped file, those ``show_first`` hides included."""
+        return self.mapped_files + self._past_view
 
     # ------------------------------------------------------------------ lookup
     def get_first_mapped_file(self) -> MappedFile | None:
@@ -395,6 +416,7 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
+        self.show_all()
         for mf in self.mapped_files:
             mf.close()
 

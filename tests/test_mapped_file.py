@@ -385,6 +385,30 @@ def test_load_maps_every_file_with_positions_at_the_size(queue_from_8):
     assert q.get_max_offset() == 5 * SIZE
 
 
+def test_a_read_only_view_hides_files_past_its_bound_until_shown_again(tmp_path):
+    make_files(tmp_path, [2 * SIZE, 3 * SIZE, 4 * SIZE])
+    q = MappedFileQueue(str(tmp_path), SIZE, read_only=True)
+    q.load()
+    try:
+        every = list(q.mapped_files)
+        q.show_first(1)
+        assert q.mapped_files == every[:1] and q.all_mapped_files() == every
+        assert q.get_max_offset() == 3 * SIZE
+        assert q.find_mapped_file_by_offset(3 * SIZE) is None
+        q.refresh()                                  # maps and unmaps over every file
+        assert q.mapped_files == every
+        q.show_first(2)
+        q.close()                                    # hidden files are closed too
+        assert all(mf.fd == -1 for mf in every)
+    finally:
+        q.close()
+
+
+def test_only_a_read_only_queue_hides_files(queue_from_8):
+    with pytest.raises(AssertionError):
+        queue_from_8.show_first(1)
+
+
 @pytest.mark.parametrize("offset, expected", [
     (2 * SIZE, 2 * SIZE), (2 * SIZE + 1, 2 * SIZE), (3 * SIZE - 1, 2 * SIZE),
     (3 * SIZE, 3 * SIZE), (4 * SIZE + 123, 4 * SIZE), (5 * SIZE - 1, 4 * SIZE),
