@@ -65,6 +65,7 @@ import mmap
 import os
 import struct
 import time
+from operator import attrgetter
 from typing import Callable, Iterator
 
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
@@ -321,7 +322,7 @@ class IndexFile:
         (self._begin_timestamp, self._end_timestamp, self._begin_phy_offset,
          self._end_phy_offset, self._hash_slot_count, index_count) = decode_header(self._buf)
         if index_count > self.index_num:
-            self._abandon()
+            self.close()
             raise CorruptRecordError(self.path, INDEX_COUNT_POS,
                                      f"indexCount {index_count} exceeds index_num "
                                      f"{self.index_num}")
@@ -332,42 +333,18 @@ class IndexFile:
                                self._begin_phy_offset, self._end_phy_offset,
                                self._hash_slot_count, self._index_count)
 
-    def _abandon(self) -> None:
-        if self._buf is not None:
-            self._buf.close()
-            self._buf = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
     # ----------------------------------------------------------------- header
     @property
     def file_name(self) -> str:
         return os.path.basename(self.path)
 
-    @property
-    def begin_timestamp(self) -> int:
-        return self._begin_timestamp
-
-    @property
-    def end_timestamp(self) -> int:
-        return self._end_timestamp
-
-    @property
-    def begin_phy_offset(self) -> int:
-        return self._begin_phy_offset
-
-    @property
-    def end_phy_offset(self) -> int:
-        return self._end_phy_offset
-
-    @property
-    def hash_slot_count(self) -> int:
-        return self._hash_slot_count
-
-    @property
-    def index_count(self) -> int:
-        return self._index_count
+    # the header's fields, read-only: only put_key and truncate move them
+    begin_timestamp = property(attrgetter("_begin_timestamp"))
+    end_timestamp = property(attrgetter("_end_timestamp"))
+    begin_phy_offset = property(attrgetter("_begin_phy_offset"))
+    end_phy_offset = property(attrgetter("_end_phy_offset"))
+    hash_slot_count = property(attrgetter("_hash_slot_count"))
+    index_count = property(attrgetter("_index_count"))
 
     def is_write_full(self) -> bool:
         """``isWriteFull``: no room for another entry (``indexCount >= index_num``)."""
