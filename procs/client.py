@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import struct
 import time
 from typing import Iterable, Sequence
 
@@ -40,7 +41,8 @@ import zmq
 from procs import protocol
 from procs.consumer import Consumer
 from shm import bus
-from storage.message import Message
+from storage import record_batch
+from storage.message import Message, now_ms
 
 __all__ = ["ClientError", "Consumer", "PendingSend", "Producer", "ReaderClient", "RequestTimeout"]
 
@@ -101,6 +103,10 @@ def _raise_if_error(frame: bytes) -> None:
 
 
 MAX_PRODUCER_ID = (1 << 64) - 1
+WIRE_FORMATS = ("records", "messages")   # SEND_RECORDS, SEND
+# what a message that cannot be laid out as a record raises while being encoded
+_UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
+                UnicodeError, KeyError)
 
 
 class Producer:
@@ -127,13 +133,17 @@ class Producer:
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
-                 window: int = 16, producer_id: int | None = None, idempotent: bool = False):
+                 window: int = 16, producer_id: int | None = None, idempotent: bool = False,
+                 wire: str = "records"):
         if producer_id is None:
             producer_id = secrets.randbelow((1 << 63) - 1) + 1 if idempotent else 0
         elif isinstance(producer_id, bool) or not isinstance(producer_id, int) or \
                 not 0 < producer_id <= MAX_PRODUCER_ID:
             raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
+        if wire not in WIRE_FORMATS:
+            raise ValueError(f"wire {wire!r} is not one of {', '.join(WIRE_FORMATS)}")
         self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms)
+        self.wire = wire
         self.window = window
         self.producer_id = producer_id   # 0: not idempotent
         self._next_sequence = 0
@@ -195,7 +205,7 @@ class Producer:
         elif first_sequence is not None:
             raise ValueError("first_sequence needs a producer id (idempotent=True)")
         request_id = self._dealer.next_id()
-        frame = protocol.encode_send(request_id, messages, self.producer_id, seq)
+        frame = self._encode(request_id, messages, seq)
         while len(self._in_flight) >= self.window:
             self._settle(self._in_flight[0])
         self._dealer.send(frame)
@@ -203,6 +213,20 @@ class Producer:
         if self.producer_id:
             self._next_sequence = max(self._next_sequence, seq + len(messages))
         return PendingSend(self, request_id, seq if self.producer_id else None)
+
+    def _encode(self, request_id: int, messages: list[Message], seq: int) -> bytes:
+        """A SEND_RECORDS frame (records in CommitLog layout, checked by the writer in
+        bulk); a SEND frame when ``wire="messages"`` or when a message cannot be laid
+        out as a record at all (the store then answers it with the status it earns)."""
+        if self.wire == "records":
+            try:
+                data, offsets = record_batch.encode_records(messages, now_ms(),
+                                                            self.producer_id, seq)
+                return protocol.encode_send_records(request_id, data, offsets,
+                                                    self.producer_id, seq)
+            except _UNENCODABLE:
+                pass
+        return protocol.encode_send(request_id, messages, self.producer_id, seq)
 
     def _settle(self, request_id: int) -> None:
         """Wait for one batch and keep its outcome for its handle's ``result()``."""
@@ -225,6 +249,8 @@ class Producer:
             if request_id in self._in_flight:
                 self._in_flight.remove(request_id)
         _raise_if_error(frame)
+        if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
+            return protocol.decode_send_records_reply(frame)[1]
         return protocol.decode_send_reply(frame)[1]
 
     def flush(self) -> None:

@@ -123,7 +123,10 @@ COMMIT body: group (u16 len + UTF-8) at 0, topic (u16 len + UTF-8) at 2+G, then 
 in that queue). COMMIT_REPLY body: ``count`` records of the same 12 bytes from 0, the
 pairs stored, in the COMMIT's order.
 
-Kinds 7-12 (OFFSETS .. FETCH_REPLY) and error code 7 (BAD_REQUEST) were added to
+SEND_RECORDS (13) and SEND_RECORDS_REPLY (14), the batch path: ``docs/PROTOCOL.md``
+§4.14-4.15 (records in CommitLog layout, ``storage.record_batch``).
+
+Kinds 7-14 (OFFSETS .. SEND_RECORDS_REPLY) and error code 7 (BAD_REQUEST) were added to
 version 1 without changing anything that was there: an older reader answers the new
 kinds UNKNOWN_KIND, and BAD_REQUEST answers only the new kinds.
 
@@ -182,6 +185,8 @@ from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
 from storage.record import SIZE_MAGIC, RecordFormatError, decode_at
 from storage.status import GetMessageStatus, PutMessageStatus
 
+import numpy as np
+
 MAGIC = b"RS"
 VERSION = 1
 MAX_RECORDS_PER_FRAME = 65536
@@ -207,12 +212,15 @@ class Kind(enum.IntEnum):
     COMMIT = 10
     COMMIT_REPLY = 11
     FETCH_REPLY = 12
+    SEND_RECORDS = 13
+    SEND_RECORDS_REPLY = 14
     ERROR = 15
 
 
 REPLY_KIND = {Kind.SEND: Kind.SEND_REPLY, Kind.PULL: Kind.PULL_REPLY,
               Kind.QUERY: Kind.QUERY_REPLY, Kind.OFFSETS: Kind.OFFSETS_REPLY,
-              Kind.FETCH: Kind.FETCH_REPLY, Kind.COMMIT: Kind.COMMIT_REPLY}
+              Kind.FETCH: Kind.FETCH_REPLY, Kind.COMMIT: Kind.COMMIT_REPLY,
+              Kind.SEND_RECORDS: Kind.SEND_RECORDS_REPLY}
 
 
 class ErrorCode(enum.IntEnum):
@@ -264,6 +272,7 @@ OFFSETS_REPLY_FIXED = struct.Struct(">qq")       # dispatched, generation
 QUEUE_OFFSETS_FIXED = struct.Struct(">iqqq")     # queue_id, min, max, time offsets
 FETCH_FIXED = struct.Struct(">iqii")      # queue_id, offset, max_msgs, max_bytes
 FETCH_REPLY_FIXED = struct.Struct(">Bqqqq")  # status, next_begin, min, max, first offsets
+SEND_RECORDS_FIXED = struct.Struct(">QQ")  # producer_id, first_sequence
 QUEUE_OFFSET = struct.Struct(">iq")       # COMMIT / COMMIT_REPLY record: queue_id, offset
 assert (SEND_IDS.size, SEND_FIXED.size, SEND_REPLY_FIXED.size) == (18, 25, 30)
 assert (PULL_FIXED.size, PULL_REPLY_FIXED.size, QUERY_KEY_FIXED.size) == (20, 25, 20)
@@ -688,6 +697,101 @@ def decode_send_reply(frame) -> tuple[int, list[SendResult]]:
     except _DECODE_FAULTS as e:
         raise _malformed(request_id, f"SEND_REPLY record {i} at byte {p}: {e}") from None
     _check_end(buf, p, request_id, "the SEND_REPLY records")
+    return request_id, results
+
+
+# ------------------------------------------------------------------------------ SEND_RECORDS
+class SendRecords(NamedTuple):
+    """A SEND_RECORDS frame: records already in CommitLog layout (``storage.record_batch``)."""
+
+    request_id: int
+    producer_id: int        # 0 = no idempotent identity
+    first_sequence: int     # record i carries first_sequence + i when producer_id != 0
+    offsets: np.ndarray     # int64, record i's start within ``records``
+    records: memoryview
+
+
+def encode_send_records(request_id: int, records: bytes, offsets: Sequence[int],
+                        producer_id: int = 0, first_sequence: int = 0) -> bytes:
+    """A SEND_RECORDS frame of ``records`` (``record_batch.encode_records``)."""
+    try:
+        fixed = SEND_RECORDS_FIXED.pack(producer_id, first_sequence if producer_id else 0)
+    except struct.error:
+        raise ValueError(f"producer id {producer_id!r} / sequence {first_sequence!r} "
+                         "are not u64s") from None
+    table = np.asarray(offsets, dtype=">u4").tobytes()
+    return _finish([_header(Kind.SEND_RECORDS, request_id, len(offsets)), fixed, table,
+                    records], request_id)
+
+
+def decode_send_records(frame) -> SendRecords:
+    """The parts of a SEND_RECORDS frame; the records themselves are the store's to check
+    (``record_batch.check_records``). Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.SEND_RECORDS)
+    table_at = HEADER_SIZE + SEND_RECORDS_FIXED.size
+    records_at = table_at + 4 * count
+    if records_at > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold the offsets of "
+                                     f"{count} records")
+    producer_id, first_sequence = SEND_RECORDS_FIXED.unpack_from(buf, HEADER_SIZE)
+    if producer_id and first_sequence + max(count - 1, 0) > 0xFFFF_FFFF_FFFF_FFFF:
+        raise _malformed(request_id, f"sequences {first_sequence}.. overflow a u64")
+    offsets = np.frombuffer(buf, ">u4", count, table_at).astype(np.int64)
+    return SendRecords(request_id, producer_id, first_sequence, offsets,
+                       memoryview(buf)[records_at:])
+
+
+_SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_offset", ">i8"),
+                               ("commit_log_offset", ">i8"), ("store_timestamp", ">i8"))
+
+
+def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
+                              reasons: dict[int, str]) -> bytes:
+    """A SEND_RECORDS_REPLY: the store host once, then one column per field (arrays of
+    ``count`` values: status, queue_id, queue_offset, commit_log_offset,
+    store_timestamp), then the reasons of the records that have one."""
+    count = len(columns["status"])
+    parts = [_header(Kind.SEND_RECORDS_REPLY, request_id, count),
+             bytes((len(store_host),)), store_host]
+    for name, dtype in _SEND_RECORDS_REPLY_COLUMNS:
+        parts.append(np.asarray(columns[name]).astype(dtype).tobytes())
+    parts.append(U32.pack(len(reasons)))
+    for i in sorted(reasons):
+        parts += (U32.pack(i), _cut16(reasons[i]))
+    return _finish(parts, request_id)
+
+
+def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
+    """``(request_id, results)`` of a SEND_RECORDS_REPLY. Raises ``ProtocolError``."""
+    buf, request_id, count = _open(frame, Kind.SEND_RECORDS_REPLY)
+    try:
+        p = HEADER_SIZE
+        n = buf[p]
+        host = buf[p + 1:p + 1 + n]
+        p += 1 + n
+        cols = []
+        for _, dtype in _SEND_RECORDS_REPLY_COLUMNS:
+            col = np.frombuffer(buf, dtype, count, p)
+            p += col.nbytes
+            cols.append(col.tolist())
+        (n_reasons,) = U32.unpack_from(buf, p)
+        p += 4
+        reasons = {}
+        for _ in range(n_reasons):
+            (i,) = U32.unpack_from(buf, p)
+            reasons[i], p = _read_str16(buf, p + 4)
+    except (IndexError, ValueError, *_DECODE_FAULTS) as e:
+        raise _malformed(request_id, f"SEND_RECORDS_REPLY at byte {p}: {e}") from None
+    _check_end(buf, p, request_id, "the SEND_RECORDS_REPLY")
+    prefix = host.hex().upper()
+    statuses = _PUT_STATUSES
+    results = []
+    for i, (st, qid, qoff, off, ts) in enumerate(zip(*cols)):
+        status = statuses.get(st)
+        if status is None:
+            raise _malformed(request_id, f"SEND_RECORDS_REPLY record {i}: unknown status {st}")
+        results.append(SendResult(status, f"{prefix}{off:016X}" if off >= 0 and prefix else "",
+                                  qid, qoff, off, ts, reasons.get(i, "")))
     return request_id, results
 
 

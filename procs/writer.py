@@ -5,14 +5,17 @@ ROUTER at ``shm.bus.endpoint(store, "ingest")``. Each turn the writer drains eve
 request waiting (at most ``MAX_BATCH_RECORDS`` records), and for the whole batch, across
 requests and clients:
 
-1. refuses every request (SERVICE_NOT_AVAILABLE, with the reason) when FLUSH_ERROR or
-   DISK_FULL is set, STATE is not RUNNING/STARTING, or the store is a SLAVE;
+1. refuses every request (SERVICE_NOT_AVAILABLE, with the reason) by the rules of
+   ``storage.put_path``: STATE is not RUNNING/STARTING, the store is a SLAVE,
+   FLUSH_ERROR is set, DISPATCH_ERROR is set (consume queues or index cannot be
+   written: RocketMQ's WRITE_LOGICS_QUEUE_ERROR; puts resume once the dispatcher moves
+   DISPATCHED again and clears it), or DISK_FULL is set;
 2. refuses a request beyond its client's window (``WINDOW`` unanswered requests per
    client identity): OS_PAGECACHE_BUSY, reason ``"busy"``, nothing stored;
-3. per message: ``validation.check_message``, for a record with a producer id its
-   sequence (below), the queue (round robin per topic when the producer left it to the
-   store), ``CommitLog.prepare``; a refused message gets its status and reason and does
-   not stop the others;
+3. per message (``storage.put_path.prepare_batch``): ``validation.check_message``, for
+   a record with a producer id its sequence (below), the queue (round robin per topic
+   when the producer left it to the store), ``CommitLog.prepare``; a refused message
+   gets its status and reason and does not stop the others;
 4. one ``CommitLog.append`` for every prepared record, the producer table learns the
    identities stored, one ``publish_written`` and one bus APPENDED, then the replies.
 
@@ -95,23 +98,27 @@ import logging
 import os
 import time
 
+import numpy as np
 import zmq
 
 from procs import endpoints, protocol
+from procs.send_results import SendResults
 from procs.protocol import ErrorCode, ProtocolError
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
 from storage import producer_state
-from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from storage import record_batch
+from storage.commit_log import CommitLog, PutMessageResult
+from storage.record_batch import RecordBatch, RecordsFormatError, check_records
 from storage.errors import StoreFileError, errno_text
 from storage.mapped_file import file_may_hold_data
 from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from storage.producer_state import (
     LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge)
-from storage.status import AppendMessageStatus, PutMessageStatus
+from storage.status import PutMessageStatus
 from storage.topic_queue_table import rebuild
-from storage.validation import check_message
 
 log = logging.getLogger(__name__)
 
@@ -119,27 +126,32 @@ WINDOW = 64                      # unanswered requests per client identity
 MAX_BATCH_RECORDS = 16384        # records drained into one append (bounds a turn)
 ROUTER_SNDHWM = 100_000          # replies queued per peer before they are dropped
 MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
-TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
+TEARDOWN_LINGER_MS = 2000
+MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers        # time the last replies get to leave at close
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _NEW = Verdict.NEW
 _DUPLICATE = Verdict.DUPLICATE
-_APPEND_OK = AppendMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 
 
 class _Request:
-    """A SEND being answered: where the reply goes and what it says."""
+    """A SEND or SEND_RECORDS being answered: where the reply goes, what it says, and
+    the records it hands to the append."""
 
-    __slots__ = ("envelope", "client", "request_id", "results", "slots", "wait", "end",
-                 "deadline_ms", "dup_end")
+    __slots__ = ("envelope", "client", "kind", "request_id", "results", "batch", "slots",
+                 "queue_ids", "wait", "end", "deadline_ms", "dup_end")
 
-    def __init__(self, envelope: list, request_id: int, n: int):
+    def __init__(self, envelope: list, kind: protocol.Kind, request_id: int, n: int,
+                 msg_id_prefix: str):
         self.envelope = envelope
         self.client = envelope[0]
+        self.kind = kind
         self.request_id = request_id
-        self.results: list = [None] * n
-        self.slots: list[int] = []       # indexes of the messages handed to append
+        self.results = SendResults(n, msg_id_prefix)
+        self.batch: RecordBatch | None = None   # the records to append, in order
+        self.slots: list[int] = []       # batch record k is the request's record slots[k]
+        self.queue_ids: list[int] = []   # the queue each batch record goes to
         self.wait = False                # some stored message waits for the flush
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
@@ -159,7 +171,8 @@ class WriterService(Service):
         self.next_snapshot_ms = _monotonic_ms() + cfg.flush_delay_offset_interval
         self.commit_log = self._open_commit_log()
         self.last_store_ts = self.table.read_written()[1]
-        self.round_robin: dict[str, int] = {}
+        self.queues = QueueSelector(cfg.default_topic_queue_nums)
+        self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
         self.parked: collections.deque[_Request] = collections.deque()
         self.unanswered: dict[bytes, int] = {}
         ctx = self.context
@@ -287,34 +300,38 @@ class WriterService(Service):
         LAST_STORE_TS (``publish_written``: the writer process only), APPENDED, replies."""
         refusal = self._refusal()
         now = max(now_ms(), self.last_store_ts)
-        batch: list[EncodedMessage] = []
         accepted: list[_Request] = []
         claims: _Claims | None = None   # made for the first record with a producer id
+        prefix = self.commit_log.msg_id_prefix
         for envelope, frame in frames:
             send = self._decode(envelope, frame)
             if send is None:
                 continue
-            req = _Request(envelope, send.request_id, len(send.messages))
+            req = _Request(envelope, _kind(send), send.request_id, _count(send), prefix)
             if refusal is not None:
-                req.results = [refusal] * len(send.messages)
+                req.results.fill(refusal)
                 self._reply(req, counted=False)
                 continue
             if self.unanswered.get(req.client, 0) >= WINDOW:
-                req.results = [PutMessageResult.refused(PutMessageStatus.OS_PAGECACHE_BUSY,
-                                                        protocol.BUSY_REASON)] * len(send.messages)
+                req.results.fill(PutMessageResult.refused(PutMessageStatus.OS_PAGECACHE_BUSY,
+                                                          protocol.BUSY_REASON))
                 self._reply(req, counted=False)
                 continue
-            mark = len(batch)
             try:
-                if any(send.producer_ids):
-                    if claims is None:
-                        claims = _Claims(self.producers)
-                    self._prepare_idempotent(req, send, now, batch, claims)
+                if claims is None and _idempotent(send):
+                    claims = _Claims(self.producers)
+                idem = claims if _idempotent(send) else None
+                if req.kind is protocol.Kind.SEND_RECORDS:
+                    self._prepare_records(req, send, now, idem)
                 else:
-                    self._prepare(req, send.messages, now, batch)
+                    self._prepare(req, send, now, idem)
+            except ProtocolError as e:   # records that are not records: the frame is refused
+                if claims is not None:
+                    claims.drop(req)
+                self._send(envelope, _error_frame(e, frame))
+                continue
             except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the writer
                 log.exception("request %d failed before its append", req.request_id)
-                del batch[mark:]
                 if claims is not None:
                     claims.drop(req)
                 self._send(envelope, protocol.encode_error(
@@ -325,7 +342,7 @@ class WriterService(Service):
             accepted.append(req)
         if not accepted:
             return
-        end = self._append(batch, accepted, now) if batch else 0
+        end = self._append([r for r in accepted if r.batch is not None], now)
         if claims is not None:
             claims.settle(accepted)
         if end:
@@ -335,105 +352,164 @@ class WriterService(Service):
             _unmap_all_but_last(self.commit_log)
         self._answer(accepted)
 
-    def _prepare(self, req: _Request, messages: list, now: int,
-                 batch: list[EncodedMessage]) -> None:
-        """Validate and encode each message of ``req`` into ``batch``; refusals go
-        straight into its results."""
-        cfg = self.config
-        prepare = self.commit_log.prepare
-        results, slots = req.results, req.slots
-        for i, msg in enumerate(messages):
-            bad = check_message(msg, cfg)
-            if bad is None:
-                queue_id = msg.queue_id
-                if queue_id is None:
-                    queue_id = self._pick_queue(msg.topic)
-                enc = prepare(msg, queue_id, now)
-                if type(enc) is EncodedMessage:
-                    batch.append(enc)
-                    slots.append(i)
-                    if msg.wait_store_msg_ok:
-                        req.wait = True
-                    continue
-                bad = enc
-            results[i] = PutMessageResult.refused(*bad)
+    def _prepare(self, req: _Request, send: protocol.SendRequest, now: int,
+                 claims: "_Claims | None") -> None:
+        """Validate and encode each message of a SEND (``storage.put_path.prepare_batch``);
+        refusals go straight into its results. With ``claims``, a record with a producer
+        id is judged first, and stored with its identity in its properties only when
+        NEW."""
+        admit = encoded = None
+        if claims is not None:
+            admit, encoded = self._idempotence(req, send.producer_ids, send.sequences, claims)
+        prepared = prepare_batch(self.commit_log, self.config, send.messages, now,
+                                 self.queues, req.results, None, admit, encoded)
+        req.wait = req.wait or prepared.wait   # a duplicate may wait already
+        if prepared.records:
+            req.batch = RecordBatch.from_encoded(prepared.records)
+            req.slots = prepared.slots
+            req.queue_ids = [e.queue_id for e in prepared.records]
 
-    def _prepare_idempotent(self, req: _Request, send: protocol.SendRequest, now: int,
-                            batch: list[EncodedMessage], claims: "_Claims") -> None:
-        """``_prepare`` for a request with producer ids: a record with one is judged
-        first, and stored with its identity in its properties only when NEW."""
-        cfg = self.config
-        prepare = self.commit_log.prepare
-        results, slots = req.results, req.slots
-        pids, seqs = send.producer_ids, send.sequences
-        for i, msg in enumerate(send.messages):
-            bad = check_message(msg, cfg)
-            if bad is None:
-                pid = pids[i]
-                if pid:
-                    seq = seqs[i]
-                    last = claims.last_sequence(pid)
-                    verdict = judge(last, seq)
-                    if verdict is not _NEW:
-                        if verdict is _DUPLICATE:
-                            claims.duplicate(req, i, pid, seq, msg.wait_store_msg_ok)
-                        else:
-                            results[i] = _out_of_order(pid, seq, last)
-                        continue
+    def _prepare_records(self, req: _Request, send: protocol.SendRecords, now: int,
+                         claims: "_Claims | None") -> None:
+        """Check a SEND_RECORDS frame's records in bulk (``record_batch.check_records``),
+        choose queues, judge idempotent records, and take the records as they are; a
+        record the check sends the long way is prepared like a SEND record."""
+        if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
+            self.topic_verdicts.clear()
+        try:
+            checked = check_records(send.records, send.offsets, self.config,
+                                    store_host_v6=self.commit_log.store_host_v6,
+                                    producer_id=send.producer_id,
+                                    first_sequence=send.first_sequence,
+                                    topic_verdicts=self.topic_verdicts)
+        except RecordsFormatError as e:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"SEND_RECORDS {e}",
+                                send.request_id) from None
+        results = req.results
+        for i, (status, reason) in checked.refusals.items():
+            results[i] = PutMessageResult.refused(status, reason)
+        admit = encoded = None
+        if claims is not None:
+            n = checked.count
+            admit, encoded = self._idempotence(
+                req, [send.producer_id] * n,
+                range(send.first_sequence, send.first_sequence + n), claims, checked.waits)
+        if not checked.refusals and not checked.long_way and admit is None:
+            self._take_all(req, send, checked)
+        else:
+            self._take_some(req, send, checked, now, admit, encoded)
+
+    def _take_all(self, req: _Request, send: protocol.SendRecords, checked) -> None:
+        """Every record of the frame, as it is: one copy, queues chosen in bulk."""
+        select = self.queues.next_queue
+        queue_ids = [q if q >= 0 else select(t) for t, q in zip(checked.topics, checked.queue_ids)]
+        req.batch = record_batch.from_checked(send.records, checked, queue_ids)
+        req.slots = list(range(checked.count))
+        req.queue_ids = queue_ids
+        req.wait = req.wait or any(checked.waits)
+
+    def _take_some(self, req: _Request, send: protocol.SendRecords, checked, now: int,
+                   admit, encoded) -> None:
+        """The records not refused, judged and numbered one by one."""
+        mv, starts, sizes = send.records, checked.starts.tolist(), checked.sizes.tolist()
+        pieces, slots = [], []
+        wait = False
+        for i in range(checked.count):
+            if i in checked.refusals:
+                continue
+            msg = checked.long_way.get(i)
+            if msg is not None:
+                one = prepare_batch(self.commit_log, self.config, [msg], now, self.queues,
+                                    _Slot(req.results, i), None,
+                                    None if admit is None else (lambda _, m, i=i: admit(i, m)))
+                if not one.records:
+                    continue
+                e = one.records[0]
+                pieces.append((e.data, e.topic, e.queue_id, e.real_queue_id, e.consumable,
+                               e.store_timestamp_pos, False))
+                wait = wait or one.wait
+            else:
+                if admit is not None and not admit(i, None):
+                    continue
+                topic, queue_id = checked.topics[i], checked.queue_ids[i]
+                if queue_id < 0:
+                    queue_id = self.queues.next_queue(topic)
+                pieces.append((mv[starts[i]:starts[i] + sizes[i]], topic, queue_id, queue_id,
+                               checked.consumable[i], record_batch.STORETIMESTAMP_POS, True))
+                wait = wait or checked.waits[i]
+            slots.append(i)
+            if encoded is not None:
+                encoded(i)
+        req.wait = req.wait or wait
+        if pieces:
+            req.batch = record_batch.from_pieces(pieces)
+            req.slots = slots
+            req.queue_ids = req.batch.queue_ids
+
+    @staticmethod
+    def _idempotence(req: _Request, pids, seqs, claims: "_Claims", waits=None):
+        """The ``admit`` and ``encoded`` steps of an idempotent producer's records. A
+        SEND_RECORDS record carries its identity already (``msg`` None)."""
+        results = req.results
+
+        def admit(i: int, msg) -> bool:
+            pid = pids[i]
+            if not pid:
+                return True
+            seq = seqs[i]
+            last = claims.last_sequence(pid)
+            verdict = judge(last, seq)
+            if verdict is _NEW:
+                if msg is not None:
                     msg.properties[PROPERTY_PRODUCER_ID] = str(pid)
                     msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
-                queue_id = msg.queue_id
-                if queue_id is None:
-                    queue_id = self._pick_queue(msg.topic)
-                enc = prepare(msg, queue_id, now)
-                if type(enc) is EncodedMessage:
-                    batch.append(enc)
-                    slots.append(i)
-                    if msg.wait_store_msg_ok:
-                        req.wait = True
-                    if pid:
-                        claims.claim(pid, seq, req, i)
-                    continue
-                bad = enc
-            results[i] = PutMessageResult.refused(*bad)
+                return True
+            if verdict is _DUPLICATE:
+                claims.duplicate(req, i, pid, seq,
+                                 waits[i] if msg is None else msg.wait_store_msg_ok)
+            else:
+                results[i] = _out_of_order(pid, seq, last)
+            return False
 
-    def _pick_queue(self, topic: str) -> int:
-        n = self.round_robin.get(topic, -1) + 1
-        self.round_robin[topic] = n
-        return n % self.config.default_topic_queue_nums
+        def encoded(i: int) -> None:
+            if pids[i]:
+                claims.claim(pids[i], seqs[i], req, i)
 
-    def _append(self, batch: list[EncodedMessage], accepted: list[_Request], now: int) -> int:
-        """Append ``batch``, fill each request's results; the end of the last record
-        stored (0 when none was)."""
+        return admit, encoded
+
+    def _append(self, requests: list[_Request], now: int) -> int:
+        """One append of every request's records, in order; fill each request's
+        results. Returns the end of the last record stored (0 when none was)."""
+        if not requests:
+            return 0
+        batch = RecordBatch.concat([r.batch for r in requests])
+        queue_ids = [q for r in requests for q in r.queue_ids]
         try:
-            appended = self.commit_log.append(batch, now)
+            done = self.commit_log.append_batch(batch, queue_ids, now)
+            count = done.count
         except Exception:  # noqa: BLE001 - whatever it was, the batch is refused whole
             log.exception("append of %d records failed; cutting back to WRITTEN", len(batch))
             self._reset_to_written()
-            appended = ()
-        failed = PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                          "cannot create or write a commitlog file "
-                                          "(disk full?)")
-        k, n_ok, end = 0, len(appended), 0
-        for req in accepted:
-            results = req.results
-            for i in req.slots:
-                r = appended[k] if k < n_ok else None
-                k += 1
-                if r is not None and r.status is _APPEND_OK:
-                    req.end = r.wrote_offset + r.wrote_bytes
-                    results[i] = PutMessageResult(_PUT_OK, r.msg_id, r.wrote_offset,
-                                                  r.wrote_bytes, r.queue_id, r.logics_offset,
-                                                  r.store_timestamp)
-                else:
-                    results[i] = failed
-            if req.end > end:
-                end = req.end
-        if end:
-            for r in reversed(appended):
-                if r.status is _APPEND_OK:
-                    self.last_record = LastRecord(r.wrote_offset, r.store_timestamp)
-                    break
+            done, count = None, 0
+        k, end = 0, 0
+        for req in requests:
+            m = len(req.batch)
+            stored = max(0, min(count - k, m))
+            slots = np.asarray(req.slots, np.int64)
+            if stored:
+                offsets = done.physical_offsets[k:k + stored]
+                sizes = batch.sizes[k:k + stored]
+                req.results.stored(slots[:stored], offsets, sizes,
+                                   req.batch.real_queue_ids[:stored],
+                                   done.queue_offsets[k:k + stored], now)
+                req.end = int(offsets[-1] + sizes[-1])
+                end = max(end, req.end)
+            if stored < m:
+                req.results.refuse(slots[stored:], PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                   "cannot create or write a commitlog file (disk full?)")
+            k += m
+        if count:
+            self.last_record = LastRecord(int(done.physical_offsets[count - 1]), now)
         return end
 
     def _reset_to_written(self) -> None:
@@ -472,9 +548,12 @@ class WriterService(Service):
             parked.popleft()
             self._reply(req)
 
-    def _decode(self, envelope: list, frame: bytes) -> protocol.SendRequest | None:
-        """The SEND request in ``frame``; None after answering a bad frame with ERROR."""
+    def _decode(self, envelope: list, frame: bytes):
+        """The SEND or SEND_RECORDS request in ``frame``; None after answering a bad
+        frame with ERROR."""
         try:
+            if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS:
+                return protocol.decode_send_records(frame)
             return protocol.decode_send(frame)
         except ProtocolError as e:
             self._send(envelope, _error_frame(e, frame))
@@ -487,29 +566,25 @@ class WriterService(Service):
             send = self._decode(envelope, frame)
             if send is None:
                 continue
-            req = _Request(envelope, send.request_id, len(send.messages))
-            req.results = [refusal] * len(send.messages)
+            req = _Request(envelope, _kind(send), send.request_id, _count(send),
+                           self.commit_log.msg_id_prefix)
+            req.results.fill(refusal)
             self._reply(req, counted=False)
 
     def _refusal(self) -> PutMessageResult | None:
-        """The answer every put gets now, when the store does not take puts."""
+        """The answer every put gets now, when the store does not take puts
+        (``storage.put_path``'s rules over the position table)."""
         table = self.table
-        reason = None
         flush_error = table.get(Slot.FLUSH_ERROR)
+        dispatch_error = table.get(Slot.DISPATCH_ERROR)
         state = table.get(Slot.STATE)
-        if flush_error:
-            reason = (f"commitlog flush failed ({errno_text(flush_error)}): the store "
-                      "refuses writes until it is restarted")
-        elif table.get(Slot.DISK_FULL):
-            reason = "disk full: the store refuses writes until space is freed"
-        elif state not in _OK_STATES:
-            name = StoreState(state).name if state in StoreState._value2member_map_ else state
-            reason = f"the store is {name}"
-        elif self.config.broker_role == "SLAVE":
-            reason = "a SLAVE store does not accept puts"
-        if reason is None:
-            return None
-        return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
+        return refusal(StoreCondition(
+            not_running=None if state in _OK_STATES else _state_name(state),
+            slave=self.config.broker_role == "SLAVE",
+            flush_error=errno_text(flush_error) if flush_error else None,
+            logics_error=f"the dispatcher stopped on {errno_text(dispatch_error)}"
+            if dispatch_error else None,
+            disk_full=bool(table.get(Slot.DISK_FULL))))
 
     # ================================================================== replies
     def _reply(self, req: _Request, counted: bool = True) -> None:
@@ -519,7 +594,8 @@ class WriterService(Service):
                 self.unanswered[req.client] = n
             else:
                 self.unanswered.pop(req.client, None)
-        self._send(req.envelope, protocol.encode_send_reply(req.request_id, req.results))
+        self._send(req.envelope, req.results.reply(req.kind, req.request_id,
+                                                   self.commit_log.store_host_bytes))
 
     def _send(self, envelope: list, payload: bytes) -> None:
         try:
@@ -532,6 +608,10 @@ class WriterService(Service):
                             envelope[0].hex())
                 return
             raise
+
+
+def _state_name(state: int) -> str:
+    return StoreState(state).name if state in StoreState._value2member_map_ else str(state)
 
 
 def _monotonic_ms() -> int:
@@ -550,12 +630,33 @@ def _error_frame(e: ProtocolError, frame: bytes) -> bytes:
 def _time_out(req: _Request, reason: str) -> None:
     """Every PUT_OK of ``req`` (stored records and duplicates of stored ones) becomes
     FLUSH_DISK_TIMEOUT."""
-    results = req.results
-    for i, r in enumerate(results):
-        if r.status is _PUT_OK:
-            results[i] = PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, r.msg_id,
-                                          r.wrote_offset, r.wrote_bytes, r.queue_id,
-                                          r.queue_offset, r.store_timestamp, reason)
+    req.results.time_out(reason)
+
+
+def _kind(send) -> protocol.Kind:
+    return protocol.Kind.SEND_RECORDS if type(send) is protocol.SendRecords else protocol.Kind.SEND
+
+
+def _count(send) -> int:
+    return len(send.offsets) if type(send) is protocol.SendRecords else len(send.messages)
+
+
+def _idempotent(send) -> bool:
+    if type(send) is protocol.SendRecords:
+        return send.producer_id != 0
+    return any(send.producer_ids)
+
+
+class _Slot:
+    """One result of a request, seen as the results list of a one-message batch."""
+
+    __slots__ = ("results", "i")
+
+    def __init__(self, results: SendResults, i: int):
+        self.results, self.i = results, i
+
+    def __setitem__(self, _: int, r: PutMessageResult) -> None:
+        self.results[self.i] = r
 
 
 class _Claims:

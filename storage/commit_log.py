@@ -52,12 +52,15 @@ import os
 import time
 from typing import NamedTuple, Sequence
 
-from storage import record
+import numpy as np
+
+from storage import record, record_batch
 from storage.config import StoreConfig
 from storage.delay_level import parse_delay_levels, rewrite_for_delay
 from storage.errors import CorruptRecordError, StoreFileError
 from storage.mapped_file import MappedFile
 from storage.mapped_file_queue import MappedFileQueue
+from storage.record_batch import RecordBatch
 from storage.message import (
     BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, Host, Message, MessageExt, encode_host,
     encode_properties, host_is_v6, is_consumable, transaction_value, TRANSACTION_NOT_TYPE,
@@ -127,6 +130,15 @@ class PutMessageResult:
                    r.queue_id, r.logics_offset, r.store_timestamp)
 
 
+class Appended(NamedTuple):
+    """What ``append_batch`` stored: the first ``count`` records, where each landed and
+    the queue offset each took."""
+
+    count: int
+    physical_offsets: np.ndarray
+    queue_offsets: list[int]
+
+
 class RecoveryResult(NamedTuple):
     process_offset: int   # end of the intact prefix
     redispatch_from: int  # where dispatch must start again (abnormal: the start file)
@@ -146,6 +158,20 @@ class CommitLog:
         self._msg_id_prefix = self._store_host_bytes.hex().upper()
         self.delay_level_ms: list[int] = parse_delay_levels(config.message_delay_level)
         self.max_delay_level = len(self.delay_level_ms) - 1
+
+    @property
+    def store_host_bytes(self) -> bytes:
+        """The store host as records carry it (address bytes + port)."""
+        return self._store_host_bytes
+
+    @property
+    def store_host_v6(self) -> bool:
+        return bool(self._store_host_flag)
+
+    @property
+    def msg_id_prefix(self) -> str:
+        """The first half of every offset msg id this store hands out."""
+        return self._msg_id_prefix
 
     # ================================================================== load
     def load(self, *, sizes_confirmed: bool = False) -> None:
@@ -195,41 +221,94 @@ class CommitLog:
         because no new file could be created (``StoreFileError`` is logged, and nothing
         partial is left: a record is copied whole before the wrote position moves).
         """
+        records = RecordBatch.from_encoded(batch)
+        done = self.append_batch(records, [e.queue_id for e in batch], store_timestamp)
+        prefix = self._msg_id_prefix
+        results = [AppendMessageResult(AppendMessageStatus.PUT_OK, off, size,
+                                       prefix + f"{off:016X}", store_timestamp, qoff, real)
+                   for off, size, qoff, real in zip(done.physical_offsets.tolist(),
+                                                    records.sizes[:done.count].tolist(),
+                                                    done.queue_offsets,
+                                                    records.real_queue_ids)]
+        results.extend(AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
+                       for _ in batch[done.count:])
+        return results
+
+    def append_batch(self, batch: RecordBatch, queue_ids: Sequence[int],
+                     store_timestamp: int) -> "Appended":
+        """Append the records of ``batch`` in order, record i to ``queue_ids[i]`` (the
+        single appender calls this).
+
+        Each run of records that fits the current file is stamped
+        (``record_batch.stamp``) and copied with one slice assignment; a record that
+        does not fit (``record + 8`` bytes) closes the file with a BLANK and starts the
+        next. The topic-queue table advances for the records stored. When no new file
+        can be created, the records from there on are not stored (``StoreFileError``
+        is logged): ``count`` says how many were, always a prefix, every one whole.
+        """
+        n = len(batch)
+        queue_offsets = self._queue_offsets(batch, queue_ids)
+        physical = np.empty(n, np.int64)
+        starts, sizes, data = batch.starts, batch.sizes, batch.data
+        ends = starts + sizes
         mfq = self.mapped_file_queue
-        table = self.topic_queue_table
-        results: list[AppendMessageResult] = []
         mf = mfq.get_last_mapped_file()
-        for i, enc in enumerate(batch):
-            data = enc.data
-            n = len(data)
+        done = 0
+        while done < n:
             try:
                 if mf is None or mf.is_full():
                     mf = mfq.get_or_create_last_mapped_file(0)
-                if n + record.END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
+                room = mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH
+                k = done + int(np.searchsorted(ends[done:] - starts[done], room, "right"))
+                if k == done:
+                    if mf.wrote_position == 0:
+                        raise ValueError(f"a record of {int(sizes[done])} bytes cannot fit "
+                                         f"a file of {mf.file_size}: validation let it in")
                     self._write_blank(mf)
                     mf = mfq.get_or_create_last_mapped_file(0)
+                    continue
             except StoreFileError as e:
                 log.error("create mapped file failed: %s", e)
-                results.extend(AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
-                               for _ in batch[i:])
                 break
             pos = mf.wrote_position
-            wrote_offset = mf.file_from_offset + pos
-            key = (enc.topic, enc.queue_id)
-            queue_offset = table.get(key, 0) if enc.consumable else 0
-            _LONG.pack_into(data, record.QUEUEOFFSET_POS, queue_offset)
-            _LONG.pack_into(data, record.PHYSICALOFFSET_POS, wrote_offset)
-            _LONG.pack_into(data, enc.store_timestamp_pos, store_timestamp)
-            mf.buf[pos:pos + n] = data
-            mf.appended(n)
+            base = mf.file_from_offset + pos - int(starts[done])
+            physical[done:k] = starts[done:k] + base
+            record_batch.stamp(batch, done, k, queue_ids[done:k], queue_offsets[done:k],
+                               physical[done:k], store_timestamp, self._store_host_bytes)
+            first, last = int(starts[done]), int(ends[k - 1])
+            mf.buf[pos:pos + last - first] = memoryview(data)[first:last]
+            mf.appended(last - first)
             mf.store_timestamp = store_timestamp
-            if enc.consumable:
-                table[key] = queue_offset + 1
-            results.append(AppendMessageResult(
-                AppendMessageStatus.PUT_OK, wrote_offset, n,
-                self._msg_id_prefix + f"{wrote_offset:016X}", store_timestamp, queue_offset,
-                enc.real_queue_id))
-        return results
+            done = k
+        self._advance_queues(batch, queue_ids, queue_offsets, done)
+        return Appended(done, physical[:done], queue_offsets[:done])
+
+    def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> list[int]:
+        """The QUEUEOFFSET of each record: the topic-queue table's next offsets, counted
+        on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed."""
+        table = self.topic_queue_table
+        taken: dict[tuple[str, int], int] = {}
+        out = []
+        for topic, queue_id, consumable in zip(batch.topics, queue_ids, batch.consumable):
+            if consumable:
+                key = (topic, queue_id)
+                offset = taken.get(key)
+                if offset is None:
+                    offset = table.get(key, 0)
+                taken[key] = offset + 1
+                out.append(offset)
+            else:
+                out.append(0)
+        return out
+
+    def _advance_queues(self, batch: RecordBatch, queue_ids: Sequence[int],
+                        queue_offsets: list[int], count: int) -> None:
+        """The topic-queue table learns the first ``count`` records."""
+        table = self.topic_queue_table
+        for topic, queue_id, consumable, offset in zip(batch.topics[:count], queue_ids,
+                                                       batch.consumable, queue_offsets):
+            if consumable:
+                table[(topic, queue_id)] = offset + 1
 
     @staticmethod
     def _write_blank(mf: MappedFile) -> None:

@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Sequence
 
 from storage import expiry
 from storage.checkpoint import StoreCheckpoint
-from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from storage.commit_log import CommitLog, PutMessageResult
 from storage.config import StoreConfig, check_geometry, record_geometry
 from storage.consume_queue import ConsumeQueue
 from storage.logic_queues import LogicQueues
@@ -60,9 +60,9 @@ from storage.record import SCHEDULE_TOPIC
 from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
+from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
-from storage.validation import check_message
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class MessageStore:
         self._lock_file = StoreLock(self.root_dir)
         self._mutex = threading.RLock()
         self._state = "new"
-        self._queue_round_robin: dict[str, int] = {}
+        self._queue_selector = QueueSelector(config.default_topic_queue_nums)
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
         self._rebuild_logics = False
         self._sizes_recorded = False
@@ -293,50 +293,34 @@ class MessageStore:
         """Store messages in order, one result each; a refused message stores nothing and
         does not stop the others."""
         with self._mutex:
-            refusal = self._refuse_all()
-            if refusal:
-                return [refusal] * len(msgs)
+            refused = refusal(self._condition())
+            if refused:
+                return [refused] * len(msgs)
             now = now_ms()
             results: list[PutMessageResult | None] = [None] * len(msgs)
-            batch, slots = [], []
-            for i, msg in enumerate(msgs):
-                bad = check_message(msg, self.config)
-                if bad is None:
-                    enc = self.commit_log.prepare(msg, self._pick_queue(msg), now)
-                    bad = None if isinstance(enc, EncodedMessage) else enc
-                if bad is not None:
-                    results[i] = PutMessageResult.refused(*bad)
-                    continue
-                batch.append(enc)
-                slots.append(i)
-            appended = self.commit_log.append(batch, now) if batch else []
-            for i, r in zip(slots, appended):
+            batch = prepare_batch(self.commit_log, self.config, msgs, now,
+                                  self._queue_selector, results)
+            appended = self.commit_log.append(batch.records, now) if batch.records else []
+            for i, r in zip(batch.slots, appended):
                 results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK else \
                     PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                              "cannot create a commitlog file (disk full?)")
             if appended:
-                self._handle_disk_flush(results, slots)
+                self._handle_disk_flush(results, batch.slots)
             return results  # type: ignore[return-value]
 
-    def _refuse_all(self) -> PutMessageResult | None:
-        if self._state != "running":
-            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                            f"the store is {self._state}")
-        if self.config.broker_role == "SLAVE":
-            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                            "a SLAVE store does not accept puts")
-        if not self.running_flags.is_writeable():
-            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                            "store not writeable: "
-                                            + "; ".join(self.running_flags.reasons()))
-        return None
-
-    def _pick_queue(self, msg: Message) -> int:
-        if msg.queue_id is not None:
-            return msg.queue_id
-        n = self._queue_round_robin.get(msg.topic, -1) + 1
-        self._queue_round_robin[msg.topic] = n
-        return n % self.config.default_topic_queue_nums
+    def _condition(self) -> StoreCondition:
+        """The store's state, as the refusal rules of ``storage.put_path`` read it."""
+        flags, detail = self.running_flags.flag_bits, self.running_flags.detail
+        logics = flags & (Flag.WRITE_LOGICS_QUEUE_ERROR | Flag.WRITE_INDEX_FILE_ERROR)
+        return StoreCondition(
+            not_running=None if self._state == "running" else self._state,
+            slave=self.config.broker_role == "SLAVE",
+            flush_error=detail.get(Flag.FLUSH_ERROR, "fdatasync failed")
+            if flags & Flag.FLUSH_ERROR else None,
+            logics_error="; ".join(detail.get(f, f.name) for f in Flag if logics & f)
+            if logics else None,
+            disk_full=bool(flags & Flag.DISK_FULL))
 
     def _handle_disk_flush(self, results: list, slots: list[int]) -> None:
         try:

@@ -813,12 +813,12 @@ def test_a_file_that_cannot_be_created_fails_only_its_records(writer, monkeypatc
 def test_an_append_that_raises_publishes_nothing_and_cuts_back(writer, monkeypatch):
     first = writer.put([message(i, queue_id=0) for i in range(5)])
     written = writer.table.read_written()
-    real_append = writer.service.commit_log.append
+    real_append = writer.service.commit_log.append_batch
 
-    def append_then_fail(batch, now):
-        real_append(batch[:2], now)                 # two records copied, then a fault
+    def append_then_fail(batch, queue_ids, now):
+        real_append(batch.prefix(2), queue_ids[:2], now)   # two records copied, then a fault
         raise RuntimeError("injected")
-    monkeypatch.setattr(writer.service.commit_log, "append", append_then_fail)
+    monkeypatch.setattr(writer.service.commit_log, "append_batch", append_then_fail)
     got = writer.put([message(10 + i, queue_id=0) for i in range(4)])
     assert [r.status for r in got] == [PutMessageStatus.CREATE_MAPEDFILE_FAILED] * 4
     assert writer.table.read_written() == written

@@ -1,0 +1,114 @@
+"""A SEND's results as columns, so a batch of records is answered without a Python object
+per record: status, queue id, queue offset, CommitLog offset, size and store time are
+arrays; reasons and the rare explicit msg ids are kept by index.
+
+The writer fills them in bulk (``stored``, ``fill``, ``time_out``) and, where one record
+has its own story (an idempotent producer's duplicate), one at a time through
+``results[i] = PutMessageResult(...)``; ``results[i]`` reads one back. The reply is built
+from the columns: SEND_RECORDS_REPLY directly, SEND_REPLY record by record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from procs import protocol
+from storage.commit_log import PutMessageResult
+from storage.status import PutMessageStatus
+
+_STATUS = {s.value: s for s in PutMessageStatus}
+_UNSET = 255
+_PUT_OK = PutMessageStatus.PUT_OK.value
+_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT.value
+
+
+class SendResults:
+    __slots__ = ("prefix", "status", "queue_id", "queue_offset", "offset", "size",
+                 "store_timestamp", "reasons", "msg_ids")
+
+    def __init__(self, count: int, msg_id_prefix: str):
+        self.prefix = msg_id_prefix          # the store host's bytes, hex
+        self.status = np.full(count, _UNSET, np.uint8)
+        self.queue_id = np.full(count, -1, np.int64)
+        self.queue_offset = np.full(count, -1, np.int64)
+        self.offset = np.full(count, -1, np.int64)
+        self.size = np.zeros(count, np.int64)
+        self.store_timestamp = np.zeros(count, np.int64)
+        self.reasons: dict[int, str] = {}
+        self.msg_ids: dict[int, str] = {}    # ids that are not the store host's + offset
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    def __setitem__(self, i: int, r: PutMessageResult) -> None:
+        self.status[i] = r.status.value
+        self.queue_id[i] = r.queue_id
+        self.queue_offset[i] = r.queue_offset
+        self.offset[i] = r.wrote_offset
+        self.size[i] = r.wrote_bytes
+        self.store_timestamp[i] = r.store_timestamp
+        self._reason(i, r.reason)
+        if r.msg_id and r.msg_id != self._derived_id(r.wrote_offset):
+            self.msg_ids[i] = r.msg_id
+        else:
+            self.msg_ids.pop(i, None)
+
+    def __getitem__(self, i: int) -> PutMessageResult:
+        offset = int(self.offset[i])
+        return PutMessageResult(_STATUS[int(self.status[i])],
+                                self.msg_ids.get(i) or self._derived_id(offset), offset,
+                                int(self.size[i]), int(self.queue_id[i]),
+                                int(self.queue_offset[i]), int(self.store_timestamp[i]),
+                                self.reasons.get(i, ""))
+
+    def _derived_id(self, offset: int) -> str:
+        return f"{self.prefix}{offset:016X}" if offset >= 0 else ""
+
+    def _reason(self, i: int, reason: str) -> None:
+        if reason:
+            self.reasons[i] = reason
+        else:
+            self.reasons.pop(i, None)
+
+    def fill(self, r: PutMessageResult) -> None:
+        """Every record gets ``r`` (a refusal of the whole request)."""
+        for i in range(len(self)):
+            self[i] = r
+
+    def unset(self) -> np.ndarray:
+        """Indexes of the records not answered yet."""
+        return np.nonzero(self.status == _UNSET)[0]
+
+    def stored(self, slots: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+               queue_ids, queue_offsets, store_timestamp: int) -> None:
+        """Records ``slots`` were appended where ``offsets`` say."""
+        self.status[slots] = _PUT_OK
+        self.offset[slots] = offsets
+        self.size[slots] = sizes
+        self.queue_id[slots] = queue_ids
+        self.queue_offset[slots] = queue_offsets
+        self.store_timestamp[slots] = store_timestamp
+
+    def refuse(self, slots, status: PutMessageStatus, reason: str) -> None:
+        for i in np.asarray(slots, np.int64).tolist():
+            self[i] = PutMessageResult.refused(status, reason)
+
+    def time_out(self, reason: str) -> None:
+        """Every PUT_OK (stored records and duplicates of stored ones) becomes
+        FLUSH_DISK_TIMEOUT: stored, but not known to be on disk."""
+        ok = np.nonzero(self.status == _PUT_OK)[0]
+        self.status[ok] = _TIMEOUT
+        for i in ok.tolist():
+            self.reasons[i] = reason
+
+    def reply(self, kind: protocol.Kind, request_id: int, store_host: bytes) -> bytes:
+        """The reply frame for a request of ``kind`` (SEND or SEND_RECORDS). A
+        SEND_RECORDS_REPLY carries no msg ids: the client derives each from the store
+        host and the record's offset, as the store does."""
+        if kind is protocol.Kind.SEND_RECORDS:
+            return protocol.encode_send_records_reply(
+                request_id, store_host,
+                {"status": self.status, "queue_id": self.queue_id,
+                 "queue_offset": self.queue_offset, "commit_log_offset": self.offset,
+                 "store_timestamp": self.store_timestamp}, self.reasons)
+        return protocol.encode_send_reply(request_id, [self[i] for i in range(len(self))])

@@ -1,0 +1,153 @@
+"""The put path both appenders share: when the store refuses puts, which queue a message
+goes to, and validate → choose queue → encode for a batch of messages.
+
+The embedded ``MessageStore`` and the writer process (``procs.writer``) both run
+
+    refusal_reason(...)          the store-wide answer, before any message is looked at
+    for each message:            ``prepare_batch``
+        validation.check_message     MESSAGE_ILLEGAL / PROPERTIES_SIZE_EXCEEDED + reason
+        admit(i, msg)                the caller's say (an idempotent producer's sequence)
+        QueueSelector.select         the message's queue, or round robin per topic
+        CommitLog.prepare            the record bytes, or a size refusal
+    CommitLog.append             the single appender stamps offsets and copies
+
+so the rules are written once. A refused message costs the others nothing: it gets its
+status and reason and the batch goes on.
+
+Store-wide refusals, in the order they are checked (every one SERVICE_NOT_AVAILABLE, the
+reason naming the cause, as RocketMQ's ``checkStoreStatus``):
+
+    cause                                            RocketMQ's running flag
+    -----------------------------------------------  -------------------------
+    the store is not running (starting, stopping)    (shutdown)
+    a SLAVE store                                    (BrokerRole.SLAVE)
+    a flush failed (fdatasync error)                 FLUSH_ERROR (ours)
+    dispatch stopped (consume queue / index write)   WRITE_LOGICS_QUEUE_ERROR
+    disk past disk_space_warning_level_ratio         DISK_FULL
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from storage.config import StoreConfig
+from storage.message import Message
+from storage.status import PutMessageStatus
+from storage.validation import check_message
+
+
+class StoreCondition(NamedTuple):
+    """What the refusal rules look at; each field is None/False when all is well."""
+
+    not_running: str | None = None     # the store's state when it is not running
+    slave: bool = False
+    flush_error: str | None = None     # the failed flush, described
+    logics_error: str | None = None    # why dispatch stopped, described
+    disk_full: bool = False
+
+
+def refusal_reason(c: StoreCondition) -> str | None:
+    """Why every put is refused now, or None when puts are taken."""
+    if c.not_running is not None:
+        return f"the store is {c.not_running}"
+    if c.slave:
+        return "a SLAVE store does not accept puts"
+    if c.flush_error is not None:
+        return (f"FLUSH_ERROR: commitlog flush failed ({c.flush_error}): the store "
+                "refuses writes until it is restarted")
+    if c.logics_error is not None:
+        return (f"WRITE_LOGICS_QUEUE_ERROR: dispatch stopped ({c.logics_error}): consume "
+                "queues or index cannot be written, so consumers would not see new "
+                "messages; writes resume when dispatch does")
+    if c.disk_full:
+        return "DISK_FULL: disk full, the store refuses writes until space is freed"
+    return None
+
+
+def refusal(c: StoreCondition) -> PutMessageResult | None:
+    """``refusal_reason`` as the result every put gets, or None."""
+    reason = refusal_reason(c)
+    if reason is None:
+        return None
+    return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
+
+
+class QueueSelector:
+    """The queue of a message that left the choice to the store: round robin per topic
+    over ``default_topic_queue_nums`` queues, starting at queue 0."""
+
+    __slots__ = ("queue_nums", "_next")
+
+    def __init__(self, queue_nums: int):
+        self.queue_nums = queue_nums
+        self._next: dict[str, int] = {}
+
+    def select(self, msg: Message) -> int:
+        if msg.queue_id is not None:
+            return msg.queue_id
+        return self.next_queue(msg.topic)
+
+    def next_queue(self, topic: str) -> int:
+        n = self._next.get(topic, 0)
+        self._next[topic] = n + 1
+        return n % self.queue_nums
+
+    def next_queues(self, topic: str, count: int) -> int:
+        """Take ``count`` turns of ``topic`` at once; returns the first turn's number
+        (the queues are ``(first + k) % queue_nums``)."""
+        n = self._next.get(topic, 0)
+        self._next[topic] = n + count
+        return n
+
+
+class PreparedBatch(NamedTuple):
+    """``prepare_batch``'s outcome: the records to append, which message each came
+    from, whether any waits for the flush, and a result for every message refused."""
+
+    records: list[EncodedMessage]
+    slots: list[int]          # records[k] encodes messages[slots[k]]
+    wait: bool                # some record was sent with wait_store_msg_ok
+    refused: int              # how many results were filled in
+
+
+def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence[Message],
+                  now: int, selector: QueueSelector, results: list,
+                  records: list[EncodedMessage] | None = None,
+                  admit: Callable[[int, Message], bool] | None = None,
+                  encoded: Callable[[int], None] | None = None) -> PreparedBatch:
+    """Validate, choose a queue for and encode each message, in order.
+
+    A refused message gets ``results[i] = PutMessageResult.refused(status, reason)``.
+    ``admit(i, msg)`` (after validation, before the queue is chosen) may fill
+    ``results[i]`` itself and return False: the message is then not encoded (an
+    idempotent producer's duplicate or out-of-order record); it may also change the
+    message (the producer identity properties). ``encoded(i)`` is told of each message
+    whose record was made, before the next message is looked at. Records are appended
+    to ``records`` when given, so several requests can share one append.
+    """
+    if records is None:
+        records = []
+    slots: list[int] = []
+    wait = False
+    refused = 0
+    prepare = commit_log.prepare
+    select = selector.select
+    for i, msg in enumerate(messages):
+        bad = check_message(msg, config)
+        if bad is None:
+            if admit is not None and not admit(i, msg):
+                continue
+            enc = prepare(msg, select(msg), now)
+            if type(enc) is EncodedMessage:
+                records.append(enc)
+                slots.append(i)
+                if msg.wait_store_msg_ok:
+                    wait = True
+                if encoded is not None:
+                    encoded(i)
+                continue
+            bad = enc
+        results[i] = PutMessageResult.refused(*bad)
+        refused += 1
+    return PreparedBatch(records, slots, wait, refused)

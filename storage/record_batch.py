@@ -1,0 +1,536 @@
+"""Batches of CommitLog records: built by producers ready-made, checked in bulk by the
+writer, and copied into the CommitLog by its single appender with vectorised patches.
+
+A ``RecordBatch`` is records back to back in one buffer, in ``storage.record``'s layout,
+with arrays of what the appender needs to know of each (size, topic, queue, whether it
+takes a queue offset, where its STORETIMESTAMP lies). ``CommitLog.append_batch`` copies
+a run of records that fits the current file with one slice assignment, after stamping,
+for the whole run at once (numpy over the buffer; a short struct loop for a handful):
+
+    field            value
+    QUEUEID          the queue chosen (a producer may leave it to the store: -1)
+    QUEUEOFFSET      the topic-queue table's next offset (NOT/COMMIT records only)
+    PHYSICALOFFSET   where the record lands
+    STORETIMESTAMP   the append's time
+    STOREHOSTADDRESS the store's host (records a producer encoded carry zeros)
+
+Producer side (``encode_records``): a SEND_RECORDS frame carries records already in
+this layout, made by ``encode_message`` exactly as ``CommitLog.prepare`` would make
+them (same property order, body CRC, v1/v2 magic), with QUEUEOFFSET, PHYSICALOFFSET,
+STORETIMESTAMP and STOREHOSTADDRESS zero and an IPv4-width store host. An idempotent
+producer's identity is in the properties already (``__PID``, ``__SEQ``), where the
+writer would have put it.
+
+Writer side (``check_records``): every rule of ``validation.check_message`` and
+``validation.check_encoded_size``, judged on the bytes, in bulk where it can be:
+
+    check                                                    outcome
+    -------------------------------------------------------  ---------------------------
+    offsets table, TOTALSIZE chain, magic, record length     RecordsFormatError: the
+      recomputed from BODYLENGTH/TOPICLENGTH/PROPERTIESLENGTH  whole frame is malformed
+    v1 magic with a topic over 127 bytes, v2 with one under  RecordsFormatError
+    QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP not zero       RecordsFormatError
+    body CRC                                                 MESSAGE_ILLEGAL
+    topic not [A-Za-z0-9_%|-]{1,255}, reserved topic         MESSAGE_ILLEGAL
+    queue id not -1 and outside 0..default_topic_queue_nums  MESSAGE_ILLEGAL
+    born host port outside 0..65535                          MESSAGE_ILLEGAL
+    properties not UTF-8, not name\\x01value\\x02 pairs with   MESSAGE_ILLEGAL
+      non-empty names and values free of \\x00/\\x01/\\x02,
+      or naming __PID/__SEQ (other than the frame's identity)
+    properties over 32767 bytes                              PROPERTIES_SIZE_EXCEEDED
+    record over max_message_size or a CommitLog file         MESSAGE_ILLEGAL
+    a DELAY property, an IPv6 born host, or an IPv6 store     taken the long way: decoded
+      host configured                                          to a Message and prepared
+                                                               like a SEND record (so the
+                                                               delay rewrite and every
+                                                               rule apply as there)
+
+Per record, Python does only what has no bulk form: the body CRC (``zlib.crc32`` over a
+slice), the properties' UTF-8 and pair grammar (one regular-expression match), and a
+dictionary lookup of the topic's verdict; the rest is numpy over the frame.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from storage import record
+from storage.config import StoreConfig
+from storage.message import (
+    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQUENCE, PROPERTY_WAIT_STORE_MSG_OK, STOREHOSTADDRESS_V6_FLAG, Message,
+    encode_host, encode_properties, host_is_v6,
+    is_consumable)
+from storage.status import PutMessageStatus
+from storage.validation import check_topic
+
+# Positions in a record whose hosts are both IPv4 (the layout producers encode).
+QUEUEID_POS = record.QUEUEID_POS
+QUEUEOFFSET_POS = record.QUEUEOFFSET_POS
+PHYSICALOFFSET_POS = record.PHYSICALOFFSET_POS
+SYSFLAG_POS = record.SYSFLAG_POS
+BORNPORT_POS = record.BORNHOST_POS + 4
+STORETIMESTAMP_POS = record.BORNHOST_POS + 8
+STOREHOST_POS = STORETIMESTAMP_POS + 8
+BODYLENGTH_POS = STOREHOST_POS + 8 + 4 + 8
+BODY_POS = BODYLENGTH_POS + 4
+MIN_RECORD_SIZE = BODY_POS + 1 + 1 + 2     # empty body, 1-byte topic, no properties
+assert (STORETIMESTAMP_POS, STOREHOST_POS, BODYLENGTH_POS, BODY_POS) == (56, 64, 84, 88)
+STOREHOST_WIDTH = 8
+PLACEHOLDER_STORE_HOST = bytes(STOREHOST_WIDTH)
+SMALL_BATCH = 12            # below this many records, stamping is a struct loop
+
+_R2 = np.arange(2, dtype=np.int64)
+_R4 = np.arange(4, dtype=np.int64)
+_R8 = np.arange(8, dtype=np.int64)
+_PAIRS = re.compile(rb"(?:(?!__PID\x01|__SEQ\x01)[^\x00\x01\x02]+\x01[^\x00\x01\x02]+\x02)*")
+_DELAY = PROPERTY_DELAY_TIME_LEVEL.encode() + b"\x01"
+_WAIT_FALSE = PROPERTY_WAIT_STORE_MSG_OK.encode() + b"\x01false\x02"
+_ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+
+
+class RecordsFormatError(ValueError):
+    """Bytes that are not a well-formed run of records (the frame is refused whole)."""
+
+    def __init__(self, index: int, detail: str):
+        self.index, self.detail = index, detail
+        super().__init__(f"record {index}: {detail}")
+
+
+# ------------------------------------------------------------------------ bulk byte access
+def gather_be(u8: np.ndarray, at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
+    """The big-endian integers of ``width`` bytes at positions ``at`` of ``u8``."""
+    idx = at[:, None] + np.arange(width, dtype=np.int64)
+    kind = "i" if signed else "u"
+    return u8[idx].view(f">{kind}{width}").reshape(-1).astype(np.int64)
+
+
+def scatter_be64(u8: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
+    """Write ``values`` as big-endian longs at positions ``at`` of ``u8``."""
+    u8[at[:, None] + _R8] = np.ascontiguousarray(values, dtype=">i8").view(np.uint8).reshape(-1, 8)
+
+
+def scatter_be32(u8: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
+    u8[at[:, None] + _R4] = np.ascontiguousarray(values, dtype=">i4").view(np.uint8).reshape(-1, 4)
+
+
+# ------------------------------------------------------------------------ the batch
+class RecordBatch(NamedTuple):
+    """Records back to back in ``data`` and, per record, what the appender needs.
+
+    ``queue_ids`` are the queues as stored (a delayed message's delay queue);
+    ``real_queue_ids`` the queues reported back to the producer. ``host_pos`` lists the
+    positions in ``data`` where the store host goes (records a producer encoded).
+    """
+
+    data: bytearray
+    starts: np.ndarray           # int64, position of each record in data
+    sizes: np.ndarray            # int64
+    topics: list[str]
+    queue_ids: list[int]
+    real_queue_ids: list[int]
+    consumable: list[bool]
+    store_timestamp_pos: np.ndarray   # int64, relative to the record's start
+    host_pos: np.ndarray         # int64, absolute positions in data
+
+    def __len__(self) -> int:
+        return len(self.topics)
+
+    @classmethod
+    def from_encoded(cls, encoded: Sequence) -> "RecordBatch":
+        """A batch of ``CommitLog.prepare``'s records (their store host is set)."""
+        sizes = np.fromiter((len(e.data) for e in encoded), np.int64, len(encoded))
+        return cls(bytearray(b"".join(e.data for e in encoded)), _starts(sizes), sizes,
+                   [e.topic for e in encoded], [e.queue_id for e in encoded],
+                   [e.real_queue_id for e in encoded], [e.consumable for e in encoded],
+                   np.fromiter((e.store_timestamp_pos for e in encoded), np.int64,
+                               len(encoded)),
+                   np.empty(0, np.int64))
+
+    def prefix(self, k: int) -> "RecordBatch":
+        """The first ``k`` records."""
+        end = int(self.starts[k - 1] + self.sizes[k - 1]) if k else 0
+        return RecordBatch(self.data[:end], self.starts[:k], self.sizes[:k], self.topics[:k],
+                           self.queue_ids[:k], self.real_queue_ids[:k], self.consumable[:k],
+                           self.store_timestamp_pos[:k], self.host_pos[self.host_pos < end])
+
+    @classmethod
+    def concat(cls, batches: Sequence["RecordBatch"]) -> "RecordBatch":
+        if len(batches) == 1:
+            return batches[0]
+        data = bytearray(b"".join(b.data for b in batches))
+        sizes = np.concatenate([b.sizes for b in batches])
+        bases = np.cumsum([0] + [len(b.data) for b in batches[:-1]])
+        return cls(data, _starts(sizes), sizes,
+                   [t for b in batches for t in b.topics],
+                   [q for b in batches for q in b.queue_ids],
+                   [q for b in batches for q in b.real_queue_ids],
+                   [c for b in batches for c in b.consumable],
+                   np.concatenate([b.store_timestamp_pos for b in batches]),
+                   np.concatenate([b.host_pos + base for b, base in zip(batches, bases)]))
+
+
+def from_checked(data, checked: "CheckedRecords", queue_ids: list[int]) -> RecordBatch:
+    """Every record of a checked run, taken as it is (the common case: one copy)."""
+    starts = checked.starts
+    return RecordBatch(bytearray(data), starts, checked.sizes, checked.topics, queue_ids,
+                       queue_ids, checked.consumable,
+                       np.full(len(starts), STORETIMESTAMP_POS, np.int64),
+                       starts + STOREHOST_POS)
+
+
+def from_pieces(pieces: Sequence[tuple]) -> RecordBatch:
+    """A batch of ``(record bytes, topic, queue id, real queue id, consumable, store
+    timestamp position, needs the store host)`` pieces, in order."""
+    sizes = np.fromiter((len(p[0]) for p in pieces), np.int64, len(pieces))
+    starts = _starts(sizes)
+    needs_host = np.fromiter((p[6] for p in pieces), bool, len(pieces))
+    return RecordBatch(bytearray(b"".join(p[0] for p in pieces)), starts, sizes,
+                       [p[1] for p in pieces], [p[2] for p in pieces],
+                       [p[3] for p in pieces], [p[4] for p in pieces],
+                       np.fromiter((p[5] for p in pieces), np.int64, len(pieces)),
+                       starts[needs_host] + STOREHOST_POS)
+
+
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    starts = np.zeros(len(sizes), np.int64)
+    if len(sizes) > 1:
+        np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
+
+
+def stamp(batch: RecordBatch, lo: int, hi: int, queue_ids: Sequence[int],
+          queue_offsets: Sequence[int], physical_offsets: np.ndarray, store_timestamp: int,
+          store_host: bytes) -> None:
+    """Write QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP (and the store host where
+    ``host_pos`` asks) into records ``lo..hi-1`` of ``batch.data``."""
+    data, starts = batch.data, batch.starts
+    if hi - lo < SMALL_BATCH:
+        ipack, lpack = record.INT.pack_into, record.LONG.pack_into
+        for k in range(lo, hi):
+            s = int(starts[k])
+            ipack(data, s + QUEUEID_POS, queue_ids[k - lo])
+            lpack(data, s + QUEUEOFFSET_POS, queue_offsets[k - lo])
+            lpack(data, s + PHYSICALOFFSET_POS, int(physical_offsets[k - lo]))
+            lpack(data, s + int(batch.store_timestamp_pos[k]), store_timestamp)
+    else:
+        u8 = np.frombuffer(data, np.uint8)
+        at = starts[lo:hi]
+        scatter_be32(u8, at + QUEUEID_POS, np.asarray(queue_ids, np.int64))
+        scatter_be64(u8, at + QUEUEOFFSET_POS, np.asarray(queue_offsets, np.int64))
+        scatter_be64(u8, at + PHYSICALOFFSET_POS, physical_offsets)
+        scatter_be64(u8, at + batch.store_timestamp_pos[lo:hi],
+                     np.full(hi - lo, store_timestamp, np.int64))
+        del u8
+    hp = batch.host_pos
+    if len(hp):
+        first, last = int(starts[lo]), int(starts[hi - 1] + batch.sizes[hi - 1])
+        sel = hp[(hp >= first) & (hp < last)]
+        if len(sel):
+            u8 = np.frombuffer(data, np.uint8)
+            u8[sel[:, None] + np.arange(len(store_host), dtype=np.int64)] = \
+                np.frombuffer(store_host, np.uint8)
+            del u8
+
+
+# ------------------------------------------------------------------------ producer side
+def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
+    """``msg`` as a record ready for SEND_RECORDS: what ``CommitLog.prepare`` would make
+    of it, with the appender's fields zero and a placeholder IPv4 store host (the writer
+    stamps them). ``identity`` = (producer id, sequence) of an idempotent producer.
+
+    Raises ``ValueError`` for a message that cannot be encoded at all (the store judges
+    everything else and answers with a status)."""
+    if identity is not None:
+        props = dict(msg.properties)
+        props[PROPERTY_PRODUCER_ID] = str(identity[0])
+        props[PROPERTY_PRODUCER_SEQUENCE] = str(identity[1])
+        for name, value in msg.all_properties().items():
+            props[name] = value
+    else:
+        props = msg.all_properties()
+    born_v6 = host_is_v6(msg.born_host)
+    sys_flag = (msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) \
+        | (BORNHOST_V6_FLAG if born_v6 else 0)
+    return record.encode(
+        topic=msg.topic.encode("utf-8"), body=bytes(msg.body),
+        properties=encode_properties(props).encode("utf-8"),
+        queue_id=-1 if msg.queue_id is None else msg.queue_id, flag=msg.flag, queue_offset=0,
+        physical_offset=0, sys_flag=sys_flag,
+        born_timestamp=born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
+        born_host=encode_host(msg.born_host), store_timestamp=0,
+        store_host=PLACEHOLDER_STORE_HOST, reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=msg.prepared_transaction_offset)
+
+
+def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id: int = 0,
+                   first_sequence: int = 0) -> tuple[bytes, list[int]]:
+    """The records of ``messages`` back to back, and the offset of each."""
+    parts: list[bytes] = []
+    offsets: list[int] = []
+    at = 0
+    for i, m in enumerate(messages):
+        rec = encode_message(m, born_timestamp,
+                             (producer_id, first_sequence + i) if producer_id else None)
+        offsets.append(at)
+        parts.append(rec)
+        at += len(rec)
+    return b"".join(parts), offsets
+
+
+# ------------------------------------------------------------------------ writer side
+class CheckedRecords(NamedTuple):
+    """``check_records``' verdict on a run of records.
+
+    ``refusals[i] = (status, reason)`` for a record the store will not take;
+    ``long_way[i]`` the Message of a record to be prepared like a SEND record;
+    every other record is taken as it is. ``wait``: some record waits for the flush
+    (no ``WAIT=false`` property)."""
+
+    count: int
+    refusals: dict[int, tuple[PutMessageStatus, str]]
+    long_way: dict[int, Message]
+    topics: list[str | None]
+    queue_ids: list[int]          # -1: the store chooses
+    consumable: list[bool]
+    waits: list[bool]
+    starts: np.ndarray
+    sizes: np.ndarray
+
+
+def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_v6: bool = False,
+                  producer_id: int = 0, first_sequence: int = 0,
+                  topic_verdicts: dict | None = None) -> CheckedRecords:
+    """Judge the records in ``data`` (a bytes-like run, record i at ``offsets[i]``).
+
+    Raises ``RecordsFormatError`` when the bytes are not a well-formed run of records.
+    ``topic_verdicts`` caches a topic's bytes -> its name or refusal across calls.
+    """
+    n = len(offsets)
+    u8 = np.frombuffer(data, np.uint8)
+    starts = np.asarray(offsets, np.int64)
+    sizes = _check_chain(u8, starts)
+    head = _read_heads(u8, starts, sizes)
+    del u8
+    refusals: dict[int, tuple[PutMessageStatus, str]] = {}
+    _size_rules(sizes, head.props_len, config, refusals)
+    queue_nums = config.default_topic_queue_nums
+    qid = head.queue_id
+    for i in np.nonzero((qid < -1) | (qid >= queue_nums))[0].tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"queue id {qid[i]} is outside 0..{queue_nums - 1}"))
+    v6 = (head.sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) != 0
+    port = head.born_port
+    for i in np.nonzero(~v6 & ((port < 0) | (port > 0xFFFF)))[0].tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"born host port {port[i]} is outside 0..65535"))
+    verdicts = {} if topic_verdicts is None else topic_verdicts
+    topics, waits, long_way = _check_each(data, starts, head, v6.tolist(), store_host_v6,
+                                          producer_id, first_sequence, verdicts, refusals)
+    for i in list(long_way):
+        msg = _as_message(data, int(starts[i]), int(sizes[i]), i)
+        if isinstance(msg, tuple):
+            refusals[i] = msg
+            del long_way[i]
+        else:
+            long_way[i] = msg
+    consumable = [is_consumable(f) for f in head.sys_flag.tolist()]
+    return CheckedRecords(n, refusals, long_way, topics, qid.tolist(), consumable, waits,
+                          starts, sizes)
+
+
+def _check_chain(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """TOTALSIZE of each record, checked against the offsets table: record i ends
+    where record i+1 starts, the last where the data ends."""
+    n, end = len(starts), len(u8)
+    if n == 0:
+        if end:
+            raise RecordsFormatError(0, f"{end} bytes of records for a count of 0")
+        return np.empty(0, np.int64)
+    if starts[0] != 0:
+        raise RecordsFormatError(0, f"the first record starts at {starts[0]}, not 0")
+    gaps = np.diff(np.append(starts, end))
+    _first_bad(gaps < MIN_RECORD_SIZE, lambda i: f"{gaps[i]} bytes between its offset and "
+               f"the next: shorter than a record ({MIN_RECORD_SIZE})")
+    sizes = gather_be(u8, starts, 4)
+    _first_bad(sizes != gaps, lambda i: f"TOTALSIZE {sizes[i]} disagrees with the offsets "
+               f"table ({gaps[i]} bytes)")
+    return sizes
+
+
+def _first_bad(mask: np.ndarray, detail) -> None:
+    """Raise ``RecordsFormatError`` for the first record ``mask`` marks."""
+    if mask.any():
+        i = int(np.argmax(mask))
+        raise RecordsFormatError(i, detail(i))
+
+
+class Heads(NamedTuple):
+    """Header fields of every record of a run, and where its variable parts lie
+    (positions relative to the record's start)."""
+
+    crc: np.ndarray
+    queue_id: np.ndarray
+    sys_flag: np.ndarray
+    born_port: np.ndarray      # meaningful for IPv4 born hosts only
+    body_pos: np.ndarray
+    body_len: np.ndarray
+    topic_pos: np.ndarray
+    topic_len: np.ndarray
+    props_pos: np.ndarray
+    props_len: np.ndarray
+
+
+def _read_heads(u8: np.ndarray, s: np.ndarray, sizes: np.ndarray) -> Heads:
+    """Read and check, stage by stage, the fields that place a record's parts; each
+    stage is checked before the next is read, so no read runs past a record."""
+    magic = gather_be(u8, s + record.MAGICCODE_POS, 4, signed=False)
+    v2 = magic == record.MESSAGE_MAGIC_CODE_V2
+    _first_bad(~v2 & (magic != record.MESSAGE_MAGIC_CODE),
+               lambda i: f"illegal magic code 0x{int(magic[i]):08X}")
+    sys_flag = gather_be(u8, s + SYSFLAG_POS, 4)
+    born_shift = np.where(sys_flag & BORNHOST_V6_FLAG, 12, 0).astype(np.int64)
+    store_shift = np.where(sys_flag & STOREHOSTADDRESS_V6_FLAG, 12, 0).astype(np.int64)
+    appender = (gather_be(u8, s + QUEUEOFFSET_POS, 8) | gather_be(u8, s + PHYSICALOFFSET_POS, 8)
+                | gather_be(u8, s + STORETIMESTAMP_POS + born_shift, 8))
+    _first_bad(appender != 0, lambda i: "QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are "
+               "the store's to fill: send them as 0")
+    body_len_pos = BODYLENGTH_POS + born_shift + store_shift
+    _first_bad(body_len_pos + 4 + 4 > sizes, lambda i: f"record size {sizes[i]} cannot hold "
+               "its header")
+    body_len = gather_be(u8, s + body_len_pos, 4)
+    body_pos = body_len_pos + 4
+    topic_len_pos = body_pos + body_len
+    _first_bad((body_len < 0) | (topic_len_pos + 4 > sizes),
+               lambda i: f"body length {body_len[i]} runs past the record")
+    topic_len = np.where(v2, gather_be(u8, s + topic_len_pos, 2),
+                         gather_be(u8, s + topic_len_pos, 1))
+    _first_bad(topic_len < 1, lambda i: f"topic length {topic_len[i]}")
+    _first_bad(v2 & (topic_len <= record.MAX_V1_TOPIC_LENGTH),
+               lambda i: f"a v2 record with a topic of {topic_len[i]} bytes: topics up to "
+               f"{record.MAX_V1_TOPIC_LENGTH} bytes take the v1 layout")
+    topic_pos = topic_len_pos + np.where(v2, 2, 1)
+    props_len_pos = topic_pos + topic_len
+    _first_bad(props_len_pos + 2 > sizes, lambda i: f"topic length {topic_len[i]} runs past "
+               "the record")
+    props_len = gather_be(u8, s + props_len_pos, 2)
+    props_pos = props_len_pos + 2
+    _first_bad((props_len < 0) | (props_pos + props_len != sizes),
+               lambda i: f"record size {sizes[i]} disagrees with its fields")
+    return Heads(gather_be(u8, s + record.BODYCRC_POS, 4), gather_be(u8, s + QUEUEID_POS, 4),
+                 sys_flag, gather_be(u8, s + BORNPORT_POS, 4), body_pos, body_len, topic_pos,
+                 topic_len, props_pos, props_len)
+
+
+def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,
+                producer_id: int, first_sequence: int, verdicts: dict,
+                refusals: dict) -> tuple[list, list[bool], dict[int, None]]:
+    """What has no bulk form: body CRC, topic verdict, properties grammar. Returns the
+    topics, the wait flags and the records to take the long way."""
+    mv = memoryview(data)
+    crc32 = zlib.crc32
+    pairs = _PAIRS.fullmatch
+    topics: list[str | None] = []
+    waits: list[bool] = []
+    long_way: dict[int, None] = {}
+    rows = zip(starts.tolist(), head.crc.tolist(), head.body_pos.tolist(),
+               head.body_len.tolist(), head.topic_pos.tolist(), head.topic_len.tolist(),
+               head.props_pos.tolist(), head.props_len.tolist())
+    for i, (s, crc, bp, bl, tp, tl, pp, pl) in enumerate(rows):
+        raw_topic = bytes(mv[s + tp:s + tp + tl])
+        verdict = verdicts.get(raw_topic)
+        if verdict is None:
+            verdict = verdicts[raw_topic] = _topic_verdict(raw_topic)
+        if type(verdict) is str:
+            topics.append(verdict)
+        else:
+            topics.append(None)
+            refusals.setdefault(i, verdict)
+        props = bytes(mv[s + pp:s + pp + pl])
+        waits.append(_WAIT_FALSE not in props)
+        if i in refusals:
+            continue
+        if crc32(mv[s + bp:s + bp + bl]) & 0x7FFFFFFF != crc:
+            refusals[i] = (_ILLEGAL, f"body CRC {crc} does not match the body")
+            continue
+        if producer_id:
+            props, why = _without_identity(props, producer_id, first_sequence + i)
+            if why:
+                refusals[i] = (_ILLEGAL, why)
+                continue
+        if pairs(props) is None:
+            refusals[i] = (_ILLEGAL, "properties must be name\\x01value\\x02 pairs with "
+                                     "non-empty names and values free of \\x00, \\x01 and "
+                                     "\\x02 (and not __PID/__SEQ)")
+            continue
+        try:
+            props.decode("utf-8")
+        except UnicodeDecodeError as e:
+            refusals[i] = (_ILLEGAL, f"properties are not UTF-8: {e}")
+            continue
+        if v6[i] or store_host_v6 or props.startswith(_DELAY) or b"\x02" + _DELAY in props:
+            long_way[i] = None
+    return topics, waits, long_way
+
+
+def _topic_verdict(raw: bytes) -> str | tuple[PutMessageStatus, str]:
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return (_ILLEGAL, f"topic {raw!r} is not UTF-8")
+    reason = check_topic(topic)
+    return (_ILLEGAL, reason) if reason else topic
+
+
+def _without_identity(props: bytes, producer_id: int, sequence: int) -> tuple[bytes, str]:
+    """The properties without the record's idempotent identity, which must be there once,
+    as the frame's producer id and the record's sequence."""
+    ident = (f"{PROPERTY_PRODUCER_ID}\x01{producer_id}\x02"
+             f"{PROPERTY_PRODUCER_SEQUENCE}\x01{sequence}\x02").encode()
+    k = props.find(ident)
+    if k < 0 or (k > 0 and props[k - 1] != 2):
+        return props, (f"the properties do not carry the identity {PROPERTY_PRODUCER_ID}="
+                       f"{producer_id} {PROPERTY_PRODUCER_SEQUENCE}={sequence}")
+    return props[:k] + props[k + len(ident):], ""
+
+
+def _as_message(data, start: int, size: int, index: int) -> Message | tuple:
+    """A record that takes the long way, as the Message a SEND record would carry."""
+    try:
+        ext = record.decode_at(memoryview(data)[start:start + size], 0)
+    except record.RecordFormatError as e:
+        return (_ILLEGAL, f"record {index}: {e.detail}")
+    props = dict(ext.properties)
+    tags = props.pop("TAGS", None)
+    keys = props.pop("KEYS", None)
+    delay = props.pop(PROPERTY_DELAY_TIME_LEVEL, "0")
+    wait = props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
+    props.pop(PROPERTY_PRODUCER_ID, None)       # the writer stamps the identity again
+    props.pop(PROPERTY_PRODUCER_SEQUENCE, None)
+    try:
+        delay_level = int(delay)
+    except ValueError:
+        return (_ILLEGAL, f"delay level {delay!r} is not a number")
+    return Message(ext.topic, ext.body, tags, keys.split(" ") if keys else None, props,
+                   None if ext.queue_id == -1 else ext.queue_id, ext.flag,
+                   ext.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG), delay_level,
+                   ext.born_timestamp, ext.born_host, ext.reconsume_times,
+                   ext.prepared_transaction_offset, wait)
+
+
+def _size_rules(sizes: np.ndarray, props_len: np.ndarray, config: StoreConfig,
+                refusals: dict) -> None:
+    """``validation.check_encoded_size`` in bulk."""
+    for i in np.nonzero(props_len > record.MAX_PROPERTIES_LENGTH)[0].tolist():
+        refusals.setdefault(i, (PutMessageStatus.PROPERTIES_SIZE_EXCEEDED,
+                                f"properties are {props_len[i]} bytes, over "
+                                f"{record.MAX_PROPERTIES_LENGTH}"))
+    for i in np.nonzero(sizes > config.max_message_size)[0].tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"message size {sizes[i]} exceeds max_message_size "
+                                          f"{config.max_message_size}"))
+    room = config.mapped_file_size_commit_log - record.END_FILE_MIN_BLANK_LENGTH
+    for i in np.nonzero(sizes > room)[0].tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"message size {sizes[i]} cannot fit in a CommitLog "
+                                          f"file of {config.mapped_file_size_commit_log} bytes"))

@@ -1,0 +1,274 @@
+"""The batch path: records a producer lays out in CommitLog form (SEND_RECORDS), checked
+in bulk by the writer and appended with vectorised stamps.
+
+1. byte identity: the same messages through ``CommitLog.prepare`` + ``append`` (the
+   SEND path) and through ``record_batch.encode_records`` + ``check_records`` +
+   ``append_batch`` give the same CommitLog, consume-queue and index bytes (one store
+   time for both; delays, IPv6 born hosts, v2 topics, transactions, file rolls);
+2. the checks: every refusal of ``validation.check_message`` has its twin on the bytes,
+   and a frame whose bytes are not records is refused whole, naming the record;
+3. end to end through a running writer: good records around bad ones are stored, the
+   bad ones named, the writer keeps serving; an idempotent producer's resend over
+   SEND_RECORDS is stored once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from procs import protocol
+from procs.client import Producer
+from storage import Message, MessageStore, StoreConfig, record, record_batch
+from storage.commit_log import CommitLog
+from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from storage.put_path import QueueSelector, prepare_batch
+from storage.record_batch import RecordsFormatError, check_records, encode_records
+from storage.status import PutMessageStatus
+from storage.validation import check_message
+from test_writer_flusher import message, running  # noqa: F401  (fixture)
+
+STORE_TS = 1_700_000_000_123
+BORN_TS = 1_700_000_000_000
+FILE_SIZE = 64 * 1024
+
+
+def config(root, **kw) -> StoreConfig:
+    return StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=FILE_SIZE,
+                       mapped_file_size_consume_queue=20 * 64, **kw)
+
+
+def mixed_messages(n: int) -> list[Message]:
+    out = []
+    for i in range(n):
+        kw = {}
+        if i % 7 == 3:
+            kw["delay_level"] = 2
+        if i % 11 == 5:
+            kw["born_host"] = ("::1", 4000 + i)
+        if i % 13 == 6:
+            kw["sys_flag"] = TRANSACTION_PREPARED_TYPE
+        if i % 13 == 7:
+            kw["sys_flag"] = TRANSACTION_COMMIT_TYPE
+        if i % 5 == 1:
+            kw["wait_store_msg_ok"] = False
+        topic = "T" * 200 if i % 17 == 9 else f"Topic{i % 3}"
+        out.append(Message(topic, os.urandom(50 + (i * 37) % 900), tags=f"tag{i % 4}",
+                           keys=[f"k{i}", f"o{i % 9}"], properties={"u": str(i)},
+                           queue_id=None if i % 2 else i % 4, born_timestamp=BORN_TS + i,
+                           flag=i, reconsume_times=i % 3,
+                           prepared_transaction_offset=i * 10, **kw))
+    return out
+
+
+def put_through_send_path(store: MessageStore, msgs: list[Message]) -> None:
+    results: list = [None] * len(msgs)
+    prepared = prepare_batch(store.commit_log, store.config, msgs, STORE_TS,
+                             QueueSelector(store.config.default_topic_queue_nums), results)
+    assert not any(results), results
+    store.commit_log.append(prepared.records, STORE_TS)
+
+
+def put_through_records_path(store: MessageStore, msgs: list[Message]) -> None:
+    data, offsets = encode_records(msgs, BORN_TS)
+    checked = check_records(data, np.array(offsets), store.config)
+    assert not checked.refusals, checked.refusals
+    selector = QueueSelector(store.config.default_topic_queue_nums)
+    pieces = []
+    for i in range(checked.count):
+        msg = checked.long_way.get(i)
+        if msg is not None:
+            one = prepare_batch(store.commit_log, store.config, [msg], STORE_TS, selector, [None])
+            e = one.records[0]
+            pieces.append((e.data, e.topic, e.queue_id, e.real_queue_id, e.consumable,
+                           e.store_timestamp_pos, False))
+        else:
+            q = checked.queue_ids[i]
+            q = selector.next_queue(checked.topics[i]) if q < 0 else q
+            s, n = int(checked.starts[i]), int(checked.sizes[i])
+            pieces.append((data[s:s + n], checked.topics[i], q, q, checked.consumable[i],
+                           record_batch.STORETIMESTAMP_POS, True))
+    batch = record_batch.from_pieces(pieces)
+    store.commit_log.append_batch(batch, batch.queue_ids, STORE_TS)
+
+
+def store_files(root) -> dict[str, bytes]:
+    """CommitLog, consume-queue and index files by name (index files, named by the wall
+    clock at their creation, by their order)."""
+    out = {}
+    for base, _, names in os.walk(root):
+        for name in names:
+            rel = os.path.relpath(os.path.join(base, name), root)
+            if rel.split(os.sep)[0] in ("commitlog", "consumequeue", "index"):
+                with open(os.path.join(base, name), "rb") as f:
+                    out[rel] = f.read()
+    index = sorted(k for k in out if k.startswith("index" + os.sep))
+    for n, name in enumerate(index):
+        out[f"index #{n}"] = out.pop(name)
+    return out
+
+
+def test_both_paths_write_the_same_bytes(tmp_path):
+    msgs = mixed_messages(400)
+    roots = []
+    for name, put in (("send", put_through_send_path), ("records", put_through_records_path)):
+        root = tmp_path / name
+        with MessageStore(config(root)) as store:
+            for lo in range(0, len(msgs), 64):
+                put(store, [_copy(m) for m in msgs[lo:lo + 64]])
+            store.dispatch()
+        roots.append(root)
+    a, b = store_files(roots[0]), store_files(roots[1])
+    assert len([k for k in a if k.startswith("commitlog")]) > 3      # files rolled
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def _copy(m: Message) -> Message:
+    return Message(m.topic, m.body, m.tags, list(m.keys) if m.keys else None,
+                   dict(m.properties), m.queue_id, m.flag, m.sys_flag, m.delay_level,
+                   m.born_timestamp, m.born_host, m.reconsume_times,
+                   m.prepared_transaction_offset, m.wait_store_msg_ok)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300),
+                          st.text("abcXYZ_-%|09", min_size=1, max_size=140),
+                          st.one_of(st.none(), st.text("abc ", max_size=8)),
+                          st.dictionaries(st.text("pqr", min_size=1, max_size=4),
+                                          st.text("xyzé", min_size=1, max_size=5), max_size=3),
+                          st.one_of(st.none(), st.integers(0, 3))),
+                min_size=1, max_size=20))
+def test_a_record_encodes_as_prepare_encodes_it(tmp_path_factory, rows):
+    cfg = config(tmp_path_factory.mktemp("p"))
+    cl = CommitLog(cfg)
+    for body, topic, tags, props, queue_id in rows:
+        m = Message(topic, body, tags=tags, properties=props, queue_id=queue_id,
+                    born_timestamp=BORN_TS)
+        if check_message(m, cfg) is not None:
+            continue
+        enc = cl.prepare(_copy(m), -1 if queue_id is None else queue_id, BORN_TS)
+        mine = record_batch.encode_message(m, BORN_TS)
+        assert isinstance(enc, tuple) or bytes(enc.data) == mine
+        checked = check_records(mine, np.array([0]), cfg)
+        assert checked.refusals == {} or isinstance(enc, tuple)
+
+
+# ============================================================================ 2. the checks
+def frame_records(msgs):
+    data, offsets = encode_records(msgs, BORN_TS)
+    return bytearray(data), np.array(offsets)
+
+
+def test_each_content_rule_refuses_one_record_and_names_it(tmp_path):
+    cfg = config(tmp_path)
+    good = Message("TopicA", b"fine", tags="t", queue_id=0)
+    cases = {
+        "reserved": Message(record.SCHEDULE_TOPIC, b"x", queue_id=0),
+        "must match": Message("bad/topic", b"x", queue_id=0),
+        "queue id": Message("TopicA", b"x", queue_id=99),
+        "max_message_size": Message("TopicA", b"x" * 5000, queue_id=0),
+        "reserved property": Message("TopicA", b"x", properties={"__PID": "1"}, queue_id=0),
+        "empty value": Message("TopicA", b"x", properties={"p": ""}, queue_id=0),
+    }
+    cfg.max_message_size = 4096
+    msgs = [good] + list(cases.values()) + [good]
+    data, offsets = frame_records(msgs)
+    checked = check_records(bytes(data), offsets, cfg)
+    assert sorted(checked.refusals) == list(range(1, len(msgs) - 1))
+    words = ["reserved", "must match", "queue id", "max_message_size", "__PID", "non-empty"]
+    for i, word in enumerate(words, 1):
+        status, reason = checked.refusals[i]
+        assert status is PutMessageStatus.MESSAGE_ILLEGAL and word in reason, (word, reason)
+
+    # a flipped body byte: the CRC no longer matches
+    s = int(offsets[0]) + record_batch.BODY_POS
+    data[s] ^= 0xFF
+    checked = check_records(bytes(data), offsets, cfg)
+    assert "CRC" in checked.refusals[0][1]
+    # properties that are not UTF-8
+    bad = record_batch.encode_message(Message("TopicA", b"x", properties={"p": "v"}), BORN_TS)
+    bad = bytearray(bad)
+    bad[bad.index(b"p\x01v") + 2] = 0xFF
+    checked = check_records(bytes(bad), np.array([0]), cfg)
+    assert "UTF-8" in checked.refusals[0][1]
+
+
+def test_bytes_that_are_not_records_are_refused_whole(tmp_path):
+    cfg = config(tmp_path)
+    msgs = [Message("TopicA", b"a" * 10, queue_id=0), Message("TopicA", b"b" * 20, queue_id=0)]
+    data, offsets = frame_records(msgs)
+
+    def refused(buf, offs, word, index):
+        with pytest.raises(RecordsFormatError) as e:
+            check_records(bytes(buf), np.array(offs), cfg)
+        assert word in str(e.value) and e.value.index == index, str(e.value)
+
+    refused(data, [0, int(offsets[1]) + 1], "TOTALSIZE", 0)
+    refused(data + b"x", offsets, "TOTALSIZE", 1)
+    refused(data[:-1], offsets, "TOTALSIZE", 1)
+    refused(data, [4, int(offsets[1])], "starts at 4", 0)
+    magic = bytearray(data)
+    struct.pack_into(">I", magic, int(offsets[1]) + 4, 0x12345678)
+    refused(magic, offsets, "magic", 1)
+    stamped = bytearray(data)
+    struct.pack_into(">q", stamped, record.PHYSICALOFFSET_POS, 99)
+    refused(stamped, offsets, "store's to fill", 0)
+    body = bytearray(data)
+    struct.pack_into(">i", body, int(offsets[1]) + record_batch.BODYLENGTH_POS, 10_000)
+    refused(body, offsets, "body length", 1)
+    topic = bytearray(data)
+    topic[record_batch.BODY_POS + 10] = 0      # topic length 0
+    refused(topic, offsets, "topic length", 0)
+
+
+# ============================================================================ 3. end to end
+def test_a_running_writer_stores_good_records_around_bad_ones(running):  # noqa: F811
+    s = running().start()
+    c = s.client()
+    msgs = [message(0, queue_id=0), Message("bad/topic", b"x", queue_id=0),
+            Message("TopicA", b"y", queue_id=77), message(1, queue_id=0)]
+    data, offsets = encode_records(msgs, BORN_TS)
+    c.socket.send(protocol.encode_send_records(5, data, offsets))
+    frame = c.socket.recv() if c.socket.poll(10_000) else None
+    assert frame is not None
+    request_id, got = protocol.decode_send_records_reply(frame)
+    assert request_id == 5
+    assert [r.status for r in got] == [PutMessageStatus.PUT_OK, PutMessageStatus.MESSAGE_ILLEGAL,
+                                       PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PUT_OK]
+    assert "must match" in got[1].reason and "queue id" in got[2].reason
+    assert (got[0].queue_offset, got[3].queue_offset) == (0, 1)
+    assert got[3].commit_log_offset == got[0].commit_log_offset + offsets[1]  # back to back
+    assert got[0].msg_id and got[0].msg_id.endswith(f"{got[0].commit_log_offset:016X}")
+    # a malformed frame: ERROR naming the record, nothing stored, the writer goes on
+    bad = bytearray(data)
+    struct.pack_into(">i", bad, int(offsets[1]), 5)
+    c.socket.send(protocol.encode_send_records(6, bytes(bad), offsets))
+    frame = c.socket.recv() if c.socket.poll(10_000) else None
+    err = protocol.decode_error(frame)
+    assert err[:2] == (6, protocol.ErrorCode.MALFORMED_FRAME) and "record" in err.message
+    for r, m in zip(got, msgs):
+        if r.ok:
+            s.acks.append((m, r))
+            s.expected[(m.topic, r.queue_id)] += 1
+    s.reopen_and_verify()
+
+
+def test_an_idempotent_resend_over_records_is_stored_once(tmp_path):
+    from test_idempotent_producer import rows  # the shared row maker
+    from store_processes import RunningStore
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir, producer_id=77) as p:
+            assert p.wire == "records"
+            first = p.send_batch(rows(77, 0, 5))
+            again = p.send_batch(rows(77, 0, 5), first_sequence=0)
+            assert all(r.status is PutMessageStatus.PUT_OK and r.reason == "" for r in first)
+            assert all(r.reason.startswith("duplicate") for r in again)
+            gap = p.send_batch(rows(77, 9, 1), first_sequence=9)[0]
+            assert gap.status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE
+        assert rs.stop() == 0, rs.log()
