@@ -315,7 +315,8 @@ class ConsumeQueue:
 
         count = self.mapped_file_queue.delete_expired_file_by_offset(
             min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset, unlink=unlink)
-        self.correct_min_offset(min_commit_log_offset)
+        if unlink or count:  # a process that only unmaps reads no min offset: no scan
+            self.correct_min_offset(min_commit_log_offset)
         return count
 
     def close(self) -> None:

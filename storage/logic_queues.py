@@ -8,7 +8,8 @@ holders need:
   queues as messages arrive); ``all`` lists them, in creation order;
 * ``discover``: every queue directory under ``consumequeue/``, in name order, as a queue
   of the table (not loaded: each holder loads and recovers its own way); a directory
-  whose name is not a topic is skipped with a warning;
+  whose name is not a topic is skipped with a warning. ``queue_dirs`` is that walk
+  alone, for processes that read the files without a table (the cleaner, readers);
 * ``flush_on_interval``: FlushConsumeQueueService's timing. Every
   ``flush_interval_consume_queue`` ms the queues are flushed with
   ``flush_consume_queue_least_pages``; every ``flush_consume_queue_thorough_interval`` ms
@@ -39,6 +40,29 @@ from storage.validation import check_topic
 log = logging.getLogger(__name__)
 
 
+def queue_dirs(root: str, *, warn: bool = False) -> Iterator[tuple[str, int, str]]:
+    """``(topic, queue id, directory)`` of every queue under ``root`` (consumequeue/),
+    topics and queue ids in name order. A name that is not a topic or not a directory
+    is skipped (logged when ``warn``); so are queue names that are not all digits.
+    Raises ``OSError`` when a directory cannot be listed (gone ones are empty)."""
+    for topic in _list(root):
+        topic_dir = os.path.join(root, topic)
+        if check_topic(topic, internal=True) or not os.path.isdir(topic_dir):
+            if warn:
+                log.warning("skipping %s: not a topic directory", topic_dir)
+            continue
+        for name in _list(topic_dir):
+            if name.isdigit():
+                yield topic, int(name), os.path.join(topic_dir, name)
+
+
+def _list(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 class LogicQueues:
     def __init__(self, config: StoreConfig):
         self.config = config
@@ -65,17 +89,8 @@ class LogicQueues:
         """Every queue with a directory on disk, topics and queue ids in name order, each
         put in the table (not loaded). Raises ``OSError`` when a directory cannot be
         listed."""
-        root = self.config.consume_queue_dir
-        if not os.path.isdir(root):
-            return
-        for topic in sorted(os.listdir(root)):
-            topic_dir = os.path.join(root, topic)
-            if check_topic(topic, internal=True) or not os.path.isdir(topic_dir):
-                log.warning("skipping %s: not a topic directory", topic_dir)
-                continue
-            for name in sorted(os.listdir(topic_dir)):
-                if name.isdigit():
-                    yield self.find(topic, int(name))
+        for topic, queue_id, _ in queue_dirs(self.config.consume_queue_dir, warn=True):
+            yield self.find(topic, queue_id)
 
     def recover(self) -> int:
         """Cut every queue at its first invalid unit; returns the largest CommitLog end

@@ -94,6 +94,7 @@ from storage.config import StoreConfig
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueView
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.index_file import IndexFileView
+from storage.logic_queues import queue_dirs
 from storage.message import MessageExt
 from storage.read_path import (
     NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_record, get_from_queue,
@@ -235,19 +236,10 @@ class StoreReader:
     def topics(self) -> dict[str, list[int]]:
         """Every queue with a directory under consumequeue/: topic -> sorted queue ids."""
         self._check_open()
-        root = self.config.consume_queue_dir
         out: dict[str, list[int]] = {}
-        try:
-            names = sorted(os.listdir(root))
-        except FileNotFoundError:
-            return out
-        for topic in names:
-            if check_topic(topic, internal=True):
-                continue
-            queue_ids = sorted(int(n) for n in _digit_names(os.path.join(root, topic)))
-            if queue_ids:
-                out[topic] = queue_ids
-        return out
+        for topic, queue_id, _ in queue_dirs(self.config.consume_queue_dir):
+            out.setdefault(topic, []).append(queue_id)
+        return {topic: sorted(queue_ids) for topic, queue_ids in out.items()}
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
         """The number of units within ``dispatched`` (0 for an unknown queue)."""

@@ -10,7 +10,7 @@ from conftest import small_config
 from storage.checkpoint import StoreCheckpoint, decode
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from storage.index_service import IndexService
-from storage.logic_queues import LogicQueues
+from storage.logic_queues import LogicQueues, queue_dirs
 
 
 @pytest.fixture
@@ -47,6 +47,7 @@ def test_discover_lists_queue_directories_in_name_order_and_skips_others(config,
         found = [(cq.topic, cq.queue_id) for cq in again.discover()]
         assert found == [("TopicA", 10), ("TopicA", 2), ("TopicB", 0)]   # names sort as text
         assert [(cq.topic, cq.queue_id) for cq in again.all()] == found
+        assert list(queue_dirs(root)) == [(t, q, os.path.join(root, t, str(q))) for t, q in found]
         for cq in again.all():
             cq.load()
         assert again.recover() == 100
