@@ -70,9 +70,9 @@ Why re-dispatch after a SIGKILL at any instant neither loses nor duplicates a un
   re-dispatches every record from DISPATCHED to the (monotonic) confirm offset.
 * Not duplicated, not torn: a unit's place is fixed by its record (unit n at byte
   n * 20, n the record's QUEUEOFFSET), not by a counter. The predecessor can only have
-  written units for records in [DISPATCHED, its confirm offset]; the rewind moves each
-  queue's write position back to the first of those, so re-dispatch writes each of them
-  again, byte for byte, over itself (which also heals a unit the kill tore in its tag
+  written units for records in [DISPATCHED, its confirm offset]; the rewind
+  (``ConsumeQueue.rewind_to``) moves each queue's write position back to the first of
+  those, so re-dispatch writes each of them again, byte for byte, over itself (which also heals a unit the kill tore in its tag
   code, which ``recover`` cannot see), and ``put_message_position_info`` skips every
   record below DISPATCHED as a repeat (its end <= the queue's ``max_physic_offset``).
   Nothing is zeroed, truncated or unlinked: consumers may map these files, and only
