@@ -314,7 +314,7 @@ class ConsumeQueue:
             return CQ_PHY_OFFSET.unpack_from(mf.buf, pos)[0] if pos >= 0 else None
 
         count = self.mapped_file_queue.delete_expired_file_by_offset(
-            min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset, unlink=unlink)
+            min_commit_log_offset, last_unit_offset, unlink=unlink)
         if unlink or count:  # a process that only unmaps reads no min offset: no scan
             self.correct_min_offset(min_commit_log_offset)
         return count

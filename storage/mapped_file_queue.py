@@ -391,7 +391,7 @@ class MappedFileQueue:
             fsync_dir(self.store_path)
         return len(deleted)
 
-    def delete_expired_file_by_offset(self, offset: int, unit_size: int,
+    def delete_expired_file_by_offset(self, offset: int,
                                       last_unit_offset: Callable[[MappedFile], int | None], *,
                                       unlink: bool = True) -> int:
         """Delete non-last files whose last unit points below ``offset`` (consume queues).
