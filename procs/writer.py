@@ -401,8 +401,7 @@ class WriterService(Service):
 
     def _take_all(self, req: _Request, send: protocol.SendRecords, checked) -> None:
         """Every record of the frame, as it is: one copy, queues chosen in bulk."""
-        select = self.queues.next_queue
-        queue_ids = [q if q >= 0 else select(t) for t, q in zip(checked.topics, checked.queue_ids)]
+        queue_ids = self.queues.choose(checked.topics, checked.queue_ids)
         req.batch = record_batch.from_checked(send.records, checked, queue_ids)
         req.slots = list(range(checked.count))
         req.queue_ids = queue_ids

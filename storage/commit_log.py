@@ -136,7 +136,7 @@ class Appended(NamedTuple):
 
     count: int
     physical_offsets: np.ndarray
-    queue_offsets: list[int]
+    queue_offsets: np.ndarray
 
 
 class RecoveryResult(NamedTuple):
@@ -228,7 +228,7 @@ class CommitLog:
                                        prefix + f"{off:016X}", store_timestamp, qoff, real)
                    for off, size, qoff, real in zip(done.physical_offsets.tolist(),
                                                     records.sizes[:done.count].tolist(),
-                                                    done.queue_offsets,
+                                                    done.queue_offsets.tolist(),
                                                     records.real_queue_ids)]
         results.extend(AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
                        for _ in batch[done.count:])
@@ -283,32 +283,53 @@ class CommitLog:
         self._advance_queues(batch, queue_ids, queue_offsets, done)
         return Appended(done, physical[:done], queue_offsets[:done])
 
-    def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> list[int]:
+    def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> np.ndarray:
         """The QUEUEOFFSET of each record: the topic-queue table's next offsets, counted
-        on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed."""
+        on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed.
+        A batch of one topic is counted queue by queue in bulk."""
         table = self.topic_queue_table
+        topics = batch.topics
+        if len(topics) > 1 and topics.count(topics[0]) == len(topics):
+            topic = topics[0]
+            queues = np.asarray(queue_ids, np.int64)
+            takes = np.asarray(batch.consumable, bool)
+            out = np.zeros(len(topics), np.int64)
+            for queue_id in np.unique(queues[takes]).tolist():
+                mask = takes & (queues == queue_id)
+                out[mask] = table.get((topic, queue_id), 0) + np.arange(int(mask.sum()))
+            return out
         taken: dict[tuple[str, int], int] = {}
-        out = []
-        for topic, queue_id, consumable in zip(batch.topics, queue_ids, batch.consumable):
+        offsets = []
+        for topic, queue_id, consumable in zip(topics, queue_ids, batch.consumable):
             if consumable:
                 key = (topic, queue_id)
                 offset = taken.get(key)
                 if offset is None:
                     offset = table.get(key, 0)
                 taken[key] = offset + 1
-                out.append(offset)
+                offsets.append(offset)
             else:
-                out.append(0)
-        return out
+                offsets.append(0)
+        return np.asarray(offsets, np.int64)
 
     def _advance_queues(self, batch: RecordBatch, queue_ids: Sequence[int],
-                        queue_offsets: list[int], count: int) -> None:
-        """The topic-queue table learns the first ``count`` records."""
+                        queue_offsets: np.ndarray, count: int) -> None:
+        """The topic-queue table learns the first ``count`` records: each queue's next
+        offset is one past the last it took."""
+        if not count:
+            return
         table = self.topic_queue_table
-        for topic, queue_id, consumable, offset in zip(batch.topics[:count], queue_ids,
-                                                       batch.consumable, queue_offsets):
-            if consumable:
-                table[(topic, queue_id)] = offset + 1
+        takes = np.asarray(batch.consumable[:count], bool)
+        topics = batch.topics
+        if count > 1 and topics.count(topics[0]) == len(topics):
+            queues = np.asarray(queue_ids[:count], np.int64)
+            for queue_id in np.unique(queues[takes]).tolist():
+                last = queue_offsets[:count][takes & (queues == queue_id)][-1]
+                table[(topics[0], queue_id)] = int(last) + 1
+            return
+        keys = [(t, q) for t, q, c in zip(batch.topics[:count], queue_ids, takes.tolist()) if c]
+        for key, offset in zip(keys, queue_offsets[:count][takes].tolist()):
+            table[key] = offset + 1
 
     @staticmethod
     def _write_blank(mf: MappedFile) -> None:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
+
 from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
 from storage.config import StoreConfig
 from storage.message import Message
@@ -93,12 +95,17 @@ class QueueSelector:
         self._next[topic] = n + 1
         return n % self.queue_nums
 
-    def next_queues(self, topic: str, count: int) -> int:
-        """Take ``count`` turns of ``topic`` at once; returns the first turn's number
-        (the queues are ``(first + k) % queue_nums``)."""
-        n = self._next.get(topic, 0)
-        self._next[topic] = n + count
-        return n
+    def choose(self, topics: list[str], queue_ids: list[int]) -> list[int]:
+        """The queue of each record of a batch, ``queue_ids[i]`` or, where it is -1, the
+        topic's next turn; a batch of one topic that leaves every choice to the store
+        takes its turns in bulk."""
+        n = len(topics)
+        if n > 1 and queue_ids.count(-1) == n and topics.count(topics[0]) == n:
+            first = self._next.get(topics[0], 0)
+            self._next[topics[0]] = first + n
+            return ((np.arange(first, first + n)) % self.queue_nums).tolist()
+        select = self.next_queue
+        return [q if q >= 0 else select(t) for t, q in zip(topics, queue_ids)]
 
 
 class PreparedBatch(NamedTuple):

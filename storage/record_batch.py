@@ -53,6 +53,7 @@ dictionary lookup of the topic's verdict; the rest is numpy over the frame.
 from __future__ import annotations
 
 import re
+import struct
 import zlib
 from typing import NamedTuple, Sequence
 
@@ -61,10 +62,11 @@ import numpy as np
 from storage import record
 from storage.config import StoreConfig
 from storage.message import (
-    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
+    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
+    PROPERTY_TAGS,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_WAIT_STORE_MSG_OK, STOREHOSTADDRESS_V6_FLAG, Message,
-    encode_host, encode_properties, host_is_v6,
-    is_consumable)
+    TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, encode_host,
+    encode_properties, host_is_v6)
 from storage.status import PutMessageStatus
 from storage.validation import check_topic
 
@@ -238,13 +240,66 @@ def stamp(batch: RecordBatch, lo: int, hi: int, queue_ids: Sequence[int],
 
 
 # ------------------------------------------------------------------------ producer side
+_V4_FIXED = struct.Struct(">iIiiiqqiq8sq8siqi")    # fields 1-15, both hosts IPv4
+assert _V4_FIXED.size == BODY_POS
+_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+_SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
+                           PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
+                           PROPERTY_PRODUCER_SEQUENCE})
+_TOPIC_BYTES: dict[str, bytes] = {}
+
+
 def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
     """``msg`` as a record ready for SEND_RECORDS: what ``CommitLog.prepare`` would make
     of it, with the appender's fields zero and a placeholder IPv4 store host (the writer
     stamps them). ``identity`` = (producer id, sequence) of an idempotent producer.
 
-    Raises ``ValueError`` for a message that cannot be encoded at all (the store judges
-    everything else and answers with a status)."""
+    Raises ``ValueError`` (or ``TypeError``) for a message that cannot be laid out as a
+    record at all; the store judges everything else and answers with a status."""
+    props = msg.properties
+    if host_is_v6(msg.born_host) or (props and not _SET_BY_STORE.isdisjoint(props)):
+        return _encode_general(msg, born_timestamp, identity)
+    topic = _TOPIC_BYTES.get(msg.topic)
+    if topic is None:
+        topic = msg.topic.encode("utf-8")
+        if len(_TOPIC_BYTES) < 4096:
+            _TOPIC_BYTES[msg.topic] = topic
+    if not 0 < len(topic) <= record.MAX_V1_TOPIC_LENGTH:
+        return _encode_general(msg, born_timestamp, identity)
+    parts = [f"{k}\x01{v}\x02" for k, v in props.items()] if props else []
+    if identity is not None:
+        parts.append(f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
+                     f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")
+    if msg.tags:
+        parts.append(f"{PROPERTY_TAGS}\x01{msg.tags}\x02")
+    if msg.keys:
+        keys = " ".join(msg.key_list())
+        if keys:
+            parts.append(f"{PROPERTY_KEYS}\x01{keys}\x02")
+    if msg.delay_level:
+        parts.append(f"{PROPERTY_DELAY_TIME_LEVEL}\x01{msg.delay_level}\x02")
+    if not msg.wait_store_msg_ok:
+        parts.append(f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02")
+    properties = "".join(parts).encode("utf-8")
+    if len(properties) > record.MAX_PROPERTIES_LENGTH:
+        raise ValueError(f"properties are {len(properties)} bytes, over "
+                         f"{record.MAX_PROPERTIES_LENGTH}")
+    body = msg.body if type(msg.body) is bytes else bytes(msg.body)
+    total = BODY_POS + len(body) + 1 + len(topic) + 2 + len(properties)
+    head = _V4_FIXED.pack(
+        total, record.MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF,
+        -1 if msg.queue_id is None else msg.queue_id, msg.flag, 0, 0,
+        msg.sys_flag & ~_HOST_FLAGS,
+        born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
+        encode_host(msg.born_host), 0, PLACEHOLDER_STORE_HOST, msg.reconsume_times,
+        msg.prepared_transaction_offset, len(body))
+    return b"".join((head, body, bytes((len(topic),)), topic,
+                     len(properties).to_bytes(2, "big"), properties))
+
+
+def _encode_general(msg: Message, born_timestamp: int, identity: tuple[int, int] | None) -> bytes:
+    """``encode_message`` for any message: IPv6 born hosts, v2 topics, user properties
+    that share a name with the store's own."""
     if identity is not None:
         props = dict(msg.properties)
         props[PROPERTY_PRODUCER_ID] = str(identity[0])
@@ -254,9 +309,8 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
     else:
         props = msg.all_properties()
     born_v6 = host_is_v6(msg.born_host)
-    sys_flag = (msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) \
-        | (BORNHOST_V6_FLAG if born_v6 else 0)
-    return record.encode(
+    sys_flag = (msg.sys_flag & ~_HOST_FLAGS) | (BORNHOST_V6_FLAG if born_v6 else 0)
+    return bytes(record.encode(
         topic=msg.topic.encode("utf-8"), body=bytes(msg.body),
         properties=encode_properties(props).encode("utf-8"),
         queue_id=-1 if msg.queue_id is None else msg.queue_id, flag=msg.flag, queue_offset=0,
@@ -264,7 +318,7 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
         born_timestamp=born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
         born_host=encode_host(msg.born_host), store_timestamp=0,
         store_host=PLACEHOLDER_STORE_HOST, reconsume_times=msg.reconsume_times,
-        prepared_transaction_offset=msg.prepared_transaction_offset)
+        prepared_transaction_offset=msg.prepared_transaction_offset))
 
 
 def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id: int = 0,
@@ -336,7 +390,8 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
             del long_way[i]
         else:
             long_way[i] = msg
-    consumable = [is_consumable(f) for f in head.sys_flag.tolist()]
+    tran = head.sys_flag & TRANSACTION_ROLLBACK_TYPE       # NOT and COMMIT take a unit
+    consumable = ((tran == TRANSACTION_NOT_TYPE) | (tran == TRANSACTION_COMMIT_TYPE)).tolist()
     return CheckedRecords(n, refusals, long_way, topics, qid.tolist(), consumable, waits,
                           starts, sizes)
 
@@ -427,32 +482,25 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, sizes: np.ndarray) -> Heads:
 def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,
                 producer_id: int, first_sequence: int, verdicts: dict,
                 refusals: dict) -> tuple[list, list[bool], dict[int, None]]:
-    """What has no bulk form: body CRC, topic verdict, properties grammar. Returns the
-    topics, the wait flags and the records to take the long way."""
-    mv = memoryview(data)
+    """What has no bulk form: body CRC, properties grammar and UTF-8; topics in bulk when
+    every record names the same one. Returns the topics, the wait flags and the records
+    to take the long way."""
+    raw = data if type(data) is bytes else bytes(data)
+    topics = _topics(raw, starts, head, verdicts, refusals)
     crc32 = zlib.crc32
     pairs = _PAIRS.fullmatch
-    topics: list[str | None] = []
     waits: list[bool] = []
     long_way: dict[int, None] = {}
-    rows = zip(starts.tolist(), head.crc.tolist(), head.body_pos.tolist(),
-               head.body_len.tolist(), head.topic_pos.tolist(), head.topic_len.tolist(),
-               head.props_pos.tolist(), head.props_len.tolist())
-    for i, (s, crc, bp, bl, tp, tl, pp, pl) in enumerate(rows):
-        raw_topic = bytes(mv[s + tp:s + tp + tl])
-        verdict = verdicts.get(raw_topic)
-        if verdict is None:
-            verdict = verdicts[raw_topic] = _topic_verdict(raw_topic)
-        if type(verdict) is str:
-            topics.append(verdict)
-        else:
-            topics.append(None)
-            refusals.setdefault(i, verdict)
-        props = bytes(mv[s + pp:s + pp + pl])
+    body_at = starts + head.body_pos
+    props_at = starts + head.props_pos
+    rows = zip(body_at.tolist(), (body_at + head.body_len).tolist(), head.crc.tolist(),
+               props_at.tolist(), (props_at + head.props_len).tolist())
+    for i, (b0, b1, crc, p0, p1) in enumerate(rows):
+        props = raw[p0:p1]
         waits.append(_WAIT_FALSE not in props)
-        if i in refusals:
+        if refusals and i in refusals:
             continue
-        if crc32(mv[s + bp:s + bp + bl]) & 0x7FFFFFFF != crc:
+        if crc32(raw[b0:b1]) & 0x7FFFFFFF != crc:
             refusals[i] = (_ILLEGAL, f"body CRC {crc} does not match the body")
             continue
         if producer_id:
@@ -465,14 +513,56 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
                                      "non-empty names and values free of \\x00, \\x01 and "
                                      "\\x02 (and not __PID/__SEQ)")
             continue
-        try:
-            props.decode("utf-8")
-        except UnicodeDecodeError as e:
-            refusals[i] = (_ILLEGAL, f"properties are not UTF-8: {e}")
-            continue
-        if v6[i] or store_host_v6 or props.startswith(_DELAY) or b"\x02" + _DELAY in props:
+        if not props.isascii():
+            try:
+                props.decode("utf-8")
+            except UnicodeDecodeError as e:
+                refusals[i] = (_ILLEGAL, f"properties are not UTF-8: {e}")
+                continue
+        if v6[i] or store_host_v6 or (_DELAY in props and (
+                props.startswith(_DELAY) or b"\x02" + _DELAY in props)):
             long_way[i] = None
     return topics, waits, long_way
+
+
+def _topics(raw: bytes, starts: np.ndarray, head: Heads, verdicts: dict,
+            refusals: dict) -> list[str | None]:
+    """Each record's topic (None when refused: its refusal goes into ``refusals``). When
+    every record names the same topic (compared in bulk), it is judged once."""
+    n = len(starts)
+    at = starts + head.topic_pos
+    lengths = head.topic_len
+    first = raw[int(at[0]):int(at[0] + lengths[0])]
+    if n > 1 and (lengths == lengths[0]).all():
+        u8 = np.frombuffer(raw, np.uint8)
+        idx = at[:, None] + np.arange(int(lengths[0]), dtype=np.int64)
+        same = bool((u8[idx] == u8[idx[0]]).all())
+        del u8
+    else:
+        same = n == 1
+    if same:
+        verdict = _verdict(first, verdicts)
+        if type(verdict) is str:
+            return [verdict] * n
+        for i in range(n):
+            refusals.setdefault(i, verdict)
+        return [None] * n
+    topics: list[str | None] = []
+    for i, (a, b) in enumerate(zip(at.tolist(), (at + lengths).tolist())):
+        verdict = _verdict(raw[a:b], verdicts)
+        if type(verdict) is str:
+            topics.append(verdict)
+        else:
+            topics.append(None)
+            refusals.setdefault(i, verdict)
+    return topics
+
+
+def _verdict(raw_topic: bytes, verdicts: dict):
+    verdict = verdicts.get(raw_topic)
+    if verdict is None:
+        verdict = verdicts[raw_topic] = _topic_verdict(raw_topic)
+    return verdict
 
 
 def _topic_verdict(raw: bytes) -> str | tuple[PutMessageStatus, str]:

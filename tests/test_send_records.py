@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 from procs import protocol
 from procs.client import Producer
 from storage import Message, MessageStore, StoreConfig, record, record_batch
-from storage.commit_log import CommitLog
+from storage.commit_log import CommitLog, EncodedMessage
 from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from storage.put_path import QueueSelector, prepare_batch
 from storage.record_batch import RecordsFormatError, check_records, encode_records
@@ -130,7 +130,8 @@ def test_both_paths_write_the_same_bytes(tmp_path):
 
 
 def _copy(m: Message) -> Message:
-    return Message(m.topic, m.body, m.tags, list(m.keys) if m.keys else None,
+    keys = list(m.keys) if isinstance(m.keys, (list, tuple)) else m.keys
+    return Message(m.topic, m.body, m.tags, keys,
                    dict(m.properties), m.queue_id, m.flag, m.sys_flag, m.delay_level,
                    m.born_timestamp, m.born_host, m.reconsume_times,
                    m.prepared_transaction_offset, m.wait_store_msg_ok)
@@ -142,21 +143,40 @@ def _copy(m: Message) -> Message:
                           st.one_of(st.none(), st.text("abc ", max_size=8)),
                           st.dictionaries(st.text("pqr", min_size=1, max_size=4),
                                           st.text("xyzé", min_size=1, max_size=5), max_size=3),
-                          st.one_of(st.none(), st.integers(0, 3))),
+                          st.one_of(st.none(), st.integers(0, 3)),
+                          st.one_of(st.none(), st.text("k1 ", max_size=6),
+                                    st.lists(st.text("k2", min_size=1, max_size=3), max_size=3)),
+                          st.booleans(), st.sampled_from([0, 0, 3]),
+                          st.sampled_from([("127.0.0.1", 5), ("10.1.2.3", 65535), ("::1", 9)])),
                 min_size=1, max_size=20))
 def test_a_record_encodes_as_prepare_encodes_it(tmp_path_factory, rows):
+    """The producer's record is the one ``CommitLog.prepare`` makes (a delayed message:
+    before the store's rewrite, so compared with prepare's input laid out as is)."""
     cfg = config(tmp_path_factory.mktemp("p"))
     cl = CommitLog(cfg)
-    for body, topic, tags, props, queue_id in rows:
-        m = Message(topic, body, tags=tags, properties=props, queue_id=queue_id,
-                    born_timestamp=BORN_TS)
+    for body, topic, tags, props, queue_id, keys, wait, delay, host in rows:
+        m = Message(topic, body, tags=tags, keys=keys, properties=props, queue_id=queue_id,
+                    born_timestamp=BORN_TS, wait_store_msg_ok=wait, born_host=host)
+        if delay:
+            m.delay_level = delay
+            m.properties = dict(props)
+        if check_message(m, cfg) is not None:
+            continue
+        general = record_batch._encode_general(m, BORN_TS, None)
+        assert record_batch.encode_message(m, BORN_TS) == general
+        m.delay_level = 0
         if check_message(m, cfg) is not None:
             continue
         enc = cl.prepare(_copy(m), -1 if queue_id is None else queue_id, BORN_TS)
-        mine = record_batch.encode_message(m, BORN_TS)
-        assert isinstance(enc, tuple) or bytes(enc.data) == mine
-        checked = check_records(mine, np.array([0]), cfg)
-        assert checked.refusals == {} or isinstance(enc, tuple)
+        mine = bytearray(record_batch.encode_message(m, BORN_TS))
+        checked = check_records(bytes(mine), np.array([0]), cfg)
+        if type(enc) is not EncodedMessage:              # too large: refused by both
+            assert checked.refusals[0][0] is enc[0]
+            continue
+        assert checked.refusals == {}
+        host_at = record_batch.STOREHOST_POS + (12 if ":" in host[0] else 0)
+        mine[host_at:host_at + 8] = cl.store_host_bytes  # the writer's stamp
+        assert bytes(enc.data) == bytes(mine)
 
 
 # ============================================================================ 2. the checks
