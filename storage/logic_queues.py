@@ -18,7 +18,8 @@ holders need:
   until nothing is dirty, the index, and only then the checkpoint, with the logics time
   the caller read *before* the queues were flushed, so the checkpoint never promises
   more than the disk holds;
-* ``truncate_dirty``, ``destroy`` and ``close`` over every queue.
+* ``recover``, ``truncate_dirty``, ``delete_expired`` (unlinking, or only unmapping in
+  a process that follows the cleaner), ``destroy`` and ``close`` over every queue.
 
 Crash story: nothing here is persisted; the table is rebuilt from the directories.
 Single-writer: one process writes a store's consume queues.
