@@ -59,6 +59,7 @@ from storage import expiry
 from storage.commit_log import CommitLog
 from storage.consume_queue import CQ_PHY_OFFSET, CQ_STORE_UNIT_SIZE
 from storage.index_file import INDEX_HEADER_SIZE, decode_header
+from storage.logic_queues import queue_dirs
 from storage.mapped_file import MappedFile, fsync_dir, unlink_quietly
 from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX
 
@@ -199,14 +200,8 @@ class Cleaner(Service):
 def delete_consume_queue_files(root: str, file_size: int, min_offset: int) -> int:
     """Unlink, in every queue under ``root``, the leading files whose last unit points
     below ``min_offset``; never a queue's last file. Returns how many went."""
-    count = 0
-    for topic in _list(root):
-        topic_dir = os.path.join(root, topic)
-        for queue in _list(topic_dir):
-            if queue.isdigit():
-                count += _delete_queue_files(os.path.join(topic_dir, queue), file_size,
-                                             min_offset)
-    return count
+    return sum(_delete_queue_files(queue_dir, file_size, min_offset)
+               for _, _, queue_dir in queue_dirs(root))
 
 
 def _delete_queue_files(queue_dir: str, file_size: int, min_offset: int) -> int:

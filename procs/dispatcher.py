@@ -24,7 +24,8 @@ One turn:
    ``flush_consume_queue_thorough_interval`` ms everything: each queue until nothing
    is left, the index, and only then the checkpoint's logics and index times
    (``flush_one``), with the logics time read *before* the queues were flushed, so the
-   checkpoint never promises more than the disk holds. The index is flushed only on
+   checkpoint never promises more than the disk holds (``storage.logic_queues``, the
+   timing and the flush the embedded store uses too). The index is flushed only on
    the thorough pass (and when a file fills): its durability matters only through the
    checkpoint's index time, which only that pass moves.
 
@@ -69,9 +70,9 @@ Why re-dispatch after a SIGKILL at any instant neither loses nor duplicates a un
   re-dispatches every record from DISPATCHED to the (monotonic) confirm offset.
 * Not duplicated, not torn: a unit's place is fixed by its record (unit n at byte
   n * 20, n the record's QUEUEOFFSET), not by a counter. The predecessor can only have
-  written units for records in [DISPATCHED, its confirm offset]; the rewind moves each
-  queue's write position back to the first of those, so re-dispatch writes each of them
-  again, byte for byte, over itself (which also heals a unit the kill tore in its tag
+  written units for records in [DISPATCHED, its confirm offset]; the rewind
+  (``ConsumeQueue.rewind_to``) moves each queue's write position back to the first of
+  those, so re-dispatch writes each of them again, byte for byte, over itself (which also heals a unit the kill tore in its tag
   code, which ``recover`` cannot see), and ``put_message_position_info`` skips every
   record below DISPATCHED as a repeat (its end <= the queue's ``max_physic_offset``).
   Nothing is zeroed, truncated or unlinked: consumers may map these files, and only
@@ -96,16 +97,14 @@ from procs.service import MAX_TURN_MS, Service
 from shm.bus import (
     APPENDED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
-from shm.positions import Slot, now_ms
+from shm.positions import Slot
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.logic_queues import LogicQueues
 from storage.errors import CorruptRecordError, StoreError
 from storage.index_service import IndexService
-from storage.mapped_file import MappedFile
 from storage.record import BLANK_MAGIC_CODE, SIZE_MAGIC
 from storage.reput import ReputMessageService
-from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +136,19 @@ class Dispatcher(Service):
         dispatched = table.get(Slot.DISPATCHED)
         self.commit_log = CommitLog(cfg, read_only=True)
         self.commit_log.mapped_file_queue.refresh(table.get(Slot.MIN_OFFSET))
-        self.consume_queue_table: dict[tuple[str, int], ConsumeQueue] = {}
-        self._load_consume_queues()
-        rewound = sum(rewind_consume_queue(cq, dispatched)
-                      for cq in self.consume_queue_table.values())
+        self.logic_queues = LogicQueues(cfg)
+        for cq in self.logic_queues.discover():
+            cq.mapped_file_queue.finish_interrupted_creation()
+            cq.load()
+            cq.recover()
+        rewound = sum(cq.rewind_to(dispatched) for cq in self.logic_queues.all())
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.index_service = None
         if cfg.message_index_enable:
             self.index_service = IndexService(cfg.index_dir, cfg.max_hash_slot_num,
                                               cfg.max_index_num)
             self.index_service.load(True, self.checkpoint.index_msg_timestamp)
-        self.reput = ReputMessageService(self.commit_log, self._find_consume_queue,
+        self.reput = ReputMessageService(self.commit_log, self.logic_queues.find,
                                          self.index_service, self._index_failed)
         self.reput.arriving_listener = self._arriving
         self.reput.reput_from_offset = dispatched
@@ -156,35 +157,10 @@ class Dispatcher(Service):
         self._seen_min_offset = -1
         self._dirty = False
         self._stalled = False
-        self._last_flush_ms = self._last_thorough_ms = now_ms()
         self.dispatched_messages = 0
         self.dispatch_busy_ns = 0
         log.info("dispatching from %d (%d queues, %d units past it rewound)", dispatched,
-                 len(self.consume_queue_table), rewound)
-
-    def _load_consume_queues(self) -> None:
-        root = self.config.consume_queue_dir
-        if not os.path.isdir(root):
-            return
-        for topic in sorted(os.listdir(root)):
-            topic_dir = os.path.join(root, topic)
-            if check_topic(topic, internal=True) or not os.path.isdir(topic_dir):
-                log.warning("skipping %s: not a topic directory", topic_dir)
-                continue
-            for name in sorted(os.listdir(topic_dir)):
-                if name.isdigit():
-                    cq = self._find_consume_queue(topic, int(name))
-                    finish_interrupted_creation(cq.store_path, cq.mapped_file_size)
-                    cq.load()
-                    cq.recover()
-
-    def _find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.consume_queue_table.get((topic, queue_id))
-        if cq is None:
-            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
-                              self.config.consume_queue_file_size)
-            self.consume_queue_table[(topic, queue_id)] = cq
-        return cq
+                 len(self.logic_queues), rewound)
 
     def _arriving(self, topic: str, queue_id: int, next_offset: int, _tags_code: int,
                   _store_timestamp: int) -> None:
@@ -329,149 +305,33 @@ class Dispatcher(Service):
             return
         self._seen_min_offset = min_offset
         self.commit_log.mapped_file_queue.refresh(min_offset)
-        for cq in self.consume_queue_table.values():
-            unmap_consume_queue_files_below(cq, min_offset)
+        self.logic_queues.delete_expired(min_offset, unlink=False)
         if self.index_service is not None:
-            unmap_index_files_below(self.index_service, min_offset)
+            self.index_service.delete_expired_file(min_offset, unlink=False)
 
     # ================================================================== flush
     def _flush_on_interval(self) -> None:
-        cfg = self.config
-        now = now_ms()
-        if now - self._last_flush_ms < cfg.flush_interval_consume_queue:
-            return
-        self._last_flush_ms = now
-        if now - self._last_thorough_ms >= cfg.flush_consume_queue_thorough_interval:
-            self._last_thorough_ms = now
-            if self._dirty:
-                self.flush_logics()
-        else:
-            for cq in self.consume_queue_table.values():
-                cq.flush(cfg.flush_consume_queue_least_pages)
+        self.logic_queues.flush_on_interval(self._flush_if_dirty)
+
+    def _flush_if_dirty(self) -> None:
+        if self._dirty:
+            self.flush_logics()
 
     def flush_logics(self) -> None:
         """Everything dispatched made durable, then the checkpoint's logics and index
         times. Raises ``OSError`` when an fdatasync fails."""
-        logics_ts = self.reput.logics_timestamp
-        for cq in self.consume_queue_table.values():
-            for _ in range(len(cq.mapped_file_queue.mapped_files) + 2):
-                if cq.flush(0):
-                    break
-        index_ts = self.index_service.flush() if self.index_service is not None else 0
-        cp = self.checkpoint
-        if logics_ts > cp.logics_msg_timestamp:
-            cp.logics_msg_timestamp = logics_ts
-            cp.flush_one("logics")
-        if index_ts > cp.index_msg_timestamp:
-            cp.index_msg_timestamp = index_ts
-            cp.flush_one("index")
+        self.logic_queues.flush_logics(self.index_service, self.checkpoint,
+                                       self.reput.logics_timestamp)
         self._dirty = False
 
     def _close_files(self) -> None:
         self.commit_log.close()
-        for cq in self.consume_queue_table.values():
-            cq.close()
+        self.logic_queues.close()
         if self.index_service is not None:
             self.index_service.close()
         self.checkpoint.close()
         self.subscriber.close()
         self.publisher.close()
-
-
-# ====================================================================== helpers
-def finish_interrupted_creation(queue_dir: str, file_size: int) -> None:
-    """Allocate a zero-length last file: a creation a kill cut short between the
-    ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
-    it). Any other short file is left for the load to reject."""
-    names = sorted(n for n in os.listdir(queue_dir) if n.isdigit())
-    if not names:
-        return
-    path = os.path.join(queue_dir, names[-1])
-    if os.path.getsize(path) == 0:
-        log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
-        MappedFile(path, file_size).close()
-
-
-def rewind_consume_queue(cq: ConsumeQueue, phy_offset: int) -> int:
-    """Move ``cq``'s write position back to its first unit whose message starts at or
-    past ``phy_offset``; returns how many units were rewound.
-
-    Re-dispatch from ``phy_offset`` writes those units again, each over itself. Files
-    that hold no unit before them (an empty last file included) are closed and dropped
-    from the list; re-dispatch opens them again through ``get_or_create_last_mapped_file``
-    (which also redoes the pre-blank fill of a queue's first file). Nothing is
-    truncated, zeroed or unlinked: readers may map these files.
-    """
-    mfq = cq.mapped_file_queue
-    rewound = 0
-    while (mf := mfq.get_last_mapped_file()) is not None:
-        keep = mf.wrote_position
-        while keep > 0:
-            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, keep - CQ_STORE_UNIT_SIZE)
-            if size == BLANK_UNIT_SIZE or phy < phy_offset:
-                break
-            keep -= CQ_STORE_UNIT_SIZE
-        rewound += (mf.wrote_position - keep) // CQ_STORE_UNIT_SIZE
-        if keep > 0:
-            mf.wrote_position = mf.committed_position = keep
-            mf.flushed_position = min(mf.flushed_position, keep)
-            break
-        mf.close()
-        mfq.mapped_files.pop()
-    end = mfq.get_max_offset()
-    mfq.flushed_where = min(mfq.flushed_where, end)
-    mfq.committed_where = min(mfq.committed_where, end)
-    cq.max_physic_offset = _last_unit_end(cq)
-    return rewound
-
-
-def _last_unit_end(cq: ConsumeQueue) -> int:
-    """The end (offset + size) of the queue's last non-blank unit, -1 when none."""
-    mf = cq.mapped_file_queue.get_last_mapped_file()
-    if mf is None:
-        return -1
-    for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
-        phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
-        if size != BLANK_UNIT_SIZE:
-            return phy + size
-    return -1
-
-
-def unmap_consume_queue_files_below(cq: ConsumeQueue, min_offset: int) -> int:
-    """Close (never unlink: the cleaner does) the leading files of ``cq`` whose last
-    unit points below ``min_offset``, never the last file: the cleaner's rule."""
-    mfq = cq.mapped_file_queue
-    gone = []
-    for mf in mfq.mapped_files[:-1]:
-        pos = mf.read_position - CQ_STORE_UNIT_SIZE
-        if pos >= 0 and CQ_UNIT.unpack_from(mf.buf, pos)[0] >= min_offset:
-            break
-        mf.close()
-        gone.append(mf)
-    if gone:
-        mfq.delete_expired_file(gone)
-        first = mfq.get_first_mapped_file().file_from_offset
-        mfq.flushed_where = max(mfq.flushed_where, first)
-        mfq.committed_where = max(mfq.committed_where, first)
-        cq.correct_min_offset(min_offset)
-    return len(gone)
-
-
-def unmap_index_files_below(index_service: IndexService, min_offset: int) -> int:
-    """Close (never unlink: the cleaner does) the leading index files whose
-    endPhyOffset is below ``min_offset``, never the last: the cleaner's rule.
-
-    IndexService has no verb that unmaps without unlinking, so this reaches into its
-    list (see ``IndexService.delete_expired_file`` for the same rule, with unlink).
-    """
-    files = index_service._files
-    n = 0
-    while n < len(files) - 1 and files[n].end_phy_offset < min_offset:
-        n += 1
-    for f in files[:n]:
-        f.close()
-    del files[:n]
-    return n
 
 
 SERVICE = Dispatcher

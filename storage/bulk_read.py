@@ -8,7 +8,7 @@ records a call to a client that checks every one of them against its unit in bul
 as it can:
 
 1. ``StoreReader.read_queue_units`` hands over the consume queue's 20-byte units as they
-   lie (one file at most, never past DISPATCHED);
+   lie (``QueueUnits``; one file at most, never past DISPATCHED);
 2. ``plan_spans`` walks them once: it takes units while their records fit the byte
    budget and groups the records into *spans*, runs of the CommitLog inside one file
    and one ``MAX_SPAN_BYTES``-aligned stretch of it, with no gap over
@@ -18,7 +18,9 @@ as it can:
 3. inside a span, records that touch (``phy == previous end``) form one *piece*: a
    topic with one queue ships each span as one piece, four interleaved queues one piece
    per record. Pieces are memoryviews of the span's copy; joined in order they are
-   exactly the taken records, back to back.
+   exactly the taken records, back to back;
+4. ``read_records`` copies the spans (``StoreReader.read_queue_records``): a span whose
+   CommitLog stretch expired while being read ends the records before it.
 
 Blank (filler) units (``BLANK_UNIT_SIZE``) are taken like any other but point at no
 record. Nothing here checks a record: the client does, and must.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE
 from storage.status import GetMessageStatus
@@ -54,6 +56,16 @@ class Span(NamedTuple):
     first_unit: int
     end_unit: int
     pieces: list[slice]   # of the span's bytes (from begin): runs of touching records
+
+
+class QueueUnits(NamedTuple):
+    """Raw consume queue units from ``StoreReader.read_queue_units``."""
+
+    units: bytes      # count * 20 bytes: CQ_UNIT (commit_log_offset, size, tags_code)
+    first: int        # the logical offset of the first unit
+    count: int
+    min_offset: int   # the queue's bounds within the call's ``dispatched``
+    max_offset: int
 
 
 class QueueRecords(NamedTuple):
@@ -111,6 +123,31 @@ def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
         pieces.append(slice(piece_start, piece_end))
         spans.append(Span(begin, end, first_unit, taken, pieces))
     return taken, spans
+
+
+def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
+                 copy: Callable[[int, int], bytes | None]) -> QueueRecords:
+    """The records of ``got``'s units (from its first, ``got.count`` > 0) that fit
+    ``max_bytes``: ``plan_spans``, then ``copy(commit_log_offset, size)`` for each span
+    (None when those CommitLog bytes are gone: the records stop before that span, and
+    when it is the first, the status is OFFSET_FOUND_NULL with ``next_begin_offset``
+    past its units)."""
+    offset, lo, hi = got.first, got.min_offset, got.max_offset
+    taken, spans = plan_spans(got.units, max_bytes, at_least_one, file_size)
+    data: list = []
+    nbytes = 0
+    for span in spans:
+        copied = copy(span.begin, span.end - span.begin)
+        if copied is None:  # expired while being read: stop before it
+            taken = span.first_unit
+            if taken == 0:
+                return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
+                                    offset + span.end_unit, lo, hi, b"", [], 0)
+            break
+        data += map(memoryview(copied).__getitem__, span.pieces)
+        nbytes += sum(p.stop - p.start for p in span.pieces)
+    return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
+                        got.units[:taken * CQ_STORE_UNIT_SIZE], data, nbytes)
 
 
 @functools.lru_cache(maxsize=8)

@@ -293,7 +293,7 @@ class CommitLog:
             record_batch.stamp(batch, done, k, queue_ids[done:k], queue_offsets[done:k],
                                run, store_timestamp, self._store_host_bytes)
             mf.buf[pos:pos + last - first] = memoryview(batch.data)[first:last]
-            mf.wrote_position = mf.committed_position = pos + last - first
+            mf.appended(last - first)
             mf.store_timestamp = store_timestamp
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
@@ -354,7 +354,7 @@ class CommitLog:
         remain = mf.file_size - mf.wrote_position
         mf.buf[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
             record.encode_blank(remain)
-        mf.wrote_position = mf.committed_position = mf.file_size
+        mf.appended(remain)
 
     # ================================================================== offsets
     def get_min_offset(self) -> int:
@@ -478,7 +478,7 @@ class CommitLog:
                 break
         process_offset = mf.file_from_offset + pos
         mfq = self.mapped_file_queue
-        mfq.flushed_where = mfq.committed_where = process_offset
+        mfq.mark_flushed_to(process_offset)
         mfq.truncate_dirty_files(process_offset, self._quarantine_dir())
         return process_offset
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from typing import Iterator
 
-from storage.mapped_file import MappedFile
+from storage.mapped_file import MappedFile, offset_to_file_name
 from storage.mapped_file_queue import MappedFileQueue
 
 CQ_STORE_UNIT_SIZE = 20
@@ -90,8 +91,7 @@ class ConsumeQueue:
                 index += 1
                 continue
             break
-        self.mapped_file_queue.flushed_where = process_offset
-        self.mapped_file_queue.committed_where = process_offset
+        self.mapped_file_queue.mark_flushed_to(process_offset)
         self.mapped_file_queue.truncate_dirty_files(process_offset)
 
     def _valid_prefix(self, mf: MappedFile) -> int:
@@ -120,7 +120,7 @@ class ConsumeQueue:
         mf = mfq.get_or_create_last_mapped_file(expect)
         if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
             self.min_logic_offset = expect
-            mfq.flushed_where = mfq.committed_where = expect
+            mfq.mark_flushed_to(expect)
             self._fill_pre_blank(mf, expect)
         current = mf.file_from_offset + mf.wrote_position
         if expect < current:  # built already (a repeat): never write a unit twice
@@ -251,9 +251,47 @@ class ConsumeQueue:
             mf.zero_tail(keep)
             mf.set_positions(keep)
             break
-        end = mfq.get_max_offset()
-        mfq.flushed_where = min(mfq.flushed_where, end)
-        mfq.committed_where = min(mfq.committed_where, end)
+        mfq.clamp_flushed_where()
+
+    def rewind_to(self, phy_offset: int) -> int:
+        """Move the write position back to the first unit whose message starts at or
+        past ``phy_offset``; returns how many units were rewound (a writer restarting
+        while readers map the queue: the dispatcher).
+
+        Re-dispatch from ``phy_offset`` writes those units again, each over itself. Files
+        that hold no unit before them (an empty last file included) are closed and dropped
+        from the list; re-dispatch opens them again through ``get_or_create_last_mapped_file``
+        (which also redoes the pre-blank fill of a queue's first file). Nothing is
+        truncated, zeroed or unlinked: readers may map these files.
+        """
+        mfq = self.mapped_file_queue
+        rewound = 0
+        while (mf := mfq.get_last_mapped_file()) is not None:
+            keep = mf.wrote_position
+            while keep > 0:
+                phy, size, _ = CQ_UNIT.unpack_from(mf.buf, keep - CQ_STORE_UNIT_SIZE)
+                if size == BLANK_UNIT_SIZE or phy < phy_offset:
+                    break
+                keep -= CQ_STORE_UNIT_SIZE
+            rewound += (mf.wrote_position - keep) // CQ_STORE_UNIT_SIZE
+            if keep > 0:
+                mf.rewind(keep)
+                break
+            mfq.close_last_mapped_file()
+        mfq.clamp_flushed_where()
+        self.max_physic_offset = self._last_unit_end()
+        return rewound
+
+    def _last_unit_end(self) -> int:
+        """The end (offset + size) of the last non-blank unit, -1 when none."""
+        mf = self.mapped_file_queue.get_last_mapped_file()
+        if mf is None:
+            return -1
+        for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
+            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+            if size != BLANK_UNIT_SIZE:
+                return phy + size
+        return -1
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """Move ``min_logic_offset`` to the first unit whose message still exists."""
@@ -267,15 +305,18 @@ class ConsumeQueue:
                 return
         self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + mf.read_position)
 
-    def delete_expired_file(self, min_commit_log_offset: int) -> int:
-        """Delete files whose units all point below ``min_commit_log_offset``."""
+    def delete_expired_file(self, min_commit_log_offset: int, *, unlink: bool = True) -> int:
+        """Delete files whose units all point below ``min_commit_log_offset``, never the
+        last. Without ``unlink`` they are only unmapped (a process that follows the
+        cleaner: the dispatcher)."""
         def last_unit_offset(mf: MappedFile) -> int | None:
             pos = mf.read_position - CQ_STORE_UNIT_SIZE
             return CQ_PHY_OFFSET.unpack_from(mf.buf, pos)[0] if pos >= 0 else None
 
         count = self.mapped_file_queue.delete_expired_file_by_offset(
-            min_commit_log_offset, CQ_STORE_UNIT_SIZE, last_unit_offset)
-        self.correct_min_offset(min_commit_log_offset)
+            min_commit_log_offset, last_unit_offset, unlink=unlink)
+        if unlink or count:  # a process that only unmaps reads no min offset: no scan
+            self.correct_min_offset(min_commit_log_offset)
         return count
 
     def close(self) -> None:
@@ -285,3 +326,192 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         self.min_logic_offset = 0
         self.mapped_file_queue.destroy()
+
+
+# ====================================================================== read-only view
+_UNIT_SETTLE_CHECKS = 5      # re-reads of a mismatching unit before it is called corrupt
+_UNIT_SETTLE_SLEEP_S = 0.001
+
+
+def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
+    return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
+
+
+def _units_within(buf, units: int, bound: int) -> int:
+    """How many leading units of a consume queue file are there within ``bound``:
+    blanks, or valid units whose record ends at or below it (a prefix, by order)."""
+    lo, hi = 0, units
+    unpack_from = CQ_UNIT.unpack_from
+    while lo < hi:
+        mid = (lo + hi) // 2
+        phy, size, tags_code = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
+        if _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0 and phy + size <= bound):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _first_unit_at_or_above(buf, units: int, min_phy: int) -> int:
+    """The first of ``units`` leading units that is not a blank and points at or above
+    ``min_phy`` (``units`` when none does)."""
+    lo, hi = 0, units
+    unpack_from = CQ_UNIT.unpack_from
+    while lo < hi:
+        mid = (lo + hi) // 2
+        phy, size, _ = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
+        if size != BLANK_UNIT_SIZE and phy >= min_phy:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class ConsumeQueueView(ConsumeQueue):
+    """A consume queue another process writes, mapped read-only (``StoreReader``).
+
+    Every read is bounded by the caller's ``dispatched``: ``bounds`` maps files the
+    dispatcher created since, drops files the cleaner unlinked, and leaves the queue
+    showing exactly the units in ``[min, max)`` within the bound: the file holding the
+    bound reads up to it, later files are hidden (``MappedFileQueue.show_first``), the
+    min offset is the first unit whose message is at or above the CommitLog's min. The
+    ConsumeQueue reads (``get_index_buffer``, ``get_unit``, ``iter_units``,
+    ``get_offset_in_queue_by_time``) then see nothing past the bound.
+
+    Units of one queue point at increasing CommitLog offsets and are followed by zeros,
+    so "unit n is within the bound" holds for a prefix of every file: both ends are
+    found by binary search. Never writes, creates, truncates or unlinks a file.
+    """
+
+    def __init__(self, topic: str, queue_id: int, root_dir: str, mapped_file_size: int):
+        super().__init__(topic, queue_id, root_dir, mapped_file_size, read_only=True)
+        self.units_per_file = mapped_file_size // CQ_STORE_UNIT_SIZE
+        self._partial: MappedFile | None = None
+
+    def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
+        """``(min, max)`` logical offsets within ``dispatched``; leaves the queue showing
+        exactly the units in ``[min, max)``."""
+        mfq = self.mapped_file_queue
+        mfq.show_all()
+        if not mfq.mapped_files:
+            mfq.refresh()
+            if not mfq.mapped_files:
+                self.min_logic_offset = 0
+                return 0, 0
+        i, k = self._last_within(dispatched)
+        files = mfq.mapped_files
+        hi = files[i].file_from_offset // CQ_STORE_UNIT_SIZE + k
+        self._set_partial(files[i], k)
+        visible = files[:i + 1 if k > 0 else i]
+        lo = self._first_alive(visible, min_phy, hi)
+        if lo is None:  # an expired file was unlinked and dropped: look again
+            return self.bounds(dispatched, min_phy)
+        self.min_logic_offset = lo * CQ_STORE_UNIT_SIZE
+        mfq.show_first(len(visible))
+        return lo, hi
+
+    def _last_within(self, bound: int) -> tuple[int, int]:
+        """(file index, units within the bound in it) of the last file holding any."""
+        mfq, per_file = self.mapped_file_queue, self.units_per_file
+        files = mfq.mapped_files
+        i = len(files) - 1
+        k = _units_within(files[i].buf, per_file, bound)
+        while k == per_file and self._next_file_exists(files[i]):
+            n = len(files)
+            mfq.refresh()
+            files = mfq.mapped_files
+            if len(files) == n:
+                break
+            i = len(files) - 1
+            k = _units_within(files[i].buf, per_file, bound)
+        while k == 0 and i > 0:
+            i -= 1
+            k = _units_within(files[i].buf, per_file, bound)
+        return i, k
+
+    def _next_file_exists(self, mf: MappedFile) -> bool:
+        return os.path.exists(os.path.join(
+            self.store_path, offset_to_file_name(mf.file_from_offset + self.mapped_file_size)))
+
+    def _set_partial(self, mf: MappedFile, k: int) -> None:
+        """Every file reads whole except the one holding the bound (at most one)."""
+        old = self._partial
+        if old is not None and old is not mf:
+            old.set_positions(self.mapped_file_size)
+        mf.set_positions(k * CQ_STORE_UNIT_SIZE)
+        self._partial = mf if k < self.units_per_file else None
+
+    def _first_alive(self, visible: list[MappedFile], min_phy: int, hi: int) -> int | None:
+        """The first unit pointing at or above ``min_phy`` (``hi`` when none). None when
+        an expired first file turned out to be unlinked and was dropped."""
+        for n, mf in enumerate(visible):
+            units = mf.read_position // CQ_STORE_UNIT_SIZE
+            j = _first_unit_at_or_above(mf.buf, units, min_phy)
+            if j < units:
+                return mf.file_from_offset // CQ_STORE_UNIT_SIZE + j
+            if n == 0 and len(self.mapped_file_queue.mapped_files) > 1 \
+                    and not os.path.exists(mf.path):
+                if self._drop_unlinked_front():
+                    return None
+        return hi
+
+    def _drop_unlinked_front(self) -> bool:
+        mfq = self.mapped_file_queue
+        try:
+            names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+        if not names:
+            return False
+        before = len(mfq.mapped_files)
+        mfq.refresh(min_offset=int(names[0]))
+        if self._partial is not None and self._partial not in mfq.mapped_files:
+            self._partial = None
+        return len(mfq.mapped_files) < before
+
+    # ------------------------------------------------------------------ reads within bounds
+    def read_units(self, first: int, max_units: int, hi: int) -> bytes:
+        """The raw units from ``first``: at most ``max_units``, never at or past ``hi``
+        nor past the end of the file holding ``first``; empty when that file went."""
+        per_file = self.units_per_file
+        count = min(max_units, hi - first, per_file - first % per_file)
+        if count <= 0:
+            return b""
+        found = self.get_index_buffer(first)
+        if found is None:
+            return b""
+        mf, pos, _ = found
+        return bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
+
+    def first_offset_stored_since(self, timestamp_ms: int, lo: int, hi: int,
+                                  pickup_store_timestamp) -> int:
+        """The first offset in ``[lo, hi)`` whose message was stored at or after
+        ``timestamp_ms``, ``hi`` when none was. Store times never decrease along a
+        queue, so a binary search reads about log2(n) records; a unit whose record is
+        gone (``pickup_store_timestamp`` < 0) counts as earlier."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.get_unit(mid)
+            stored = -1 if unit is None or unit[1] == BLANK_UNIT_SIZE else \
+                pickup_store_timestamp(unit[0], unit[1])
+            if 0 <= stored and stored >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def unit_changing(self, where: tuple[str, int]) -> bool:
+        """True when the unit at ``where`` (file path, position) changes within a few
+        milliseconds: it was read while being written (a unit past the bound whose torn
+        bytes looked inside it)."""
+        path, pos = where
+        mf = next((f for f in self.mapped_file_queue.all_mapped_files() if f.path == path),
+                  None)
+        if mf is None:
+            return False
+        seen = bytes(mf.buf[pos:pos + CQ_STORE_UNIT_SIZE])
+        for _ in range(_UNIT_SETTLE_CHECKS):
+            time.sleep(_UNIT_SETTLE_SLEEP_S)
+            if mf.buf[pos:pos + CQ_STORE_UNIT_SIZE] != seen:
+                return True
+        return False

@@ -65,6 +65,7 @@ import mmap
 import os
 import struct
 import time
+from operator import attrgetter
 from typing import Callable, Iterator
 
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
@@ -321,7 +322,7 @@ class IndexFile:
         (self._begin_timestamp, self._end_timestamp, self._begin_phy_offset,
          self._end_phy_offset, self._hash_slot_count, index_count) = decode_header(self._buf)
         if index_count > self.index_num:
-            self._abandon()
+            self.close()
             raise CorruptRecordError(self.path, INDEX_COUNT_POS,
                                      f"indexCount {index_count} exceeds index_num "
                                      f"{self.index_num}")
@@ -332,42 +333,18 @@ class IndexFile:
                                self._begin_phy_offset, self._end_phy_offset,
                                self._hash_slot_count, self._index_count)
 
-    def _abandon(self) -> None:
-        if self._buf is not None:
-            self._buf.close()
-            self._buf = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
     # ----------------------------------------------------------------- header
     @property
     def file_name(self) -> str:
         return os.path.basename(self.path)
 
-    @property
-    def begin_timestamp(self) -> int:
-        return self._begin_timestamp
-
-    @property
-    def end_timestamp(self) -> int:
-        return self._end_timestamp
-
-    @property
-    def begin_phy_offset(self) -> int:
-        return self._begin_phy_offset
-
-    @property
-    def end_phy_offset(self) -> int:
-        return self._end_phy_offset
-
-    @property
-    def hash_slot_count(self) -> int:
-        return self._hash_slot_count
-
-    @property
-    def index_count(self) -> int:
-        return self._index_count
+    # the header's fields, read-only: only put_key and truncate move them
+    begin_timestamp = property(attrgetter("_begin_timestamp"))
+    end_timestamp = property(attrgetter("_end_timestamp"))
+    begin_phy_offset = property(attrgetter("_begin_phy_offset"))
+    end_phy_offset = property(attrgetter("_end_phy_offset"))
+    hash_slot_count = property(attrgetter("_hash_slot_count"))
+    index_count = property(attrgetter("_index_count"))
 
     def is_write_full(self) -> bool:
         """``isWriteFull``: no room for another entry (``indexCount >= index_num``)."""
@@ -549,3 +526,84 @@ class IndexFile:
         return (f"IndexFile({self.file_name}, index_count={self._index_count}, "
                 f"phy=[{self._begin_phy_offset}, {self._end_phy_offset}], "
                 f"time=[{self._begin_timestamp}, {self._end_timestamp}])")
+
+
+# ====================================================================== read-only view
+_SLOT_SETTLE_CHECKS = 20     # header re-reads while a slot names the entry being put
+_SLOT_SETTLE_SLEEP_S = 0.00005
+_HEADER_READS = 8            # reads until two consecutive headers agree
+
+
+class IndexFileView:
+    """One index file another process writes, mapped read-only with no descriptor kept
+    (``StoreReader``). ``snapshot()`` re-reads the header the writer keeps updating; the
+    queries read the values it took.
+
+    The 40-byte header is re-read at every query, slot chains are walked as
+    ``IndexFile.select_phy_offset`` does, never past indexCount, and the caller re-reads
+    and verifies every hit, so a stale or torn entry can hide a message for a moment but
+    never return a wrong one.
+    """
+
+    def __init__(self, path: str, hash_slot_num: int, index_num: int):
+        """Raises ``StoreFileError`` when the file is not (yet) of the configured size,
+        ``OSError`` when it cannot be opened (gone already)."""
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        size = index_file_size(hash_slot_num, index_num)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise StoreFileError(path, f"length {actual} is not the index file size {size}")
+            self.buf: mmap.mmap | None = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.begin_timestamp = self.end_timestamp = self.end_phy_offset = 0
+        self.index_count = 1
+        self.unborn = True
+
+    def snapshot(self) -> None:
+        """Re-read the header until two reads agree. Raises ``CorruptRecordError`` when
+        indexCount exceeds the file's capacity."""
+        buf = self.buf
+        if buf is None:
+            raise StoreClosedError(f"{self.path} is closed")
+        header = decode_header(buf)
+        for _ in range(_HEADER_READS):
+            again = decode_header(buf)
+            if again == header:
+                break
+            header = again
+        begin_ts, end_ts, _, end_phy, _, index_count = header
+        # allocated but its header not written yet: no entries, and its begin of 0
+        # must not end a query's newest-first walk before the older files
+        self.unborn = index_count == 0 and begin_ts == 0 and end_ts == 0
+        if index_count > self.index_num:
+            raise CorruptRecordError(self.path, INDEX_COUNT_POS,
+                                     f"indexCount {index_count} exceeds index_num {self.index_num}")
+        self.begin_timestamp, self.end_timestamp, self.end_phy_offset = begin_ts, end_ts, end_phy
+        self.index_count = index_count if index_count > 0 else 1
+
+    def is_time_matched(self, begin_ms: int, end_ms: int) -> bool:
+        return time_matched(begin_ms, end_ms, self.begin_timestamp, self.end_timestamp)
+
+    def select_phy_offset(self, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """As ``IndexFile.select_phy_offset``. A slot naming the entry being put right
+        now (slot == indexCount: entry and slot are written, the header not yet) would
+        hide the whole chain, so the header is re-read until it counts that entry."""
+        key_hash = index_key_hash(key)
+        slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        for _ in range(_SLOT_SETTLE_CHECKS):
+            if HASH_SLOT.unpack_from(self.buf, slot_pos)[0] != self.index_count:
+                break
+            time.sleep(_SLOT_SETTLE_SLEEP_S)
+            self.snapshot()
+        return select_phy_offsets(self.buf, self.hash_slot_num, self.begin_timestamp,
+                                  self.index_count, key_hash, max_num, begin_ms, end_ms)
+
+    def close(self) -> None:
+        if self.buf is not None:
+            self.buf.close()
+            self.buf = None

@@ -268,12 +268,14 @@ class IndexService:
         """
         return query_offset(self._files, topic, key, max_num, begin_ms, end_ms)
 
-    def delete_expired_file(self, min_commit_log_offset: int) -> int:
+    def delete_expired_file(self, min_commit_log_offset: int, *, unlink: bool = True) -> int:
         """``deleteExpiredFile(offset)``: destroy the index files every entry of which
         points below ``min_commit_log_offset`` (the CommitLog's new min offset).
 
         Oldest first, never the last (written) file, stopping at the first file kept.
-        Returns how many files were destroyed. Raises nothing.
+        Without ``unlink`` the files are only unmapped (a process that follows the
+        cleaner, which unlinks them: the dispatcher). Returns how many files went.
+        Raises nothing.
         """
         files = self._files
         if not files or files[0].end_phy_offset >= min_commit_log_offset:
@@ -283,6 +285,9 @@ class IndexService:
             count += 1
         expired, self._files = files[:count], files[count:]
         for f in expired:
+            if not unlink:
+                f.close()
+                continue
             log.info("destroy expired index file %s (endPhyOffset %d < %d)",
                      f.file_name, f.end_phy_offset, min_commit_log_offset)
             f.destroy()

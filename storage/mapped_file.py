@@ -10,7 +10,10 @@ It keeps three positions, each relative to the file's start:
 ``committed_position`` is in the file's pages (equal to wrote here: appends go straight
 into the mapping, there is no transient pool yet); everything below
 ``flushed_position`` has been through ``fdatasync``. Readers never read past the read
-position (``committed_position``).
+position (``committed_position``). The positions move only through the file's own
+methods (``append``/``appended``, ``flush``, ``rewind``, ``set_positions``), each of
+which asserts the invariant (a violation is a programmer error: every position is
+computed by the code, none is read from disk).
 
 Files are preallocated to full size with ``posix_fallocate`` before they are mapped, so a
 full disk fails the creation cleanly (CREATE_MAPEDFILE_FAILED) instead of killing the
@@ -107,7 +110,6 @@ class MappedFile:
         self.available = True
         self.cleanup_over = False
         self._first_shutdown_ms = 0
-        self._pid = os.getpid()
 
     def _open(self, create: bool) -> int:
         flags = os.O_RDONLY if self.read_only else os.O_RDWR
@@ -155,6 +157,26 @@ class MappedFile:
     def set_positions(self, position: int) -> None:
         """Set wrote, committed and flushed positions together (load and recovery)."""
         self.wrote_position = self.committed_position = self.flushed_position = position
+        self._check_positions()
+
+    def rewind(self, position: int) -> None:
+        """Move the wrote and committed positions back to ``position`` (at most the wrote
+        position), the flushed one too where it lies past it. The bytes stay: a writer
+        that rewinds writes the same bytes again over them (the dispatcher's restart)."""
+        assert 0 <= position <= self.wrote_position, (self, position)
+        self.wrote_position = self.committed_position = position
+        self.flushed_position = min(self.flushed_position, position)
+
+    def appended(self, size: int) -> None:
+        """Publish ``size`` bytes the caller copied into ``buf`` at the wrote position
+        (a writer that fills the mapping itself): wrote and committed move past them."""
+        self.wrote_position = self.committed_position = self.wrote_position + size
+        self._check_positions()
+
+    def _check_positions(self) -> None:
+        """The invariant of the module docstring; a violation is a programmer error."""
+        assert 0 <= self.flushed_position <= self.committed_position <= self.wrote_position \
+            <= self.file_size, self
 
     # ------------------------------------------------------------------- writes
     def append(self, data) -> bool:
@@ -168,6 +190,7 @@ class MappedFile:
             return False
         self.buf[pos:end] = data
         self.wrote_position = self.committed_position = end
+        self._check_positions()
         return True
 
     def mark_committed(self) -> None:
@@ -221,6 +244,7 @@ class MappedFile:
                     value = self.read_position
                     FILE_OPS.fdatasync(self.fd)
                     self.flushed_position = value
+                    self._check_positions()
                 finally:
                     self.release()
             else:
@@ -305,7 +329,8 @@ class MappedFile:
 
     def __repr__(self) -> str:
         return (f"MappedFile({self.file_name}, wrote={self.wrote_position}, "
-                f"flushed={self.flushed_position}, size={self.file_size})")
+                f"committed={self.committed_position}, flushed={self.flushed_position}, "
+                f"size={self.file_size})")
 
 
 def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:

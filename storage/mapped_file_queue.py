@@ -2,9 +2,12 @@
 
 File ``n`` is named ``name[n-1] + mapped_file_size`` (20-digit offsets), so a global
 offset finds its file by arithmetic relative to the first file (old files are deleted,
-so the first need not start at 0). Two global pointers summarise the files:
+so the first need not start at 0). One global pointer summarises the files:
 
-    flushed_where <= committed_where <= max_wrote_position
+    flushed_where <= max_wrote_position
+
+(committed is wrote here: there is no transient pool, so RocketMQ's committedWhere
+would only repeat it.)
 
 ``flush(least_pages)`` works on the one file holding ``flushed_where`` per call and
 returns True when nothing moved (callers loop). The last file is the only one written.
@@ -48,8 +51,8 @@ class MappedFileQueue:
         self.preallocate_next = preallocate_next
         self.read_only = read_only
         self.mapped_files: list[MappedFile] = []
+        self._past_view: list[MappedFile] = []   # mapped, hidden by ``show_first``
         self.flushed_where = 0
-        self.committed_where = 0
         self.store_timestamp = 0
         self.short_file_index: int | None = None
 
@@ -84,7 +87,8 @@ class MappedFileQueue:
         """Read-only views only: map files another process created after the last file
         mapped here, and unmap files wholly below ``min_offset`` (deleted by the
         cleaner, or about to be). A file not yet allocated to full size is left for a
-        later call."""
+        later call. Every mapped file is shown again first (``show_all``)."""
+        self.show_all()
         while self.mapped_files and \
                 self.mapped_files[0].file_from_offset + self.mapped_file_size <= min_offset \
                 and len(self.mapped_files) > 1:
@@ -111,6 +115,18 @@ class MappedFileQueue:
             self.mapped_files.append(mf)
             next_offset = offset + self.mapped_file_size
 
+    def finish_interrupted_creation(self) -> None:
+        """Allocate a zero-length last file: a creation a kill cut short between the
+        ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
+        it). Any other short file is left for ``load`` to reject. Call before ``load``."""
+        names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
+        if not names:
+            return
+        path = os.path.join(self.store_path, names[-1])
+        if os.path.getsize(path) == 0:
+            log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
+            MappedFile(path, self.mapped_file_size).close()
+
     def _check_files(self, names: list[str], extend_short: bool) -> int | None:
         """Raise ``StoreFileError`` for a gap or a wrong size; the short file's index."""
         short = None
@@ -132,6 +148,25 @@ class MappedFileQueue:
                 raise StoreFileError(path, f"length {size} does not match the configured file "
                                      f"size {self.mapped_file_size}; check it manually")
         return short
+
+    # ------------------------------------------------------------------ bounded view
+    def show_first(self, count: int) -> None:
+        """Read-only views only: lookups (first and last file, find by offset or time,
+        max offset) see only the first ``count`` mapped files until ``show_all``; the
+        others stay mapped (a reader's bound lies before them)."""
+        assert self.read_only, "only a read-only view hides files"
+        every = self.mapped_files + self._past_view
+        self.mapped_files, self._past_view = every[:count], every[count:]
+
+    def show_all(self) -> None:
+        """Undo ``show_first``: every mapped file is in ``mapped_files`` again."""
+        if self._past_view:
+            self.mapped_files = self.mapped_files + self._past_view
+            self._past_view = []
+
+    def all_mapped_files(self) -> list[MappedFile]:
+        """Every mapped file, those ``show_first`` hides included."""
+        return self.mapped_files + self._past_view
 
     # ------------------------------------------------------------------ lookup
     def get_first_mapped_file(self) -> MappedFile | None:
@@ -230,7 +265,6 @@ class MappedFileQueue:
         where = mf.file_from_offset + mf.flush(flush_least_pages)
         result = where == self.flushed_where
         self.flushed_where = where
-        self.committed_where = max(self.committed_where, where)
         if flush_least_pages == 0:
             self.store_timestamp = tmp
         return result
@@ -297,7 +331,21 @@ class MappedFileQueue:
             remove.append(mf)
         self.delete_expired_file(remove)
         self.flushed_where = min(self.flushed_where, offset)
-        self.committed_where = min(self.committed_where, offset)
+
+    def mark_flushed_to(self, offset: int) -> None:
+        """Everything below ``offset`` is durable already: recovery found it on disk, or
+        a queue's first file starts there (the units before it were never written)."""
+        self.flushed_where = offset
+
+    def clamp_flushed_where(self) -> None:
+        """Keep ``flushed_where`` within the data after a cut or a rewind."""
+        self.flushed_where = min(self.flushed_where, self.get_max_offset())
+
+    def close_last_mapped_file(self) -> None:
+        """Unmap the last file and drop it from the list, keeping it on disk (a restarting
+        writer of a queue others may map: it opens the file again when it gets there)."""
+        last = self.mapped_files.pop()
+        last.close()
 
     def delete_last_mapped_file(self) -> None:
         last = self.get_last_mapped_file()
@@ -306,9 +354,13 @@ class MappedFileQueue:
             self.mapped_files.remove(last)
 
     def delete_expired_file(self, files: list[MappedFile]) -> None:
-        """Drop destroyed files from the list (those not in it are skipped)."""
+        """Drop destroyed (or unmapped) files from the list (those not in it are
+        skipped); ``flushed_where`` never stays below the first file left."""
         gone = {id(f) for f in files}
         self.mapped_files = [mf for mf in self.mapped_files if id(mf) not in gone]
+        first = self.get_first_mapped_file()
+        if first is not None and self.flushed_where < first.file_from_offset:
+            self.flushed_where = first.file_from_offset
 
     # ------------------------------------------------------------------ expiry
     def delete_expired_file_by_time(self, expired_time_ms: int, delete_files_interval_ms: int,
@@ -339,19 +391,24 @@ class MappedFileQueue:
             fsync_dir(self.store_path)
         return len(deleted)
 
-    def delete_expired_file_by_offset(self, offset: int, unit_size: int,
-                                      last_unit_offset: Callable[[MappedFile], int | None]) -> int:
+    def delete_expired_file_by_offset(self, offset: int,
+                                      last_unit_offset: Callable[[MappedFile], int | None], *,
+                                      unlink: bool = True) -> int:
         """Delete non-last files whose last unit points below ``offset`` (consume queues).
 
         ``last_unit_offset(mf)`` reads the CommitLog offset held by the file's last unit
-        (None when unreadable, which also lets it go).
+        (None when unreadable, which also lets it go). Without ``unlink`` the files are
+        only unmapped and dropped from the list (a process that follows the cleaner,
+        which unlinks them).
         """
         deleted: list[MappedFile] = []
         for mf in self.mapped_files[:-1]:
             phy = last_unit_offset(mf)
             if phy is not None and phy >= offset:
                 break
-            if not mf.destroy(60_000):
+            if not unlink:
+                mf.close()
+            elif not mf.destroy(60_000):
                 break
             deleted.append(mf)
         self.delete_expired_file(deleted)
@@ -359,6 +416,7 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
+        self.show_all()
         for mf in self.mapped_files:
             mf.close()
 
@@ -366,7 +424,7 @@ class MappedFileQueue:
         for mf in self.mapped_files:
             mf.destroy(3000)
         self.mapped_files = []
-        self.flushed_where = self.committed_where = 0
+        self.flushed_where = 0
         if os.path.isdir(self.store_path):
             for name in os.listdir(self.store_path):
                 if name.isdigit():

@@ -1,8 +1,9 @@
 """MessageStore: the embedded store (RocketMQ's DefaultMessageStore) in one process.
 
-It owns the CommitLog, the consume queues (``consume_queue_table``: topic -> queue id
--> ConsumeQueue, created on demand), the index service and the checkpoint, and runs in
-the caller's thread what RocketMQ runs in service threads:
+It owns the CommitLog, the consume queues (``logic_queues``: ``storage.logic_queues``,
+the table the dispatcher process uses too, queues created on demand), the index service
+and the checkpoint, and runs in the caller's thread what RocketMQ runs in service
+threads:
 
     RocketMQ service            here
     ------------------------    -----------------------------------------------------
@@ -13,7 +14,8 @@ the caller's thread what RocketMQ runs in service threads:
     ReputMessageService         ``dispatch()``; reads dispatch first, so they see every
                                 message put before them
     ScheduleMessageService      ``deliver_delayed_messages()``
-    FlushConsumeQueueService    after dispatch, on its interval; persists the checkpoint
+    FlushConsumeQueueService    after dispatch, on its interval (``LogicQueues``); persists
+                                the checkpoint
     Clean*Service               ``clean_expired_files()``
 
 Lifecycle: ``load()`` takes the ``lock`` file, recovers (abnormal when ``abort``
@@ -46,6 +48,7 @@ from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog, PutMessageResult
 from storage.config import StoreConfig, check_geometry, record_geometry
 from storage.consume_queue import ConsumeQueue
+from storage.logic_queues import LogicQueues
 from storage.errors import StoreClosedError, StoreError, StoreFileError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
@@ -60,7 +63,6 @@ from storage.schedule_message import ScheduleMessageService
 from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
-from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ class MessageStore:
         self._take_lock = take_lock
         self.root_dir = config.store_path_root_dir
         self.commit_log = CommitLog(config)
-        self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
+        self.logic_queues = LogicQueues(config)
         self.index_service = IndexService(config.index_dir, config.max_hash_slot_num,
                                           config.max_index_num)
         self.checkpoint: StoreCheckpoint | None = None
@@ -102,7 +104,6 @@ class MessageStore:
         self._state = "new"
         self._queue_selector = QueueSelector(config.default_topic_queue_nums)
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
-        self._last_cq_flush_ms = self._last_cq_thorough_ms = now_ms()
         self._rebuild_logics = False
         self._sizes_recorded = False
 
@@ -179,9 +180,7 @@ class MessageStore:
 
     def _close_files(self) -> None:
         self.commit_log.close()
-        for queues in self.consume_queue_table.values():
-            for cq in queues.values():
-                cq.close()
+        self.logic_queues.close()
         self.index_service.close()
         if self.checkpoint is not None:
             self.checkpoint.close()
@@ -213,26 +212,16 @@ class MessageStore:
         """Load every queue; in a store that recorded its file sizes, one that cannot be
         loaded (a damaged file) is rebuilt from the CommitLog. Without that record a
         wrong size may be a configuration mistake, and the load fails instead."""
-        root = self.config.consume_queue_dir
-        if not os.path.isdir(root):
-            return
-        for topic in sorted(os.listdir(root)):
-            if check_topic(topic, internal=True) or not os.path.isdir(os.path.join(root, topic)):
-                log.warning("skipping %s: not a topic directory", os.path.join(root, topic))
-                continue
-            for name in sorted(os.listdir(os.path.join(root, topic))):
-                if not name.isdigit():
-                    continue
-                cq = self.find_consume_queue(topic, int(name))
-                try:
-                    cq.load()
-                except StoreError as e:
-                    if not self._sizes_recorded:  # maybe a misconfiguration: touch nothing
-                        raise
-                    log.warning("consume queue %s/%s unusable, rebuilding it from the "
-                                "commitlog: %s", topic, name, e)
-                    cq.destroy()
-                    self._rebuild_logics = True
+        for cq in self.logic_queues.discover():
+            try:
+                cq.load()
+            except StoreError as e:
+                if not self._sizes_recorded:  # maybe a misconfiguration: touch nothing
+                    raise
+                log.warning("consume queue %s/%s unusable, rebuilding it from the "
+                            "commitlog: %s", cq.topic, cq.queue_id, e)
+                cq.destroy()
+                self._rebuild_logics = True
 
     def _load_index(self) -> None:
         """Load the index; an index that cannot be loaded is rebuilt from the CommitLog."""
@@ -246,16 +235,13 @@ class MessageStore:
             self._rebuild_logics = True
 
     def _recover(self) -> None:
-        max_cq_end = -1
-        for cq in self.all_consume_queues():
-            cq.recover()
-            max_cq_end = max(max_cq_end, cq.max_physic_offset)
+        max_cq_end = self.logic_queues.recover()
         if self.last_exit_ok:
             result = self.commit_log.recover_normally()
         else:
             result = self.commit_log.recover_abnormally(self._recovery_min_timestamp())
         if not self.commit_log.mapped_file_queue.mapped_files:
-            if self.consume_queue_table or self.index_service.files:
+            if len(self.logic_queues) or self.index_service.files:
                 log.warning("no commitlog files: destroying consume queues and index")
             self._destroy_logics()
         else:
@@ -264,8 +250,7 @@ class MessageStore:
         if max_cq_end > result.process_offset:
             log.warning("consume queues reach %d past the commitlog end %d: truncating",
                         max_cq_end, result.process_offset)
-            for cq in self.all_consume_queues():
-                cq.truncate_dirty_logic_files(result.process_offset)
+            self.logic_queues.truncate_dirty(result.process_offset)
         self.reput_from_offset = self._redispatch_start(max_cq_end, result.redispatch_from,
                                                         result.process_offset)
         self._dispatch_to(result.process_offset)
@@ -296,9 +281,7 @@ class MessageStore:
         self.commit_log.set_topic_queue_table(table)
 
     def _destroy_logics(self) -> None:
-        for cq in self.all_consume_queues():
-            cq.destroy()
-        self.consume_queue_table.clear()
+        self.logic_queues.destroy()
         self.index_service.destroy()
 
     # ================================================================== put
@@ -390,7 +373,7 @@ class MessageStore:
         with self._mutex:
             self._check_running()
             n = self._dispatch_to(self._confirm_offset())
-            self._flush_consume_queues_on_interval()
+            self.logic_queues.flush_on_interval(self._flush_logics)
             return n
 
     def _dispatch_to(self, end: int) -> int:
@@ -406,16 +389,10 @@ class MessageStore:
         return count
 
     def find_consume_queue(self, topic: str, queue_id: int, *, create: bool = True) -> ConsumeQueue | None:
-        queues = self.consume_queue_table.get(topic)
-        cq = queues.get(queue_id) if queues else None
-        if cq is None and create:
-            cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
-                              self.config.consume_queue_file_size)
-            self.consume_queue_table.setdefault(topic, {})[queue_id] = cq
-        return cq
+        return self.logic_queues.find(topic, queue_id, create=create)
 
     def all_consume_queues(self) -> list[ConsumeQueue]:
-        return [cq for queues in self.consume_queue_table.values() for cq in queues.values()]
+        return self.logic_queues.all()
 
     # ================================================================== flush
     def flush(self) -> None:
@@ -427,41 +404,16 @@ class MessageStore:
             except OSError as e:
                 self._flush_failed(e)
                 raise
-            self._flush_logics(0)
+            self._flush_logics()
             self.schedule_message_service.persist()
 
-    def _flush_consume_queues_on_interval(self) -> None:
-        now = now_ms()
-        if now - self._last_cq_flush_ms < self.config.flush_interval_consume_queue:
-            return
-        self._last_cq_flush_ms = now
-        if now - self._last_cq_thorough_ms >= self.config.flush_consume_queue_thorough_interval:
-            self._last_cq_thorough_ms = now
-            self._flush_logics(0)
-        else:
-            for cq in self.all_consume_queues():
-                cq.flush(self.config.flush_consume_queue_least_pages)
-
-    def _flush_logics(self, least_pages: int) -> None:
-        """FlushConsumeQueueService.doFlush: queues, index, then the checkpoint."""
-        logics_ts = self.reput.logics_timestamp
+    def _flush_logics(self) -> None:
+        """FlushConsumeQueueService.doFlush: queues, index, then the checkpoint. A failed
+        fdatasync stops writes (``_flush_failed``) and is raised."""
         try:
-            for cq in self.all_consume_queues():
-                cq.mapped_file_queue.flush_dirty(least_pages)
-            index_ts = self.index_service.flush()
-        except OSError as e:
-            self._flush_failed(e)
-            raise
-        cp = self.checkpoint
-        physic_ts = self.commit_log.mapped_file_queue.store_timestamp
-        if physic_ts > 0:
-            cp.physic_msg_timestamp = physic_ts
-        if logics_ts > 0 and least_pages == 0:  # only a thorough flush covers every unit
-            cp.logics_msg_timestamp = logics_ts
-        if index_ts > 0:
-            cp.index_msg_timestamp = index_ts
-        try:
-            cp.flush()
+            self.logic_queues.flush_logics(
+                self.index_service, self.checkpoint, self.reput.logics_timestamp,
+                physic_ts=self.commit_log.mapped_file_queue.store_timestamp)
         except OSError as e:
             self._flush_failed(e)
             raise
@@ -603,8 +555,7 @@ class MessageStore:
             min_offset = self.commit_log.get_min_offset()
             if self.reput_from_offset < min_offset:
                 self.reput_from_offset = min_offset
-            for cq in self.all_consume_queues():
-                result.consume_queue_files += cq.delete_expired_file(min_offset)
+            result.consume_queue_files = self.logic_queues.delete_expired(min_offset)
             result.index_files = self.index_service.delete_expired_file(min_offset)
             return result
 

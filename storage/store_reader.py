@@ -17,6 +17,13 @@ shared position table; ``storage`` never imports ``shm``):
     query_message                         dispatched   the index hit's offset < dispatched
     look_message_by_offset / _by_id       written      the whole record lies below written
 
+Where each part lives: a queue's bounds and reads within them in
+``storage.consume_queue.ConsumeQueueView``, an index file's header snapshots and slot
+walks in ``storage.index_file.IndexFileView``, the read path MessageStore shares
+(statuses, batch limits, record checks, key queries) in ``storage.read_path``, the
+bulk reads' span planning and copying in ``storage.bulk_read``. This module maps the
+CommitLog, opens the views and holds the bounds together.
+
 Invariants the reads rely on (DESIGN.md §3):
 
 * units of one queue point at increasing CommitLog offsets and are followed by zeros,
@@ -61,11 +68,8 @@ cleaner returns correct bytes or, once the file is gone, OFFSET_TOO_SMALL /
 MESSAGE_WAS_REMOVING. Index files are mapped without keeping a descriptor; CommitLog and
 consume queue files keep theirs (``MappedFile``) until they are dropped.
 
-Statuses, batch limits and query caps are MessageStore's. The read path both share is
-written here as functions that take what they read from as arguments
-(``get_from_queue``, ``read_queue``, ``check_unit_record``, ``batch_full``,
-``query_offset``, ``query_messages``, ``select_phy_offsets``, ``look_message_by_id``)
-so that MessageStore and IndexService can call them too. Where the answers can differ:
+Statuses, batch limits and query caps are MessageStore's: both answer through
+``storage.read_path``. Where the answers can differ:
 
 * a queue's min offset is computed from its units (the first whose message is at or
   above the CommitLog min), not kept as MessageStore's ``min_logic_offset``, which is
@@ -81,21 +85,16 @@ from the bound of the call in progress).
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import time
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable
 
-from storage.bulk_read import QueueRecords, plan_spans
+from storage.bulk_read import QueueRecords, QueueUnits, read_records
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueView
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
-from storage.hashing import index_key_hash
-from storage.index_file import (
-    HASH_SLOT, HASH_SLOT_SIZE, INDEX_COUNT_POS, INDEX_HEADER_SIZE, decode_header,
-    index_file_size, select_phy_offsets, time_matched)
-from storage.mapped_file import MappedFile, offset_to_file_name
+from storage.index_file import IndexFileView
+from storage.logic_queues import queue_dirs
 from storage.message import MessageExt
 from storage.read_path import (
     NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_record, get_from_queue,
@@ -106,227 +105,12 @@ from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
-_UNIT_SETTLE_CHECKS = 5      # re-reads of a mismatching unit before it is called corrupt
-_UNIT_SETTLE_SLEEP_S = 0.001
-_SLOT_SETTLE_CHECKS = 20     # header re-reads while a slot names the entry being put
-_SLOT_SETTLE_SLEEP_S = 0.00005
-_HEADER_READS = 8            # reads until two consecutive index headers agree
-
-
-
-class QueueUnits(NamedTuple):
-    """Raw consume queue units from ``StoreReader.read_queue_units``."""
-
-    units: bytes      # count * 20 bytes: CQ_UNIT (commit_log_offset, size, tags_code)
-    first: int        # the logical offset of the first unit
-    count: int
-    min_offset: int   # the queue's bounds within the call's ``dispatched``
-    max_offset: int
-
 
 def _digit_names(directory: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(directory) if n.isdigit())
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
-    return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
-
-
-def _units_within(buf, units: int, bound: int) -> int:
-    """How many leading units of a consume queue file are there within ``bound``:
-    blanks, or valid units whose record ends at or below it (a prefix, by order)."""
-    lo, hi = 0, units
-    unpack_from = CQ_UNIT.unpack_from
-    while lo < hi:
-        mid = (lo + hi) // 2
-        phy, size, tags_code = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
-        if _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0 and phy + size <= bound):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def _first_unit_at_or_above(buf, units: int, min_phy: int) -> int:
-    """The first of ``units`` leading units that is not a blank and points at or above
-    ``min_phy`` (``units`` when none does)."""
-    lo, hi = 0, units
-    unpack_from = CQ_UNIT.unpack_from
-    while lo < hi:
-        mid = (lo + hi) // 2
-        phy, size, _ = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
-        if size != BLANK_UNIT_SIZE and phy >= min_phy:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-class _QueueView:
-    """One consume queue, read-only: a ConsumeQueue whose file list and read positions
-    are set, at every call, to what lies within the caller's bound."""
-
-    def __init__(self, config: StoreConfig, topic: str, queue_id: int):
-        self.topic = topic
-        self.queue_id = queue_id
-        self.cq = ConsumeQueue(topic, queue_id, config.consume_queue_dir,
-                               config.consume_queue_file_size, read_only=True)
-        self.mfq = self.cq.mapped_file_queue
-        self.files: list[MappedFile] = self.mfq.mapped_files  # every mapped file
-        self.file_size = self.cq.mapped_file_size
-        self.units = self.file_size // CQ_STORE_UNIT_SIZE
-        self._partial: MappedFile | None = None
-
-    def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
-        """``(min, max)`` logical offsets within ``dispatched``; leaves the ConsumeQueue
-        showing exactly the units in ``[min, max)``."""
-        mfq, files = self.mfq, self.files
-        mfq.mapped_files = files
-        if not files:
-            mfq.refresh()
-            if not files:
-                self.cq.min_logic_offset = 0
-                return 0, 0
-        i, k = self._last_within(dispatched)
-        hi = files[i].file_from_offset // CQ_STORE_UNIT_SIZE + k
-        self._set_partial(files[i], k)
-        visible = files if k > 0 and i == len(files) - 1 else files[:i + 1 if k > 0 else i]
-        lo = self._first_alive(visible, min_phy, hi)
-        if lo is None:  # an expired file was unlinked and dropped: look again
-            return self.bounds(dispatched, min_phy)
-        self.cq.min_logic_offset = lo * CQ_STORE_UNIT_SIZE
-        mfq.mapped_files = visible
-        return lo, hi
-
-    def _last_within(self, bound: int) -> tuple[int, int]:
-        """(file index, units within the bound in it) of the last file holding any."""
-        files = self.files
-        i = len(files) - 1
-        k = _units_within(files[i].buf, self.units, bound)
-        while k == self.units and self._next_file_exists(files[i]):
-            n = len(files)
-            self.mfq.refresh()
-            if len(files) == n:
-                break
-            i = len(files) - 1
-            k = _units_within(files[i].buf, self.units, bound)
-        while k == 0 and i > 0:
-            i -= 1
-            k = _units_within(files[i].buf, self.units, bound)
-        return i, k
-
-    def _next_file_exists(self, mf: MappedFile) -> bool:
-        return os.path.exists(os.path.join(
-            self.mfq.store_path, offset_to_file_name(mf.file_from_offset + self.file_size)))
-
-    def _set_partial(self, mf: MappedFile, k: int) -> None:
-        """Every file reads whole except the one holding the bound (at most one)."""
-        old = self._partial
-        if old is not None and old is not mf:
-            old.set_positions(self.file_size)
-        mf.set_positions(k * CQ_STORE_UNIT_SIZE)
-        self._partial = mf if k < self.units else None
-
-    def _first_alive(self, visible: list[MappedFile], min_phy: int, hi: int) -> int | None:
-        """The first unit pointing at or above ``min_phy`` (``hi`` when none). None when
-        an expired first file turned out to be unlinked and was dropped."""
-        for n, mf in enumerate(visible):
-            units = mf.read_position // CQ_STORE_UNIT_SIZE
-            j = _first_unit_at_or_above(mf.buf, units, min_phy)
-            if j < units:
-                return mf.file_from_offset // CQ_STORE_UNIT_SIZE + j
-            if n == 0 and len(self.files) > 1 and not os.path.exists(mf.path):
-                if self._drop_unlinked_front():
-                    return None
-        return hi
-
-    def _drop_unlinked_front(self) -> bool:
-        names = _digit_names(self.mfq.store_path)
-        if not names:
-            return False
-        before = len(self.files)
-        self.mfq.mapped_files = self.files
-        self.mfq.refresh(min_offset=int(names[0]))
-        if self._partial is not None and self._partial not in self.files:
-            self._partial = None
-        return len(self.files) < before
-
-    def close(self) -> None:
-        self.mfq.mapped_files = self.files
-        self.mfq.close()
-        self.files.clear()
-
-
-class _IndexView:
-    """One index file mapped read-only (no descriptor kept). ``snapshot()`` re-reads the
-    header the dispatcher keeps updating; the query functions read the values it took."""
-
-    def __init__(self, path: str, hash_slot_num: int, index_num: int):
-        """Raises ``StoreFileError`` when the file is not (yet) of the configured size,
-        ``OSError`` when it cannot be opened (gone already)."""
-        self.path = path
-        self.file_name = os.path.basename(path)
-        self.hash_slot_num = hash_slot_num
-        self.index_num = index_num
-        size = index_file_size(hash_slot_num, index_num)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            actual = os.fstat(fd).st_size
-            if actual != size:
-                raise StoreFileError(path, f"length {actual} is not the index file size {size}")
-            self.buf: mmap.mmap | None = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        self.begin_timestamp = self.end_timestamp = self.end_phy_offset = 0
-        self.index_count = 1
-        self.unborn = True
-
-    def snapshot(self) -> None:
-        """Re-read the header until two reads agree. Raises ``CorruptRecordError`` when
-        indexCount exceeds the file's capacity."""
-        buf = self.buf
-        if buf is None:
-            raise StoreClosedError(f"{self.path} is closed")
-        header = decode_header(buf)
-        for _ in range(_HEADER_READS):
-            again = decode_header(buf)
-            if again == header:
-                break
-            header = again
-        begin_ts, end_ts, _, end_phy, _, index_count = header
-        # allocated but its header not written yet: no entries, and its begin of 0
-        # must not end a query's newest-first walk before the older files
-        self.unborn = index_count == 0 and begin_ts == 0 and end_ts == 0
-        if index_count > self.index_num:
-            raise CorruptRecordError(self.path, INDEX_COUNT_POS,
-                                     f"indexCount {index_count} exceeds index_num {self.index_num}")
-        self.begin_timestamp, self.end_timestamp, self.end_phy_offset = begin_ts, end_ts, end_phy
-        self.index_count = index_count if index_count > 0 else 1
-
-    def is_time_matched(self, begin_ms: int, end_ms: int) -> bool:
-        return time_matched(begin_ms, end_ms, self.begin_timestamp, self.end_timestamp)
-
-    def select_phy_offset(self, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
-        """As ``IndexFile.select_phy_offset``. A slot naming the entry being put right
-        now (slot == indexCount: entry and slot are written, the header not yet) would
-        hide the whole chain, so the header is re-read until it counts that entry."""
-        key_hash = index_key_hash(key)
-        slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
-        for _ in range(_SLOT_SETTLE_CHECKS):
-            if HASH_SLOT.unpack_from(self.buf, slot_pos)[0] != self.index_count:
-                break
-            time.sleep(_SLOT_SETTLE_SLEEP_S)
-            self.snapshot()
-        return select_phy_offsets(self.buf, self.hash_slot_num, self.begin_timestamp,
-                                  self.index_count, key_hash, max_num, begin_ms, end_ms)
-
-    def close(self) -> None:
-        if self.buf is not None:
-            self.buf.close()
-            self.buf = None
 
 
 # ===================================================================== the reader
@@ -347,8 +131,8 @@ class StoreReader:
         self._commit_log = CommitLog(self.config, read_only=True)
         self._cl_files = self._commit_log.mapped_file_queue
         self._cl_bound = 0   # the bound the CommitLog's read positions were last set to
-        self._queues: dict[tuple[str, int], _QueueView] = {}
-        self._index: dict[str, _IndexView] = {}
+        self._queues: dict[tuple[str, int], ConsumeQueueView] = {}
+        self._index: dict[str, IndexFileView] = {}
         self._closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -358,7 +142,6 @@ class StoreReader:
             return
         self._closed = True
         self._commit_log.close()
-        self._cl_files.mapped_files = []
         for qv in self._queues.values():
             qv.close()
         self._queues.clear()
@@ -437,7 +220,7 @@ class StoreReader:
         return mf.read(phy - mf.file_from_offset, size) if mf is not None else None
 
     # ----------------------------------------------------------------- queues
-    def _queue(self, topic: str, queue_id: int) -> _QueueView | None:
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueueView | None:
         qv = self._queues.get((topic, queue_id))
         if qv is None:
             if check_topic(topic, internal=True) or not isinstance(queue_id, int) \
@@ -446,25 +229,17 @@ class StoreReader:
             path = os.path.join(self.config.consume_queue_dir, topic, str(queue_id))
             if not os.path.isdir(path):
                 return None
-            qv = self._queues[(topic, queue_id)] = _QueueView(self.config, topic, queue_id)
+            qv = self._queues[(topic, queue_id)] = ConsumeQueueView(
+                topic, queue_id, self.config.consume_queue_dir, self.config.consume_queue_file_size)
         return qv
 
     def topics(self) -> dict[str, list[int]]:
         """Every queue with a directory under consumequeue/: topic -> sorted queue ids."""
         self._check_open()
-        root = self.config.consume_queue_dir
         out: dict[str, list[int]] = {}
-        try:
-            names = sorted(os.listdir(root))
-        except FileNotFoundError:
-            return out
-        for topic in names:
-            if check_topic(topic, internal=True):
-                continue
-            queue_ids = sorted(int(n) for n in _digit_names(os.path.join(root, topic)))
-            if queue_ids:
-                out[topic] = queue_ids
-        return out
+        for topic, queue_id, _ in queue_dirs(self.config.consume_queue_dir):
+            out.setdefault(topic, []).append(queue_id)
+        return {topic: sorted(queue_ids) for topic, queue_ids in out.items()}
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
         """The number of units within ``dispatched`` (0 for an unknown queue)."""
@@ -493,8 +268,8 @@ class StoreReader:
         min_phy = self._commit_log_min(min_commit_log_offset)
         qv.bounds(dispatched, min_phy)
         self._bound_commit_log(dispatched)
-        return qv.cq.get_offset_in_queue_by_time(timestamp_ms, min_phy,
-                                                 self._commit_log.pickup_store_timestamp)
+        return qv.get_offset_in_queue_by_time(timestamp_ms, min_phy,
+                                              self._commit_log.pickup_store_timestamp)
 
     # ----------------------------------------------------------------- pull
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
@@ -538,28 +313,14 @@ class StoreReader:
             try:
                 return check(data, topic, queue_id, index, phy, size, where)
             except CorruptRecordError:
-                if self._unit_in_flight(where):
+                if qv.unit_changing(where):
                     return NOT_YET
                 raise
 
-        return get_from_queue(qv.cq, offset, max_msgs, tags, lo, hi, read_unit,
+        return get_from_queue(qv, offset, max_msgs, tags, lo, hi, read_unit,
                               config=self.config, max_phy=dispatched,
                               memory_limit=self._memory_limit,
                               roll_next_file=self._commit_log.roll_next_file, tags_of=tags_of)
-
-    def _unit_in_flight(self, where: tuple[str, int]) -> bool:
-        """True when the unit at ``where`` changes within a few milliseconds: it was read
-        while being written (a unit past the bound whose torn bytes looked inside it)."""
-        path, pos = where
-        mf = next((f for qv in self._queues.values() for f in qv.files if f.path == path), None)
-        if mf is None:
-            return False
-        seen = bytes(mf.buf[pos:pos + CQ_STORE_UNIT_SIZE])
-        for _ in range(_UNIT_SETTLE_CHECKS):
-            time.sleep(_UNIT_SETTLE_SLEEP_S)
-            if mf.buf[pos:pos + CQ_STORE_UNIT_SIZE] != seen:
-                return True
-        return False
 
     # ----------------------------------------------------------------- look
     def look_message_by_offset(self, commit_log_offset: int, written: int) -> MessageExt | None:
@@ -629,14 +390,8 @@ class StoreReader:
         first = max(offset, lo)
         if first >= hi or max_units <= 0:
             return QueueUnits(b"", first, 0, lo, hi)
-        per_file = qv.units
-        count = min(max_units, hi - first, per_file - first % per_file)
-        found = qv.cq.get_index_buffer(first)
-        if found is None:  # its file went between bounds() and now
-            return QueueUnits(b"", first, 0, lo, hi)
-        mf, pos, _ = found
-        units = bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
-        return QueueUnits(units, first, count, lo, hi)
+        units = qv.read_units(first, max_units, hi)   # empty: its file went meanwhile
+        return QueueUnits(units, first, len(units) // CQ_STORE_UNIT_SIZE, lo, hi)
 
     def read_queue_records(self, topic: str, queue_id: int, offset: int, max_units: int,
                            max_bytes: int, dispatched: int, *,
@@ -665,23 +420,10 @@ class StoreReader:
                                 b"", [], 0)
         if got.count == 0:  # the consume queue file went meanwhile
             return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
-                                qv.cq.roll_next_file(offset), lo, hi, b"", [], 0)
-        taken, spans = plan_spans(got.units, max_bytes, at_least_one,
-                                  self.config.mapped_file_size_commit_log)
-        data: list = []
-        nbytes = 0
-        for span in spans:
-            copied = self.read_commit_log(span.begin, span.end - span.begin, dispatched)
-            if copied is None:  # expired while being read: stop before it
-                taken = span.first_unit
-                if taken == 0:
-                    return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
-                                        offset + span.end_unit, lo, hi, b"", [], 0)
-                break
-            data += map(memoryview(copied).__getitem__, span.pieces)
-            nbytes += sum(p.stop - p.start for p in span.pieces)
-        return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
-                            got.units[:taken * CQ_STORE_UNIT_SIZE], data, nbytes)
+                                qv.roll_next_file(offset), lo, hi, b"", [], 0)
+        return read_records(got, max_bytes, at_least_one,
+                            self.config.mapped_file_size_commit_log,
+                            lambda phy, size: self.read_commit_log(phy, size, dispatched))
 
     def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
                                   dispatched: int, *,
@@ -702,16 +444,8 @@ class StoreReader:
         min_phy = self._commit_log_min(min_commit_log_offset)
         lo, hi = qv.bounds(dispatched, min_phy)
         self._bound_commit_log(dispatched)
-        pickup = self._commit_log.pickup_store_timestamp
-        while lo < hi:
-            mid = (lo + hi) // 2
-            unit = qv.cq.get_unit(mid)
-            stored = -1 if unit is None or unit[1] == BLANK_UNIT_SIZE else pickup(unit[0], unit[1])
-            if 0 <= stored and stored >= timestamp_ms:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return qv.first_offset_stored_since(timestamp_ms, lo, hi,
+                                            self._commit_log.pickup_store_timestamp)
 
     def read_commit_log(self, commit_log_offset: int, size: int, dispatched: int) -> bytes | None:
         """A copy of ``size`` CommitLog bytes from ``commit_log_offset`` when they lie in
@@ -723,7 +457,7 @@ class StoreReader:
         self._bound_commit_log(dispatched)
         return self._read_record(commit_log_offset, size, self._commit_log_min(None))
 
-    def _index_files(self) -> list[_IndexView]:
+    def _index_files(self) -> list[IndexFileView]:
         """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""
         index_dir = self.config.index_dir
         names = [n for n in _digit_names(index_dir)]
@@ -735,7 +469,7 @@ class StoreReader:
             view = self._index.get(name)
             if view is None:
                 try:
-                    view = _IndexView(os.path.join(index_dir, name), self.config.max_hash_slot_num,
+                    view = IndexFileView(os.path.join(index_dir, name), self.config.max_hash_slot_num,
                                       self.config.max_index_num)
                 except (OSError, StoreFileError, ValueError):
                     continue  # being created (not full size yet) or gone already

@@ -311,6 +311,36 @@ def test_delete_expired_file_by_min_commit_log_offset(cq):
     assert cq.get_unit(0) is None
 
 
+def test_expired_files_unmapped_without_unlink_stay_on_disk(cq):
+    put_units(cq, 0, 2 * UNITS_PER_FILE + 4)
+    names = disk_names(cq)
+    assert cq.delete_expired_file(10**9, unlink=False) == 2     # never the last file
+    assert disk_names(cq) == names                              # the cleaner unlinks
+    assert [mf.file_from_offset for mf in cq.mapped_file_queue.mapped_files] == \
+        [2 * FILE_SIZE]
+    assert cq.mapped_file_queue.flushed_where >= 2 * FILE_SIZE
+
+
+def test_rewind_to_moves_the_write_position_back_to_the_first_unit_at_or_past(cq):
+    put_units(cq, 0, UNITS_PER_FILE + 3)                # units point at 100 * i
+    mfq = cq.mapped_file_queue
+    cq.flush(0)
+    assert cq.rewind_to(100 * (UNITS_PER_FILE + 1)) == 2
+    assert cq.get_max_offset_in_queue() == UNITS_PER_FILE + 1
+    assert cq.max_physic_offset == 100 * (UNITS_PER_FILE + 1)
+    assert mfq.flushed_where <= mfq.get_max_offset()
+    # the units are written again, each over itself; a repeat is skipped
+    put_units(cq, 0, UNITS_PER_FILE + 3)
+    assert units_of(cq)[-1] == (UNITS_PER_FILE + 2, 100 * (UNITS_PER_FILE + 2), 100,
+                                tags_code("TagA"))
+    # a rewind to the start of the last file closes it, keeping it on disk
+    names = disk_names(cq)
+    assert cq.rewind_to(100 * UNITS_PER_FILE) == 3
+    assert len(mfq.mapped_files) == 1 and disk_names(cq) == names
+    assert cq.get_max_offset_in_queue() == UNITS_PER_FILE
+    assert cq.max_physic_offset == 100 * UNITS_PER_FILE
+
+
 def test_reads_after_expiry_roll_to_the_next_file(cq):
     put_units(cq, 0, 2 * UNITS_PER_FILE + 1)
     cq.delete_expired_file(100 * UNITS_PER_FILE)

@@ -92,7 +92,7 @@ class Appender:
             else:
                 mf.close()
         mfq.mapped_files = kept
-        mfq.flushed_where = mfq.committed_where = self.written
+        mfq.mark_flushed_to(self.written)
         cl.set_topic_queue_table(self._queue_table())
         self.next_i = 1_000_000
 

@@ -304,6 +304,14 @@ def test_delete_expired_file_never_deletes_the_last(service):
     assert service.query_offset("T", "K", 64, *WHOLE).phy_offsets == [900]
 
 
+def test_expired_files_unmapped_without_unlink_stay_on_disk(service):
+    build(service, 10)                         # file ends: 200, 500, 800, 900
+    names = sorted(os.listdir(service.index_dir))
+    assert service.delete_expired_file(10**9, unlink=False) == 3    # never the last
+    assert sorted(os.listdir(service.index_dir)) == names           # the cleaner unlinks
+    assert [f.end_phy_offset for f in service.files] == [900]
+
+
 def test_delete_expired_file_stops_at_the_first_kept(index_dir):
     ends = [100, 500, 50, 10]                  # the third would qualify, but 500 is kept
     for i, end in enumerate(ends):

@@ -319,6 +319,18 @@ def test_look_by_offset_and_id_and_offset_by_time(store, reader):
 
 
 # --------------------------------------------------------------------------- expiry
+@pytest.fixture
+def expiring_store(tmp_path):
+    """``(config, store, dispatched)``: 300 messages over queues 0 and 1, dispatched,
+    in CommitLog files that may be deleted one right after another."""
+    config = small_config(tmp_path / "store", delete_commit_log_files_interval=0)
+    store = opened(config)
+    fill(store, 300)
+    store.dispatch()
+    yield config, store, store.reput_from_offset
+    store.close()
+
+
 def make_old(directory: str) -> None:
     old = time.time() - 100 * 3600
     for name in os.listdir(directory):
@@ -363,26 +375,19 @@ def test_files_deleted_by_the_cleaner(tmp_path):
         store.close()
 
 
-def test_message_was_removing_when_the_minimum_lags(tmp_path):
+def test_message_was_removing_when_the_minimum_lags(expiring_store):
     """CommitLog files gone, consume queues not yet corrected, the MIN_OFFSET slot
     stale: the unit's message is being removed."""
-    config = small_config(tmp_path / "store", delete_commit_log_files_interval=0)
-    store = opened(config)
-    try:
-        fill(store, 300)
-        store.dispatch()
-        d = store.reput_from_offset
-        make_old(config.commit_log_dir)
-        assert store.commit_log.delete_expired_file(0, 0, 0, True) > 0  # no CQ correction
-        a = store.get_message("g", TOPIC, 1, 0, 32)
-        assert a.status is S.MESSAGE_WAS_REMOVING
-        with StoreReader(config) as reader:
-            b = reader.get_message(TOPIC, 1, 0, 32, d, min_commit_log_offset=0)
-            assert_same(a, b)
-            for q in (0, 1):  # with the minimum read from disk it is simply too small
-                assert reader.get_message(TOPIC, q, 0, 32, d).status is S.OFFSET_TOO_SMALL
-    finally:
-        store.close()
+    config, store, d = expiring_store
+    make_old(config.commit_log_dir)
+    assert store.commit_log.delete_expired_file(0, 0, 0, True) > 0  # no CQ correction
+    a = store.get_message("g", TOPIC, 1, 0, 32)
+    assert a.status is S.MESSAGE_WAS_REMOVING
+    with StoreReader(config) as reader:
+        b = reader.get_message(TOPIC, 1, 0, 32, d, min_commit_log_offset=0)
+        assert_same(a, b)
+        for q in (0, 1):  # with the minimum read from disk it is simply too small
+            assert reader.get_message(TOPIC, q, 0, 32, d).status is S.OFFSET_TOO_SMALL
 
 
 # --------------------------------------------------------------------------- read only
@@ -516,24 +521,17 @@ def test_batch_full_follows_rocketmq(store, size, total, count, max_msgs, in_dis
     assert batch_full(store.config, size, total, count, max_msgs, in_disk) is full
 
 
-def test_a_given_min_offset_drops_the_files_below_it(tmp_path):
-    config = small_config(tmp_path / "store", delete_commit_log_files_interval=0)
-    store = opened(config)
-    try:
-        fill(store, 300)
-        store.dispatch()
-        d = store.reput_from_offset
-        with StoreReader(config) as reader:
-            pull_all(reader, TOPIC, 0, d)
-            make_old(config.commit_log_dir)
-            store.clean_expired_files(force=True)
-            min_phy = store.get_min_phy_offset()
-            for q in (0, 1):
-                assert_same(store.get_message("g", TOPIC, q, 0, 32),
-                            reader.get_message(TOPIC, q, 0, 32, d, min_commit_log_offset=min_phy))
-            assert deleted_mappings(config.store_path_root_dir) == []
-    finally:
-        store.close()
+def test_a_given_min_offset_drops_the_files_below_it(expiring_store):
+    config, store, d = expiring_store
+    with StoreReader(config) as reader:
+        pull_all(reader, TOPIC, 0, d)
+        make_old(config.commit_log_dir)
+        store.clean_expired_files(force=True)
+        min_phy = store.get_min_phy_offset()
+        for q in (0, 1):
+            assert_same(store.get_message("g", TOPIC, q, 0, 32),
+                        reader.get_message(TOPIC, q, 0, 32, d, min_commit_log_offset=min_phy))
+        assert deleted_mappings(config.store_path_root_dir) == []
 
 
 def test_index_files_being_created_are_skipped(store, reader, config):
