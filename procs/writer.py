@@ -216,6 +216,7 @@ class WriterService(Service):
                                             max(now_ms(), self.table.read_written()[1]))
             self.producers, self.last_record = loaded.table, loaded.last_record
         _unmap_all_but_last(cl)
+        cl.start_allocation()
         log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
                  len(cl.topic_queue_table))
         return cl

@@ -54,7 +54,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from storage import record, record_batch
+from storage import allocate, record, record_batch
 from storage.config import StoreConfig
 from storage.delay_level import parse_delay_levels, rewrite_for_delay
 from storage.errors import CorruptRecordError, StoreFileError
@@ -139,6 +139,13 @@ class Appended(NamedTuple):
     queue_offsets: list[int]
 
 
+def _holds_records(mf: MappedFile) -> bool:
+    """Whether a file's first record is there. Asked of the file system first: reading a
+    never-written file would pull zero pages into the cache, which would then look like
+    data to ``truncate_dirty_files``."""
+    return mf.may_hold_data() and bytes(mf.buf[:4]) != b"\0\0\0\0"
+
+
 def _run_end(starts, ends, done: int, room: int, small: bool) -> int:
     """One past the last record from ``done`` on whose end stays within ``room`` bytes
     of where record ``done`` starts."""
@@ -169,6 +176,7 @@ class CommitLog:
         self._store_host_flag = STOREHOSTADDRESS_V6_FLAG if host_is_v6(self.store_host) else 0
         self._msg_id_prefix = self._store_host_bytes.hex().upper()
         self.delay_level_ms: list[int] = parse_delay_levels(config.message_delay_level)
+        self._allocator: allocate.AllocateMappedFileService | None = None
         self.max_delay_level = len(self.delay_level_ms) - 1
 
     @property
@@ -424,11 +432,15 @@ class CommitLog:
 
     # ================================================================== recovery
     def recover_normally(self) -> RecoveryResult:
-        """Scan from the third-from-last file."""
+        """Scan from the third-from-last file that holds records (files made ahead of
+        need, whose first record is still zeros, do not count)."""
         files = self.mapped_file_queue.mapped_files
         if not files:
             return RecoveryResult(0, 0)
-        end = self._scan_and_truncate(self._no_later_than_short_file(max(0, len(files) - 3)))
+        written = len(files)       # files made ahead hold nothing: not among the three
+        while written > 1 and not _holds_records(files[written - 1]):
+            written -= 1
+        end = self._scan_and_truncate(self._no_later_than_short_file(max(0, written - 3)))
         return RecoveryResult(end, end)
 
     def recover_abnormally(self, min_timestamp: int) -> RecoveryResult:
@@ -500,5 +512,30 @@ class CommitLog:
             expired_time_ms, delete_files_interval_ms, interval_forcibly_ms, clean_immediately,
             below_offset=below_offset)
 
+    def start_allocation(self) -> None:
+        """The single appender's: from now on the next two files are made ready ahead of
+        need by a service thread (``storage.allocate``), warmed when
+        ``warm_maped_file_enable``."""
+        cfg = self.config
+        leftovers = allocate.remove_leftovers(cfg.commit_log_dir)
+        if leftovers:
+            log.info("removed %d half-made commitlog files", leftovers)
+        self._allocator = allocate.AllocateMappedFileService(
+            cfg.commit_log_dir, self.mapped_file_size, warm=cfg.warm_maped_file_enable,
+            flush_least_pages=cfg.flush_least_pages_when_warm_maped_file)
+        mfq = self.mapped_file_queue
+        mfq.use_allocator(self._allocator)
+        last = mfq.get_last_mapped_file()
+        start = 0 if last is None else last.file_from_offset + self.mapped_file_size
+        self._allocator.request(start, start + self.mapped_file_size)
+
+    def stop_allocation(self) -> None:
+        """Stop making files ahead (a half-made one is removed); idempotent."""
+        if self._allocator is not None:
+            self._allocator.shutdown()
+            self.mapped_file_queue.use_allocator(None)
+            self._allocator = None
+
     def close(self) -> None:
+        self.stop_allocation()
         self.mapped_file_queue.close()

@@ -6,11 +6,11 @@ percent or as fractions exactly as RocketMQ reads them). A few BrokerConfig valu
 store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
 ``long_polling_enable``) sit here too, under their BrokerConfig names.
 
+Warm-up (``warm_maped_file_enable``, ``flush_least_pages_when_warm_maped_file``) acts
+on the files the appender's allocation thread makes ahead (``storage.allocate``).
 Accepted for compatibility with RocketMQ configurations but not acted on (yet):
 the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
-``fast_fail_if_no_buffer_in_store_pool``), warm-up (``warm_maped_file_enable``,
-``flush_least_pages_when_warm_maped_file``), ``flush_commit_log_timed``,
-``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
+``fast_fail_if_no_buffer_in_store_pool``), ``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
 ``use_reentrant_lock_when_put_message``, ``debug_lock_enable`` and
 ``long_polling_enable`` (long polling is always on). Two that would change what is
 stored are refused when switched on: ``duplication_enable`` and

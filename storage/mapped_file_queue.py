@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from typing import Callable
 
@@ -49,6 +50,8 @@ class MappedFileQueue:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.preallocate_next = preallocate_next
+        self.allocator: "AllocateMappedFileService | None" = None
+        self._lock_refusal_said = False
         self.read_only = read_only
         self.mapped_files: list[MappedFile] = []
         self._past_view: list[MappedFile] = []   # mapped, hidden by ``show_first``
@@ -188,13 +191,32 @@ class MappedFileQueue:
             create_offset = start_offset - start_offset % self.mapped_file_size
         else:
             create_offset = last.file_from_offset + self.mapped_file_size
+        if self.allocator is not None:
+            self.allocator.take(create_offset)      # made ahead, or made here
         mf = MappedFile(self._path(create_offset), self.mapped_file_size)
-        if self.preallocate_next:
+        if self.allocator is not None:
+            self.allocator.request(create_offset + self.mapped_file_size,
+                                   create_offset + 2 * self.mapped_file_size)
+            if self.allocator.warm:
+                self._lock(mf)
+        elif self.preallocate_next:
             self._preallocate(create_offset + self.mapped_file_size)
         if not self.mapped_files:
             mf.first_create_in_queue = True
         self.mapped_files.append(mf)
         return mf
+
+    def use_allocator(self, allocator: "AllocateMappedFileService") -> None:
+        """Have ``allocator`` make the next two files ahead of need from now on (the
+        single appender does this; ``storage.allocate``)."""
+        self.allocator = allocator
+
+    def _lock(self, mf: MappedFile) -> None:
+        """Keep a warmed file's pages in RAM; say once when the OS refuses."""
+        if not mf.mlock() and not self._lock_refusal_said:
+            self._lock_refusal_said = True
+            log.warning("mlock of %s refused (RLIMIT_MEMLOCK %s): warmed files stay "
+                        "pre-touched but not locked in RAM", mf.path, _memlock_limit())
 
     def _preallocate(self, offset: int) -> None:
         """Create the next-next file ahead of need; failure only costs latency later."""
@@ -433,6 +455,11 @@ class MappedFileQueue:
                 os.rmdir(self.store_path)
             except OSError:
                 pass
+
+
+def _memlock_limit() -> str:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
 
 
 def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:

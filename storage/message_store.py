@@ -133,6 +133,8 @@ class MessageStore:
                 if not sizes_recorded:
                     record_geometry(self.config)
                 create_abort(self.root_dir)
+                if self._take_lock:    # the appender (not the supervisor's recovery)
+                    self.commit_log.start_allocation()
             except BaseException:
                 self._close_files()
                 self._lock_file.release()

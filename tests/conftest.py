@@ -54,7 +54,9 @@ def reopen(config: StoreConfig) -> MessageStore:
 
 def crash(s: MessageStore) -> None:
     """Leave the store as a killed process would: files unflushed, abort file kept,
-    nothing closed cleanly (the lock goes with the descriptor)."""
+    nothing closed cleanly (the lock goes with the descriptor, the file-allocating thread
+    with the process)."""
+    s.commit_log.stop_allocation()
     s._lock_file.release()
     s._state = "crashed"
 
@@ -74,7 +76,7 @@ def refuse_next_commit_log_file(config: StoreConfig, offset: int, monkeypatch) -
     (the preallocated next one) are removed and creating one fails with ENOSPC
     (``refuse_space``)."""
     for name in os.listdir(config.commit_log_dir):
-        if int(name) > offset:
+        if name.isdigit() and int(name) > offset:
             os.unlink(os.path.join(config.commit_log_dir, name))
     refuse_space(monkeypatch)
 

@@ -130,7 +130,7 @@ class RunningStore:
         have the running cleaner delete them (``rocketstore clean``) and wait until
         MIN_OFFSET moves. Returns the file names there were before."""
         commit_dir = os.path.join(self.store_dir, "commitlog")
-        names = sorted(os.listdir(commit_dir))
+        names = sorted(n for n in os.listdir(commit_dir) if n.isdigit())
         for name in names[:len(names) - keep]:
             os.utime(os.path.join(commit_dir, name), (0, 0))
         r = cli("clean", "--config", self.config_path)

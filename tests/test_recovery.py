@@ -143,7 +143,7 @@ class Layout:
 def read_layout(commit_log_dir: str, file_size: int) -> Layout:
     """Decode every commitlog file with refcodec (strict: the bytes must be whole)."""
     records, blanks, offsets, written_end = [], [], [], 0
-    for name in sorted(os.listdir(commit_log_dir)):
+    for name in sorted(n for n in os.listdir(commit_log_dir) if n.isdigit()):
         off = int(name)
         offsets.append(off)
         with open(os.path.join(commit_log_dir, name), "rb") as f:
@@ -219,7 +219,7 @@ def overwrite(cfg: StoreConfig, layout: Layout, pos: int, data: bytes) -> None:
 
 def assert_nothing_after(cfg: StoreConfig, file_offset: int) -> None:
     """Every commitlog file on disk after ``file_offset`` is all zeros."""
-    for name in sorted(os.listdir(cfg.commit_log_dir)):
+    for name in sorted(n for n in os.listdir(cfg.commit_log_dir) if n.isdigit()):
         if int(name) > file_offset:
             with open(os.path.join(cfg.commit_log_dir, name), "rb") as f:
                 data = f.read()
@@ -574,9 +574,11 @@ def test_cut_records_never_come_back(templates, tmp_path, ending):
 # ============================================================================ 4. zeroed region
 def zero_regions(layout: Layout, ending: str) -> dict[str, int]:
     """4 KiB-aligned regions to zero. Normal recovery scans only the last three files
-    (RocketMQ's window), so after a clean exit the region lies inside that window."""
-    size, files = layout.file_size, layout.file_offsets
-    window = files[max(0, len(files) - 3)]
+    that hold records (RocketMQ's window; files made ahead do not count), so after a
+    clean exit the region lies inside that window."""
+    files = layout.file_offsets
+    holding = [f for f in files if f < layout.written_end]
+    window = holding[max(0, len(holding) - 3)]
     regions = {"window_first_page": window, "window_second_page": window + 4096}
     if ending == "crash":   # abnormal recovery from the first file (checkpoint is zero)
         regions.update(early_first_page=files[1], early_second_page=files[2] + 4096,
