@@ -24,7 +24,8 @@ bytes; the client decodes them.
   nothing of it is written.
 
 Long polling: a PULL that finds nothing new and carries ``timeout_ms`` > 0 is parked;
-every ARRIVAL the dispatcher announces, and every turn, retries the parked pulls, and
+every ARRIVAL of its topic the dispatcher announces (the reader listens to the topics
+pulls wait on, ``_watch``), and every turn, retries the parked pulls, and
 one whose budget ran out is answered with whatever its queue holds
 (``OFFSET_OVERFLOW_ONE`` when still nothing). Every read stops at DISPATCHED. Bad frames
 get an ERROR reply and the reader keeps serving.
@@ -54,6 +55,7 @@ from storage.validation import TOPIC_PATTERN, check_topic
 log = logging.getLogger(__name__)
 MAX_PARKED = 10_000
 GC_THRESHOLD = 100_000   # allocations between young-generation collections (default 700)
+WATCH_LINGER_S = 10.0     # a topic stays watched this long after its last parked pull
 _NOTHING_YET = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
                 GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
 
@@ -70,7 +72,10 @@ class ReaderService(Service):
         for address in endpoints.bind_addresses(self.store_dir, "reader",
                                                 cfg.tcp_listen_address, cfg.listen_port):
             self.socket.bind(address)
-        self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [bus.ARRIVAL])
+        # arrivals of the topics of parked pulls only (``_watch``): the others would
+        # wake the reader for nothing
+        self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [])
+        self.watched: dict[str, float] = {}    # topic -> when a pull last waited on it
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(self.arrivals.socket, zmq.POLLIN)
@@ -95,6 +100,25 @@ class ReaderService(Service):
                 continue  # a multi-part message: not ours
             self._answer(identity, frame)
         self._retry_parked()
+        self._watch()
+
+    def _watch(self, topic: str | None = None) -> None:
+        """Listen to the arrivals of the topics parked pulls wait on (``topic``: one
+        just parked), and of those that had one within ``WATCH_LINGER_S`` (a consumer
+        that long-polls on and on keeps its topic watched, without a subscription
+        racing each pull)."""
+        now = time.monotonic()
+        waiting = {req.topic for _, req, _ in self.parked}
+        if topic is not None:
+            waiting.add(topic)
+        for t in waiting:
+            if t not in self.watched:
+                self.arrivals.subscribe(bus.arrival_topic(t))
+            self.watched[t] = now
+        for t, seen in list(self.watched.items()):
+            if now - seen > WATCH_LINGER_S:
+                self.arrivals.unsubscribe(bus.arrival_topic(t))
+                del self.watched[t]
 
     def _answer(self, identity: bytes, frame: bytes) -> None:
         try:
@@ -126,6 +150,7 @@ class ReaderService(Service):
         final = req.timeout_ms <= 0 or len(self.parked) >= MAX_PARKED
         if not self._try_pull(identity, req, final):
             self.parked.append((identity, req, time.monotonic() + req.timeout_ms / 1000))
+            self._watch(req.topic)
 
     def _try_pull(self, identity: bytes, req: protocol.PullRequest, final: bool) -> bool:
         """Answer ``req`` unless it finds nothing new and may still wait."""

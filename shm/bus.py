@@ -124,6 +124,12 @@ class Subscriber:
         for process in processes:
             self.socket.connect(endpoint(store_dir, f"bus-{process}"))
 
+    def subscribe(self, topic: bytes) -> None:
+        self.socket.setsockopt(zmq.SUBSCRIBE, topic)
+
+    def unsubscribe(self, topic: bytes) -> None:
+        self.socket.setsockopt(zmq.UNSUBSCRIBE, topic)
+
     def wait(self, timeout_ms: int) -> list[tuple[bytes, bytes]]:
         """Messages that arrive within ``timeout_ms`` (all that are queued once one
         does); an empty list on timeout."""
