@@ -61,6 +61,7 @@ from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
 from storage.schedule_message import ScheduleMessageService
 from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
+from storage.store_services import StoreServices
 from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
 
@@ -78,10 +79,15 @@ class CleanResult:
 
 
 class MessageStore:
-    def __init__(self, config: StoreConfig, *, take_lock: bool = True):
+    def __init__(self, config: StoreConfig, *, take_lock: bool = True,
+                 background: bool = True):
         """``take_lock=False`` is for a caller that holds the store's ``lock`` file
-        itself (the supervisor, which recovers the store before its processes start)."""
+        itself (the supervisor, which recovers the store before its processes start).
+        ``background=False`` runs no service threads (``storage.store_services``): the
+        caller drives flush, dispatch, expiry and delivery by hand."""
         self.config = config
+        self.background = background
+        self.services: StoreServices | None = None
         self._take_lock = take_lock
         self.root_dir = config.store_path_root_dir
         self.commit_log = CommitLog(config)
@@ -141,6 +147,9 @@ class MessageStore:
                 self._state = "closed"
                 raise
             self._state = "running"
+            if self._take_lock and self.background:
+                self.services = StoreServices(self)
+                self.services.start()
 
     def close(self, *, remove_abort_file: bool = True) -> None:
         """Clean shutdown: dispatch, flush everything, then remove ``abort``.
@@ -149,6 +158,9 @@ class MessageStore:
         load runs abnormal recovery, and when ``remove_abort_file`` is False (the
         supervisor hands the recovered files over to its processes: the run goes on).
         """
+        if self.services is not None:      # outside the lock: a turn may be waiting on it
+            self.services.stop()
+            self.services = None
         with self._mutex:
             if self._state != "running":
                 return
@@ -293,7 +305,8 @@ class MessageStore:
 
     def put_batch(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
         """Store messages in order, one result each; a refused message stores nothing and
-        does not stop the others."""
+        does not stop the others. Under SYNC_FLUSH it returns once the stored ones are
+        flushed, or after ``sync_flush_timeout`` with FLUSH_DISK_TIMEOUT."""
         with self._mutex:
             refused = refusal(self._condition())
             if refused:
@@ -307,9 +320,29 @@ class MessageStore:
                 results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK else \
                     PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                              "cannot create a commitlog file (disk full?)")
-            if appended:
+            services = self.services
+            if appended and services is None:
                 self._handle_disk_flush(results, batch.slots)
-            return results  # type: ignore[return-value]
+            end = self.commit_log.get_max_offset()
+        if appended and services is not None:
+            services.appended()
+            if self.config.sync_flush:
+                self._wait_flushed(services, end, results, batch.slots)
+        return results  # type: ignore[return-value]
+
+    def _wait_flushed(self, services: StoreServices, end: int, results: list,
+                      slots: list[int]) -> None:
+        """GroupCommitService's answer: every stored message of the put waits for the
+        flush; past ``sync_flush_timeout`` (or a failed flush) it is FLUSH_DISK_TIMEOUT."""
+        if services.wait_flushed(end, self.config.sync_flush_timeout):
+            return
+        error = self.running_flags.detail.get(Flag.FLUSH_ERROR)
+        why = f"flush failed: {error}" if error else \
+            f"not flushed within sync_flush_timeout {self.config.sync_flush_timeout} ms"
+        for i in slots:
+            if results[i].ok:
+                results[i].status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                results[i].reason = why
 
     def _condition(self) -> StoreCondition:
         """The store's state, as the refusal rules of ``storage.put_path`` read it."""
@@ -339,7 +372,7 @@ class MessageStore:
                         results[i].reason = f"flush failed: {e}"
 
     def _flush_commit_log_on_interval(self) -> None:
-        """FlushRealTimeService, run inline: least pages on the interval, all of it on the
+        """FlushRealTimeService's turn: least pages on the interval, all of it on the
         thorough interval."""
         now = now_ms()
         if now - self._last_flush_ms < self.config.flush_interval_commit_log:
@@ -350,6 +383,32 @@ class MessageStore:
             self._last_thorough_flush_ms = now
             least = 0
         self.commit_log.mapped_file_queue.flush_dirty(least)
+
+    def flush_commit_log_on_interval(self) -> None:
+        """The flush-commit-log service's turn (ASYNC_FLUSH)."""
+        with self._mutex:
+            self._check_running()
+            try:
+                self._flush_commit_log_on_interval()
+            except OSError as e:
+                self._flush_failed(e)
+
+    def flush_commit_log_now(self) -> None:
+        """The group commit's turn (SYNC_FLUSH): everything written, now."""
+        with self._mutex:
+            self._check_running()
+            if self.running_flags.flag_bits & Flag.FLUSH_ERROR:
+                return                      # never retried into success
+            try:
+                self.commit_log.mapped_file_queue.flush_all()
+            except OSError as e:
+                self._flush_failed(e)
+
+    def flush_consume_queues_on_interval(self) -> None:
+        """The flush-consume-queue service's turn."""
+        with self._mutex:
+            self._check_running()
+            self.logic_queues.flush_on_interval(self._flush_logics)
 
     def _flush_failed(self, e: OSError) -> None:
         """A failed fdatasync is never retried into success: writes stop for good and

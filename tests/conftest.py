@@ -56,6 +56,8 @@ def crash(s: MessageStore) -> None:
     """Leave the store as a killed process would: files unflushed, abort file kept,
     nothing closed cleanly (the lock goes with the descriptor, the file-allocating thread
     with the process)."""
+    if s.services is not None:
+        s.services.stop()
     s.commit_log.stop_allocation()
     s._lock_file.release()
     s._state = "crashed"
