@@ -25,6 +25,17 @@ def small_config(root, **overrides) -> StoreConfig:
     return StoreConfig(store_path_root_dir=str(root), **{**SMALL, **overrides})
 
 
+@pytest.fixture(autouse=True, scope="session")
+def neutral_working_directory():
+    """Every test runs in an empty directory: none may depend on what the directory the
+    suite was started from holds (a ``./store`` the README's first command leaves)."""
+    from store_processes import WORK_DIR
+    before = os.getcwd()
+    os.chdir(WORK_DIR)
+    yield
+    os.chdir(before)
+
+
 @pytest.fixture
 def config(tmp_path):
     return small_config(tmp_path / "store")

@@ -7,16 +7,24 @@ and stops it (SIGTERM, then SIGKILL of the whole group) however the test ends.
 
 from __future__ import annotations
 
+import atexit
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from shm.positions import PID, RESTARTS, PositionTable, Slot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where every process a test starts runs: an empty directory of its own, so that no test
+# depends on what the working directory holds (a ``./store`` left by ``rocketstore demo``
+# would otherwise be the default store of a command given no ``--store``).
+WORK_DIR = tempfile.mkdtemp(prefix="rocketstore-tests-")
+atexit.register(shutil.rmtree, WORK_DIR, True)
 
 
 def write_config(path: str, store_dir: str, **store: object) -> str:
@@ -38,7 +46,7 @@ def write_config(path: str, store_dir: str, **store: object) -> str:
 
 
 def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=WORK_DIR,
                           env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
                           text=True, timeout=timeout, input=input)
 
@@ -54,7 +62,7 @@ class RunningStore:
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "procs.cli", "up", "--config", self.config_path],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+            cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
             stderr=log, text=True, start_new_session=True)
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)

@@ -19,7 +19,7 @@ import pytest
 import refcodec
 from procs.client import ClientError, Consumer, Producer, ReaderClient
 from storage import Message, StoreConfig
-from store_processes import RunningStore, wait_for
+from store_processes import WORK_DIR, RunningStore, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -47,7 +47,7 @@ print("closed", flush=True)
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=ROOT, env=ENV,
+    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=WORK_DIR, env=ENV,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -278,7 +278,7 @@ def test_check_of_a_demo_store_exits_0_and_leaves_it_usable(tmp_path):
 
 def test_a_store_held_by_another_process_cannot_be_opened(tmp_path, small_toml):
     d = str(tmp_path / "store")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, small_toml, d], cwd=ROOT,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, small_toml, d], cwd=WORK_DIR,
                               env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:

@@ -34,6 +34,7 @@ import pytest
 from crash_writer import (
     KILL_QUEUES, PAUSES, body_hash, parse_body, writer_config, writer_message)
 from conftest import read_queue
+from store_processes import WORK_DIR
 from storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +115,7 @@ def run_and_kill(root: str, seed: int, count: int, *, flush: str = "ASYNC_FLUSH"
             [sys.executable, WRITER, root, str(seed), str(count), "--flush", flush,
              "--pause", pause],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
-            cwd=PROJECT_ROOT, bufsize=0)
+            cwd=WORK_DIR, bufsize=0)
     out = ChildOutput(proc.stdout.fileno())
     acks: list[Ack] = []
     ready = None

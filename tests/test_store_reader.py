@@ -22,6 +22,7 @@ import time
 import pytest
 
 from conftest import msg, small_config
+from store_processes import WORK_DIR
 from storage import CorruptRecordError, Message, MessageStore, StoreClosedError
 from storage.consume_queue import CQ_STORE_UNIT_SIZE, encode_unit
 from storage.record import decode_at
@@ -479,7 +480,7 @@ def test_a_reader_in_another_process_reads_while_the_parent_writes(store, config
     slot = memoryview(mmap.mmap(fd, 16)).cast("q")
     cfg = {k: v for k, v in config.to_dict().items()}
     child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), slot_path],
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                             cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     puts = []
     try:
