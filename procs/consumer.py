@@ -53,7 +53,8 @@ class Consumer:
         self.table = PositionTable.attach(store_dir)
         self.reader = StoreReader(self.config)
         self.context = zmq.Context()
-        self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"], [bus.ARRIVAL])
+        self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
+                                       [bus.arrival_topic(topic)])   # its topic's only
         self._member = _Membership(store_dir, group, topic)
         self._offsets: dict[int, int] = {}
         self._assigned: list[int] = []
