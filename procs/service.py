@@ -6,9 +6,16 @@ or mapping is inherited across a fork). Then:
 
 1. it asks the kernel to kill it when the supervisor dies (``PR_SET_PDEATHSIG``), and
    exits at once if the supervisor is already gone;
-2. SIGTERM only sets ``stopping``; the loop finishes its turn and the service tears
-   down cleanly (flushes, replies, closes). SIGINT is ignored: a terminal's Ctrl-C
-   reaches the whole group, and the supervisor turns it into an ordered stop;
+2. it stops when its supervisor says so: the supervisor marks the process STOPPING in
+   the position table (then sends its ``stopsignal``, as supervisord does), and the
+   loop, which reads that mark after every turn, finishes the turn and tears down
+   cleanly (flushes, replies, closes). SIGTERM, SIGINT and SIGHUP themselves only
+   interrupt a wait: a signal to the whole process group (``kill -TERM -- -PGID``, a
+   shell's ``kill %1``, systemd's KillMode=control-group, a terminal's Ctrl-C or
+   hang-up) reaches the supervisor too, which stops the processes one by one in
+   order, exactly as when it alone is signalled. (A handler, not a blocked mask: a
+   thread a library started early, OpenBLAS's say, would take a blocked signal's
+   default action and end the process.)
 3. it attaches the position table, builds its ZeroMQ context, and calls ``setup``;
 4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
    ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
@@ -30,10 +37,11 @@ import sys
 
 import zmq
 
-from shm.positions import PositionTable
+from shm.positions import PROC_STATE, PositionTable, ProcessState
 from storage.config import StoreConfig
 
 MAX_TURN_MS = 200
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,7 @@ class Service:
         self.stopping = False
         self.table: PositionTable | None = None
         self.context: zmq.Context | None = None
+        self.supervised = False     # True: stop when the table marks this process STOPPING
 
     def setup(self) -> None:
         """Open files and sockets (after the table and context exist)."""
@@ -70,6 +79,8 @@ class Service:
             while not self.stopping:
                 self.turn()
                 self.table.heartbeat(self.name)
+                if self.supervised and self._stop_requested():
+                    self.stopping = True
             self.teardown()
         finally:
             self.context.destroy(linger=0)
@@ -77,6 +88,14 @@ class Service:
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True
+
+    def _stop_requested(self) -> bool:
+        return self.table.get_process(self.name, PROC_STATE) == ProcessState.STOPPING
+
+
+def _stop_signal_seen(signo: int, _frame: object) -> None:
+    log.debug("%s seen: the supervisor stops the store's processes in order",
+              signal.Signals(signo).name)
 
 
 def die_with_parent() -> None:
@@ -101,11 +120,10 @@ def configure_logging(store_dir: str, name: str) -> None:
 def run_service(module: str, store_dir: str, config: dict) -> None:
     """Entry point of a service process (the supervisor's spawn target)."""
     die_with_parent()
+    for signo in STOP_SIGNALS:          # step 2: the supervisor's table says when
+        signal.signal(signo, _stop_signal_seen)
     service_class = importlib.import_module(module).SERVICE
     configure_logging(store_dir, service_class.name)
     service = service_class(store_dir, StoreConfig(**config))
-    signal.signal(signal.SIGTERM, service.request_stop)
-    # Ctrl-C reaches the whole process group: only the supervisor acts on it, stopping
-    # the processes one by one in order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    service.supervised = True
     service.serve()

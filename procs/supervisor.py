@@ -135,8 +135,8 @@ class Supervisor:
 
         ``ready`` (optional) is called once every process is running.
         """
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
+        for signo in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):   # all: a clean stop
+            signal.signal(signo, self._request_stop)
         self.start()
         try:
             announced = False
