@@ -5,7 +5,8 @@ The supervisor runs this before any child starts (and only then): it holds the s
 storage.message_store), which also re-dispatches whatever the consume queues and the
 index miss, flushes everything, and hands the files over with ``abort`` in place (the
 run is on). Then it creates the position table (replacing a stale one left by a crash)
-and fills it from the recovered files:
+and fills it from the recovered files, in one ``PositionTable.reset`` (the only way a
+slot may move back, allowed to the supervisor's table before any process runs):
 
     WRITTEN = FLUSHED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the checkpoint's
     physic time; MIN_OFFSET = the first CommitLog byte on disk; FLUSH_DISK_TYPE from the
@@ -56,14 +57,12 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     except BaseException:
         lock.release()
         raise
-    table.set(Slot.SUPERVISOR_PID, os.getpid())
-    table.set(Slot.GENERATION, now_ms())  # unique per start: clients notice a restart
-    table.set(Slot.FLUSH_DISK_TYPE, 1 if config.sync_flush else 0)
-    table.publish_written(written, physic_ts)
-    table.set(Slot.FLUSHED, written)
-    table.set(Slot.DISPATCHED, written)
-    table.set(Slot.MIN_OFFSET, min_offset)
-    table.set(Slot.STATE, StoreState.STARTING)
+    table.reset({Slot.SUPERVISOR_PID: os.getpid(),
+                 Slot.GENERATION: now_ms(),  # unique per start: clients notice a restart
+                 Slot.FLUSH_DISK_TYPE: 1 if config.sync_flush else 0,
+                 Slot.WRITTEN: written, Slot.LAST_STORE_TS: physic_ts,
+                 Slot.FLUSHED: written, Slot.DISPATCHED: written,
+                 Slot.MIN_OFFSET: min_offset, Slot.STATE: StoreState.STARTING})
     log.info("recovered %s (%s exit): end %d, first %d", root,
              "clean" if last_exit_ok else "unclean", written, min_offset)
     return Recovered(table, lock, last_exit_ok)

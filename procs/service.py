@@ -9,7 +9,8 @@ or mapping is inherited across a fork). Then:
 2. SIGTERM only sets ``stopping``; the loop finishes its turn and the service tears
    down cleanly (flushes, replies, closes). SIGINT is ignored: a terminal's Ctrl-C
    reaches the whole group, and the supervisor turns it into an ordered stop;
-3. it attaches the position table, builds its ZeroMQ context, and calls ``setup``;
+3. it attaches the position table, writing as ``name`` (shm.positions refuses a slot
+   another process owns), builds its ZeroMQ context, and calls ``setup``;
 4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
    ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
    spin, never sleep in place of waiting for a condition);
@@ -63,7 +64,7 @@ class Service:
 
     # ---------------------------------------------------------------- the loop
     def serve(self) -> None:
-        self.table = PositionTable.attach(self.store_dir)
+        self.table = PositionTable.attach(self.store_dir, process=self.name)
         self.context = zmq.Context()
         try:
             self.setup()
