@@ -178,14 +178,23 @@ def encode_properties(properties: dict) -> bytes:
 
 
 def decode_properties(raw: bytes) -> dict:
+    """``MessageDecoder.string2messageProperties``, step by step as RocketMQ 5 runs it:
+    items end at \\x02 (or the end); an item shorter than 3 characters is skipped; its
+    first \\x01 must have a name before it and a value after it, or the item is
+    skipped (RocketMQ writes ``TAGS\\x01\\x02`` for ``setTags("")`` and reads no tags
+    back); a later pair of the same name replaces the earlier value."""
+    text = raw.decode("utf-8")
     properties = {}
-    for item in raw.decode("utf-8").split(PROPERTY_SEPARATOR):
-        if item == "":
-            continue
-        if PROPERTY_NAME_VALUE_SEPARATOR not in item:
-            raise ValueError(f"property item {item!r} has no \\x01 separator")
-        name, value = item.split(PROPERTY_NAME_VALUE_SEPARATOR, 1)
-        properties[name] = value
+    index, length = 0, len(text)
+    while index < length:
+        new_index = text.find(PROPERTY_SEPARATOR, index)
+        if new_index < 0:
+            new_index = length
+        if new_index - index >= 3:
+            kv = text.find(PROPERTY_NAME_VALUE_SEPARATOR, index)
+            if index < kv < new_index - 1:
+                properties[text[index:kv]] = text[kv + 1:new_index]
+        index = new_index + 1
     return properties
 
 
