@@ -82,6 +82,8 @@ from typing import Mapping
 
 import posix_ipc
 
+from storage.recovery_plan import TableState
+
 SEGMENT_SIZE = 4096
 MAGIC_VALUE = 0x52534D50_4F530001
 SUPERVISOR = "supervisor"
@@ -157,6 +159,23 @@ def segment_name(store_dir: str) -> str:
     store finds the same segment and two stores never share one."""
     digest = hashlib.sha1(os.path.realpath(store_dir).encode()).hexdigest()[:24]
     return f"/rocketstore-{digest}"
+
+
+def segment_state(store_dir: str) -> TableState:
+    """What a start finds under the segment's name (the ``table`` input of
+    storage.recovery_plan): nothing, a table a dead run left, or something else."""
+    try:
+        memory = posix_ipc.SharedMemory(segment_name(store_dir))
+    except posix_ipc.ExistentialError:
+        return TableState.ABSENT
+    try:
+        if memory.size < SEGMENT_SIZE:
+            return TableState.FOREIGN
+        with mmap.mmap(memory.fd, SEGMENT_SIZE, prot=mmap.PROT_READ) as m:
+            magic = memoryview(m).cast("q")[Slot.MAGIC]
+    finally:
+        memory.close_fd()
+    return TableState.LEFT_BY_CRASH if magic == MAGIC_VALUE else TableState.FOREIGN
 
 
 def now_ms() -> int:

@@ -9,6 +9,7 @@ import os
 import re
 import time
 
+import posix_ipc
 import pytest
 
 import shm.positions as positions
@@ -18,6 +19,7 @@ from shm.positions import (
     HEARTBEAT_MS, PID, PROCESS_BASE, PROCESS_NAMES, PROCESS_SLOTS, RESTARTS, PositionTable,
     ProcessField, ResetRefusedError, Slot, SlotRegressionError, SlotWriterError, StoreState)
 from storage import MessageStore
+from storage.recovery_plan import TableState
 
 # a row of the docstring's table: index, name, writer, unit, monotonic, meaning
 ROW = re.compile(r"^    (\+?\d+)\s+([A-Z_]+)\s+(.+?)\s{2,}(\S+)\s+(yes|-)\s{2,}\S")
@@ -57,13 +59,16 @@ def test_the_parser_sees_a_drifted_row():
 
 
 @pytest.fixture
-def store_dir(tmp_path):
+def store_dir(tmp_path, caplog):
     """A recovered store of a few messages with its position table, as the supervisor
     leaves it before starting any process."""
     config = small_config(tmp_path / "store")
     with MessageStore(config) as s:
         assert all(r.ok for r in s.put_batch([msg(i) for i in range(5)]))
-    recovered = recover_and_publish(config)
+    assert positions.segment_state(config.store_path_root_dir) is TableState.ABSENT
+    with caplog.at_level(logging.INFO, logger="procs.recovery"):
+        recovered = recover_and_publish(config)
+    assert "position table create (T1)" in caplog.text
     yield config.store_path_root_dir, recovered
     recovered.table.close()
     recovered.table.unlink()
@@ -190,7 +195,7 @@ def test_reset_only_by_the_supervisor_before_processes_run(store_dir):
         dispatcher.close()
 
 
-def test_recovery_refills_a_stale_table(tmp_path):
+def test_recovery_refills_a_stale_table(tmp_path, caplog):
     """A crash leaves the segment with its old values (here, beyond the files); the next
     start replaces it and fills it from the recovered files."""
     config = small_config(tmp_path / "store")
@@ -204,7 +209,11 @@ def test_recovery_refills_a_stale_table(tmp_path):
     first.table.set_process("writer", PID, 99999)         # a process the crash took
     first.table.close()
     first.lock.release()                                  # the supervisor dies: no unlink
-    second = recover_and_publish(config)
+    root = config.store_path_root_dir
+    assert positions.segment_state(root) is TableState.LEFT_BY_CRASH
+    with caplog.at_level(logging.INFO, logger="procs.recovery"):
+        second = recover_and_publish(config)
+    assert "position table replace (T2)" in caplog.text
     try:
         assert second.table.read_written()[0] == end
         assert second.table.get(Slot.DISPATCHED) == end
@@ -213,6 +222,26 @@ def test_recovery_refills_a_stale_table(tmp_path):
         second.table.close()
         second.table.unlink()
         second.lock.release()
+    assert positions.segment_state(root) is TableState.ABSENT
+
+
+def test_a_foreign_segment_is_replaced(tmp_path, caplog):
+    """Shared memory of the table's name that is not a position table (row T2)."""
+    config = small_config(tmp_path / "store")
+    root = config.store_path_root_dir
+    os.makedirs(root)
+    name = positions.segment_name(root)
+    posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=64).close_fd()
+    try:
+        assert positions.segment_state(root) is TableState.FOREIGN
+        with caplog.at_level(logging.INFO, logger="procs.recovery"):
+            recovered = recover_and_publish(config)
+        assert "position table replace (T2)" in caplog.text
+        assert recovered.table.get(Slot.MAGIC) == positions.MAGIC_VALUE
+        recovered.table.close()
+        recovered.lock.release()
+    finally:
+        posix_ipc.unlink_shared_memory(name)
 
 
 def test_publish_written_costs_about_a_microsecond(store_dir):
