@@ -46,6 +46,8 @@ Malformed input raises ``ValueError`` with the position and the reason.
 """
 
 import ipaddress
+import json
+import os
 import struct
 
 import crcmod.predefined
@@ -619,3 +621,14 @@ def parse_hex_fixture(text: str) -> bytes:
             continue
         digits.append("".join(line.split()))
     return bytes.fromhex("".join(digits))
+
+
+FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+def load_fixture(name: str) -> tuple[dict, bytes]:
+    """A golden fixture: the inputs in ``NAME.json`` and the bytes of ``NAME.hex``."""
+    with open(os.path.join(FIXTURES_DIR, name + ".json")) as f:
+        inputs = json.load(f)
+    with open(os.path.join(FIXTURES_DIR, name + ".hex")) as f:
+        return inputs, parse_hex_fixture(f.read())

@@ -17,7 +17,6 @@ independent tests/refcodec.py):
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -31,14 +30,7 @@ from storage import Message, MessageStore, PutMessageStatus, record
 from storage.message import read_properties
 from storage.validation import check_message
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-
-
-def fixture(name: str) -> tuple[dict, bytes]:
-    with open(os.path.join(FIXTURES, name + ".json")) as f:
-        inputs = json.load(f)
-    with open(os.path.join(FIXTURES, name + ".hex")) as f:
-        return inputs, refcodec.parse_hex_fixture(f.read())
+fixture = refcodec.load_fixture
 
 
 def reencode(inputs: dict, **overrides) -> bytes:

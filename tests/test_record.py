@@ -18,11 +18,7 @@ from storage.message import (
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
-def fixture(name: str) -> tuple[dict, bytes]:
-    with open(os.path.join(FIXTURES, name + ".json")) as f:
-        inputs = json.load(f)
-    with open(os.path.join(FIXTURES, name + ".hex")) as f:
-        return inputs, refcodec.parse_hex_fixture(f.read())
+fixture = refcodec.load_fixture
 
 
 def encode_from(inputs: dict) -> bytes:
