@@ -424,6 +424,26 @@ def test_sigkill_at_random_moments_neither_loses_nor_duplicates_a_unit(env_facto
         assert store.check() == []
 
 
+def test_a_second_writer_of_dispatched_stops_the_dispatcher_and_the_slot_keeps(env_factory):
+    """Two dispatchers at once (here: the test, attached as one, runs DISPATCHED ahead):
+    the running dispatcher's next advance would move the slot back, so the table refuses
+    it (logged, SlotRegressionError), the process exits non-zero for the supervisor to
+    restart, and the slot keeps the larger value: nothing is written back."""
+    env = env_factory(fill=30)
+    p = env.start("dispatcher")
+    env.wait_dispatched(env.appender.written, p)
+    ahead = 1 << 40
+    second = PositionTable.attach(env.store_dir, process="dispatcher")
+    try:
+        second.set(Slot.DISPATCHED, ahead)
+        env.appender.append_new(5)
+        p.join(DEADLINE_S)
+        assert p.exitcode == 1
+        assert env.table.get(Slot.DISPATCHED) == ahead
+    finally:
+        second.close()
+
+
 def test_units_past_dispatched_are_rewritten_and_a_cut_creation_completed(env_factory):
     """The state a kill can leave, made on purpose: units past DISPATCHED (one with a
     torn tag code, which recovery cannot see), and a zero-length next file."""
