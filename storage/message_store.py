@@ -510,7 +510,9 @@ class MessageStore:
                     max_msgs: int = 32, tags: Iterable[str] | str | None = None) -> GetMessageResult:
         """Pull up to ``max_msgs`` messages of one queue from logical ``offset``.
 
-        ``tags`` (optional) keeps only messages whose tag is one of them. Raises
+        ``tags`` (optional) keeps only messages whose tag is one of them ("*" or "":
+        every message, as a RocketMQ subscription; a message without tags matches
+        only those). Raises
         ``CorruptRecordError`` if a consume queue unit points at a record that is not
         the message it should be.
         """

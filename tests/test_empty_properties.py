@@ -105,6 +105,10 @@ def test_a_store_over_rocketmq_files_indexes_no_empty_key(tmp_path):
         assert store.get_max_phy_offset() == len(a) + len(b)
         got = store.get_message("g", a_inputs["topic"], 0, 0)
         assert [m.tags for m in got.messages] == [None, None]
+        for tags in ("", [""], "*"):                    # an empty filter is every message
+            assert len(store.get_message("g", a_inputs["topic"], 0, 0, tags=tags)
+                       .messages) == 2
+        assert store.get_message("g", a_inputs["topic"], 0, 0, tags="TagA").messages == []
         for key, found in (("k1", 1), ("k2", 1), ("", 0)):
             assert len(store.query_message(a_inputs["topic"], key, 10).messages) == found
     units = refcodec.decode_cq_file(open(os.path.join(
