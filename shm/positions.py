@@ -78,6 +78,7 @@ import hashlib
 import logging
 import mmap
 import os
+import sys
 import time
 from typing import Mapping
 
@@ -173,7 +174,8 @@ def segment_state(store_dir: str) -> TableState:
         if memory.size < SEGMENT_SIZE:
             return TableState.FOREIGN
         with mmap.mmap(memory.fd, SEGMENT_SIZE, prot=mmap.PROT_READ) as m:
-            magic = memoryview(m).cast("q")[Slot.MAGIC]
+            magic = int.from_bytes(m[Slot.MAGIC * 8:Slot.MAGIC * 8 + 8], sys.byteorder,
+                                   signed=True)
     finally:
         memory.close_fd()
     return TableState.LEFT_BY_CRASH if magic == MAGIC_VALUE else TableState.FOREIGN
