@@ -33,9 +33,9 @@ The CommitLog (``commit_log_row``; decided before the CommitLog is scanned):
     C1   short_middle          any      any         refuse: the load fails (StoreFileError),
                                                     nothing on disk changes
     C2   none                  any      any         empty store: nothing to scan
-    C3   full | short_tail     absent   any         normal: scan from the third-last file (no
-                                                    later than a short tail), cut at the
-                                                    first bad record
+    C3   full | short_tail     absent   any         normal: scan from the third-last file
+                                                    that holds records (no later than a
+                                                    short tail), cut at the first bad record
     C4   full | short_tail     present  written     abnormal: scan from the newest file the
                                                     checkpoint trusts (no later than a short
                                                     tail), cut there; re-dispatch from it
