@@ -25,7 +25,8 @@ Schema (``SCHEMA``; ``SPARK_SCHEMA_DDL`` is the same for Spark):
                                                     (both null past int64 microseconds)
 
 Every column equals what ``record.decode_at`` and ``MessageExt`` give (``.msg_id``,
-``.tags``, ``.keys``, ``.properties``): a property pair without ``\\x01`` is ignored, a
+``.tags``, ``.keys``, ``.properties``): a property pair without ``\\x01`` or with an empty
+name or value is ignored, as RocketMQ reads them (``message.read_properties``), a
 name stored twice keeps its first place and its last value (a dict's update), and bytes
 that are not UTF-8 decode with U+FFFD as Python's ``"replace"`` does.
 
@@ -584,21 +585,30 @@ class _Pairs:
         # When every record ends with \x02 (as every writer writes them), no item crosses
         # a record's edge; when moreover \x01 and \x02 alternate, each item is one pair.
         closed = bool((d[ends] == _SEP_PROPERTY).all())
-        if closed and len(sep) % 2 == 0 and (code[0::2] == _SEP_NAME_VALUE).all() \
-                and (code[1::2] == _SEP_PROPERTY).all():
+        alternate = closed and len(sep) % 2 == 0 and (code[0::2] == _SEP_NAME_VALUE).all() \
+            and (code[1::2] == _SEP_PROPERTY).all()
+        if alternate:
             eq, value_end = sep[0::2], sep[1::2]
             name_start = np.empty(len(eq), np.int64)
             name_start[:1] = 0
             name_start[1:] = value_end[:-1] + 1
+            self.first = np.searchsorted(eq, po)
+            self.record = np.repeat(np.arange(n), np.diff(self.first))
+        else:
+            eq, name_start, value_end = self._items(n, po, sep, code == _SEP_PROPERTY, closed)
+        # a pair with an empty name or value is no pair (``read_properties``)
+        whole = (eq > name_start) & (value_end > eq + 1)
+        if alternate and whole.all():
             bounds = np.empty(2 * len(sep) + 1, np.int32)  # 0, then each separator's edges
             bounds[0] = 0
             bounds[1::2] = sep
             bounds[2::2] = sep
             bounds[2::2] += 1
-            self.first = np.searchsorted(eq, po)
-            self.record = np.repeat(np.arange(n), np.diff(self.first))
         else:
-            eq, name_start, value_end = self._items(n, po, sep, code == _SEP_PROPERTY, closed)
+            if not whole.all():
+                eq, name_start, value_end = eq[whole], name_start[whole], value_end[whole]
+                self.record = self.record[whole]
+                self.first = np.searchsorted(self.record, np.arange(n + 1))
             bounds = np.empty((len(eq), 4), np.int64)
             bounds[:, 0], bounds[:, 1], bounds[:, 2], bounds[:, 3] = \
                 name_start, eq, eq + 1, value_end
@@ -621,7 +631,7 @@ class _Pairs:
     def _items(self, n, po, sep, is2, closed):
         """The general case: an item is the text between two \\x02 or a \\x02 and a
         record's edge; only its first \\x01 splits name and value, and an item without
-        one is ignored (``decode_properties``)."""
+        one is ignored (``read_properties``)."""
         n2 = np.cumsum(is2)  # how many \x02 up to each separator
         ones = np.flatnonzero(~is2)
         if closed:
@@ -654,7 +664,7 @@ class _Pairs:
 
     def merge_duplicates(self) -> tuple[np.ndarray, np.ndarray]:
         """``(keep, value_of)``: a name stored twice in a record keeps its first pair,
-        showing the last value (``dict`` update in ``decode_properties``); the later
+        showing the last value (``dict`` update in ``read_properties``); the later
         pairs are dropped."""
         keep = np.ones(self.count, bool)
         value_of = np.arange(self.count)

@@ -4,8 +4,10 @@ The supervisor runs this before any child starts (and only then): it holds the s
 ``lock`` file, runs the embedded store's recovery (abnormal when ``abort`` exists: see
 storage.message_store), which also re-dispatches whatever the consume queues and the
 index miss, flushes everything, and hands the files over with ``abort`` in place (the
-run is on). Then it creates the position table (replacing a stale one left by a crash)
-and fills it from the recovered files:
+run is on); the store logs the recovery rows it took (storage/recovery_plan.py, C and L).
+Then it creates the position table (row T1), or replaces what a crash left (T2), and
+fills it from the recovered files, in one ``PositionTable.reset`` (the only way a
+slot may move back, allowed to the supervisor's table before any process runs):
 
     WRITTEN = FLUSHED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the checkpoint's
     physic time; MIN_OFFSET = the first CommitLog byte on disk; FLUSH_DISK_TYPE from the
@@ -20,8 +22,9 @@ import dataclasses
 import logging
 import os
 
-from shm.positions import PositionTable, Slot, StoreState, now_ms
+from shm.positions import PositionTable, Slot, StoreState, now_ms, segment_state
 from storage import MessageStore, StoreConfig
+from storage import recovery_plan
 from storage.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -52,18 +55,18 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         min_offset = max(store.commit_log.get_min_offset(), 0)
         store.close(remove_abort_file=False)
         physic_ts = store.checkpoint.physic_msg_timestamp
-        table = PositionTable.create(root)
+        table_row = recovery_plan.table_row(segment_state(root))
+        table = PositionTable.create(root)  # T1 creates; T2 unlinks the old one first
     except BaseException:
         lock.release()
         raise
-    table.set(Slot.SUPERVISOR_PID, os.getpid())
-    table.set(Slot.GENERATION, now_ms())  # unique per start: clients notice a restart
-    table.set(Slot.FLUSH_DISK_TYPE, 1 if config.sync_flush else 0)
-    table.publish_written(written, physic_ts)
-    table.set(Slot.FLUSHED, written)
-    table.set(Slot.DISPATCHED, written)
-    table.set(Slot.MIN_OFFSET, min_offset)
-    table.set(Slot.STATE, StoreState.STARTING)
-    log.info("recovered %s (%s exit): end %d, first %d", root,
-             "clean" if last_exit_ok else "unclean", written, min_offset)
+    table.reset({Slot.SUPERVISOR_PID: os.getpid(),
+                 Slot.GENERATION: now_ms(),  # unique per start: clients notice a restart
+                 Slot.FLUSH_DISK_TYPE: 1 if config.sync_flush else 0,
+                 Slot.WRITTEN: written, Slot.LAST_STORE_TS: physic_ts,
+                 Slot.FLUSHED: written, Slot.DISPATCHED: written,
+                 Slot.MIN_OFFSET: min_offset, Slot.STATE: StoreState.STARTING})
+    log.info("recovered %s (%s exit): end %d, first %d; position table %s (%s)", root,
+             "clean" if last_exit_ok else "unclean", written, min_offset, table_row.action,
+             table_row.label)
     return Recovered(table, lock, last_exit_ok)

@@ -16,7 +16,8 @@ or mapping is inherited across a fork). Then:
    order, exactly as when it alone is signalled. (A handler, not a blocked mask: a
    thread a library started early, OpenBLAS's say, would take a blocked signal's
    default action and end the process.)
-3. it attaches the position table, builds its ZeroMQ context, and calls ``setup``;
+3. it attaches the position table, writing as ``name`` (shm.positions refuses a slot
+   another process owns), builds its ZeroMQ context, and calls ``setup``;
 4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
    ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
    spin, never sleep in place of waiting for a condition);
@@ -72,7 +73,7 @@ class Service:
 
     # ---------------------------------------------------------------- the loop
     def serve(self) -> None:
-        self.table = PositionTable.attach(self.store_dir)
+        self.table = PositionTable.attach(self.store_dir, process=self.name)
         self.context = zmq.Context()
         try:
             self.setup()

@@ -8,7 +8,11 @@ snake_case (``queue_offset``, ``commit_log_offset``, ``store_timestamp``, ...).
 Also here, because both sides need them:
 
 * the properties string, ``name \\x01 value \\x02`` repeated (``messageProperties2String``),
-  and the well-known property names (``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY``, ...);
+  and the well-known property names (``TAGS``, ``KEYS``, ``UNIQ_KEY``, ``DELAY``, ...).
+  A stored record's properties are read as RocketMQ reads them (``read_properties``): a
+  pair with an empty name or value is no pair, so ``TAGS\\x01\\x02`` is no tags. Empty
+  means none on the way in too: ``tags=""`` and ``keys=""``/``[]``/``[""]`` store no TAGS
+  or KEYS (and ``storage.validation`` refuses a property with an empty value);
 * the ``sysFlag`` bits: compression, multi-tags, the transaction type (``flag & 0xC``),
   and the IPv6 bits that widen BORNHOST (0x10) and STOREHOST (0x20) from 8 to 20 bytes;
 * hosts as ``(ip, port)`` and their record encoding (address bytes + 4-byte port);
@@ -72,14 +76,28 @@ def encode_properties(props: Mapping[str, str]) -> str:
 
 
 def decode_properties(s: str) -> dict[str, str]:
-    """``string2messageProperties``: the inverse of ``encode_properties``.
-
-    A pair without a name/value separator is ignored, as RocketMQ's decoder does.
-    """
+    """The exact inverse of ``encode_properties``, for a producer's properties on their
+    way in (the SEND frame): every ``name\\x01value`` pair, an empty value kept, so
+    ``storage.validation`` can refuse it by name. A pair without a name/value separator
+    is ignored. Stored records are read with ``read_properties``."""
     out: dict[str, str] = {}
     for item in s.split(PROPERTY_SEPARATOR):
         name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
         if sep:
+            out[name] = value
+    return out
+
+
+def read_properties(s: str) -> dict[str, str]:
+    """The properties of a stored record, read as RocketMQ reads them
+    (``MessageDecoder.string2messageProperties``): a pair with an empty name or an empty
+    value (``TAGS\\x01\\x02``, what RocketMQ writes for ``setTags("")``) and an item
+    without ``\\x01`` are dropped; a value runs from the first ``\\x01`` to the next
+    ``\\x02``; a name stored twice keeps its first place and its last value."""
+    out: dict[str, str] = {}
+    for item in s.split(PROPERTY_SEPARATOR):
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if name and value:
             out[name] = value
     return out
 
@@ -162,7 +180,7 @@ class Message:
             return []
         if isinstance(self.keys, str):
             return [k for k in self.keys.split(KEY_SEPARATOR) if k]
-        return list(self.keys)
+        return [k for k in self.keys if k]  # an empty key is no key
 
     def all_properties(self) -> dict[str, str]:
         """The properties as they will be stored: user properties plus TAGS/KEYS/DELAY."""

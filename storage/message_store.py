@@ -23,16 +23,11 @@ exists), re-dispatches what the consume queues and index miss, and creates ``abo
 ``close()`` catches dispatch up, flushes everything and the checkpoint, and removes
 ``abort`` only when all of that succeeded.
 
-Recovery decision table (``load``):
-
-    abort file | commitlog files | action
-    -----------+-----------------+--------------------------------------------------------
-    absent     | some            | normal: scan the last 3 files, cut at the first bad record
-    present    | some            | abnormal: scan from the checkpoint's file, cut there
-    either     | none            | destroy consume queues and index (nothing they point to)
-    either     | some            | cut consume queues past the cut; re-dispatch from the
-               |                 | earliest of: CQ end, index end, abnormal start file;
-               |                 | rebuild the topic-queue table from the consume queues
+Recovery (``load``) follows the decision table of ``storage/recovery_plan.py``: the
+CommitLog row (C1-C5: refuse, empty, normal, abnormal from the checkpoint's file or from
+the first file) is chosen before the scan, the consume-queue and index row (L1-L5:
+untouched, destroy, rebuild, cut, catch up) after it, from the recovered end. Both
+rows are logged.
 """
 
 from __future__ import annotations
@@ -56,6 +51,7 @@ from storage.message import Message, MessageExt
 from storage.read_path import (
     GetMessageResult, QueryMessageResult, check_unit_record, get_from_queue, look_message_by_id,
     memory_limit_bytes, query_messages)
+from storage import recovery_plan as plan
 from storage.record import SCHEDULE_TOPIC
 from storage.reput import ArrivingListener, ReputMessageService
 from storage.running_flags import Flag, RunningFlags
@@ -250,35 +246,65 @@ class MessageStore:
 
     def _recover(self) -> None:
         max_cq_end = self.logic_queues.recover()
-        if self.last_exit_ok:
-            result = self.commit_log.recover_normally()
-        else:
+        files = self._commit_log_files()
+        c_row = plan.commit_log_row(not self.last_exit_ok, self._checkpoint_state(), files)
+        if c_row in (plan.C4_ABNORMAL, plan.C5_ABNORMAL_FROM_FIRST):
             result = self.commit_log.recover_abnormally(self._recovery_min_timestamp())
-        if not self.commit_log.mapped_file_queue.mapped_files:
+        else:  # C3; C2 has nothing to scan; C1 failed the load already
+            result = self.commit_log.recover_normally()
+        l_row = plan.logics_row(files, self._logics_state(max_cq_end, result.process_offset))
+        log.info("recovery rows %s %s: %s, then %s", c_row.label, l_row.label, c_row.action,
+                 l_row.action)
+        if l_row is plan.L2_DESTROY:
             if len(self.logic_queues) or self.index_service.files:
                 log.warning("no commitlog files: destroying consume queues and index")
             self._destroy_logics()
         else:
             self.index_service.truncate(result.process_offset,
                                         lambda phy: self.commit_log.pickup_store_timestamp(phy, 80))
-        if max_cq_end > result.process_offset:
+        if l_row in (plan.L3_REBUILD, plan.L4_CUT) and max_cq_end > result.process_offset:
             log.warning("consume queues reach %d past the commitlog end %d: truncating",
                         max_cq_end, result.process_offset)
             self.logic_queues.truncate_dirty(result.process_offset)
-        self.reput_from_offset = self._redispatch_start(max_cq_end, result.redispatch_from,
-                                                        result.process_offset)
+        self.reput_from_offset = self._redispatch_start(
+            max_cq_end, result.redispatch_from, result.process_offset,
+            rebuild=l_row is plan.L3_REBUILD)
         self._dispatch_to(result.process_offset)
         self._recover_topic_queue_table()
+
+    def _commit_log_files(self) -> plan.CommitLogFiles:
+        """The ``commit_log`` input as the load left it (a short file before written
+        ones failed the load: C1)."""
+        mfq = self.commit_log.mapped_file_queue
+        if not mfq.mapped_files:
+            return plan.CommitLogFiles.NONE
+        if mfq.short_file_index is not None:
+            return plan.CommitLogFiles.SHORT_TAIL
+        return plan.CommitLogFiles.FULL
+
+    def _checkpoint_state(self) -> plan.Checkpoint:
+        """MISSING when the checkpoint's times trust no CommitLog file."""
+        return plan.Checkpoint.WRITTEN if self._recovery_min_timestamp() > 0 \
+            else plan.Checkpoint.MISSING
+
+    def _logics_state(self, max_cq_end: int, commit_log_end: int) -> plan.Logics:
+        files = self.index_service.files
+        index_end = None if not self.config.message_index_enable else \
+            files[-1].end_phy_offset if files else -1
+        return plan.observe_logics(rebuilt=self._rebuild_logics, max_queue_end=max_cq_end,
+                                   index_end=index_end, commit_log_end=commit_log_end)
 
     def _recovery_min_timestamp(self) -> int:
         if self.config.message_index_enable and self.config.message_index_safe:
             return self.checkpoint.min_timestamp_index()
         return self.checkpoint.min_timestamp()
 
-    def _redispatch_start(self, max_cq_end: int, abnormal_start: int, process_offset: int) -> int:
-        """The earliest offset some consume queue or the index may be missing."""
+    def _redispatch_start(self, max_cq_end: int, abnormal_start: int, process_offset: int, *,
+                          rebuild: bool) -> int:
+        """The earliest offset some consume queue or the index may be missing (L3: the
+        first CommitLog byte)."""
         min_offset = max(self.commit_log.get_min_offset(), 0)
-        if self._rebuild_logics:
+        if rebuild:
             return min(min_offset, process_offset)
         starts = [max_cq_end if max_cq_end >= 0 else min_offset, abnormal_start]
         if self.config.message_index_enable:
@@ -484,7 +510,9 @@ class MessageStore:
                     max_msgs: int = 32, tags: Iterable[str] | str | None = None) -> GetMessageResult:
         """Pull up to ``max_msgs`` messages of one queue from logical ``offset``.
 
-        ``tags`` (optional) keeps only messages whose tag is one of them. Raises
+        ``tags`` (optional) keeps only messages whose tag is one of them ("*" or "":
+        every message, as a RocketMQ subscription; a message without tags matches
+        only those). Raises
         ``CorruptRecordError`` if a consume queue unit points at a record that is not
         the message it should be.
         """

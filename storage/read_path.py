@@ -210,12 +210,13 @@ def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
                    tags: Iterable[str] | None, lo: int, hi: int, read_unit: ReadUnit,
                    **kw) -> GetMessageResult:
     """MessageStore's ``get_message`` once the queue and its ``[lo, hi)`` are known;
-    ``kw`` are ``read_queue``'s keyword arguments."""
+    ``kw`` are ``read_queue``'s keyword arguments. ``tags`` "*" or "" (or none) is every
+    message, as RocketMQ's subscription reads them; an empty tag is no tag."""
     early = offset_status(offset, lo, hi)
     if early is not None:
         return early
     wanted = {tags} if isinstance(tags, str) else set(tags or ())
-    return read_queue(cq, offset, max(1, max_msgs), wanted - {"*"}, lo, hi,
+    return read_queue(cq, offset, max(1, max_msgs), wanted - {"*", ""}, lo, hi,
                       read_unit, **kw)
 
 

@@ -47,7 +47,7 @@ from typing import NamedTuple, Sequence
 
 from storage.hashing import java_string_hash
 from storage.message import (
-    BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, MessageExt, decode_host, decode_properties)
+    BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, MessageExt, decode_host, read_properties)
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB
@@ -215,7 +215,7 @@ def decode_at(buf, pos: int, *, check_crc: bool = False) -> MessageExt:
     return MessageExt(total, magic, crc, queue_id, flag, queue_offset, physical_offset,
                       sys_flag, born_ts, decode_host(born_host), store_ts,
                       decode_host(store_host), reconsume, prepared, body, topic,
-                      decode_properties(props))
+                      read_properties(props))
 
 
 class DispatchRequest(NamedTuple):
@@ -334,15 +334,20 @@ def _decode_topic(raw: bytes) -> str:
 def _property(props: bytes, name_sep: bytes) -> str | None:
     """The value of one property (``name_sep`` is ``b"NAME\\x01"``) in an encoded
     properties string, found without building the whole map: dispatch needs only
-    TAGS, KEYS, UNIQ_KEY and DELAY."""
-    i = props.find(name_sep)
-    while i > 0 and props[i - 1] != 2:  # a match must start a name/value pair
-        i = props.find(name_sep, i + 1)
-    if i < 0:
-        return None
-    start = i + len(name_sep)
-    end = props.find(b"\x02", start)
-    return props[start:end if end >= 0 else len(props)].decode("utf-8", "replace")
+    TAGS, KEYS, UNIQ_KEY and DELAY. Read as ``message.read_properties`` reads the whole
+    string (RocketMQ's ``string2messageProperties``): an empty value is no value, and
+    of a name stored twice the last non-empty value counts."""
+    i = props.rfind(name_sep)
+    while i >= 0:
+        if i == 0 or props[i - 1] == 2:  # a match must start a name/value pair
+            start = i + len(name_sep)
+            end = props.find(b"\x02", start)
+            if end < 0:
+                end = len(props)
+            if end > start:
+                return props[start:end].decode("utf-8", "replace")
+        i = props.rfind(name_sep, 0, i)
+    return None
 
 
 def _int_or_zero(text: str | None) -> int:

@@ -13,12 +13,21 @@ nothing on disk and costs other producers nothing.
     delay level < 0                                        MESSAGE_ILLEGAL
     a header value outside its Java type's range           MESSAGE_ILLEGAL
     a property, tag or key holding \\x00, \\x01 or \\x02, an empty
-      property name, a key holding a space                 MESSAGE_ILLEGAL
+      property name or value, a key holding a space        MESSAGE_ILLEGAL
     a property the store sets itself (__PID, __SEQ:
       an idempotent producer's identity)                   MESSAGE_ILLEGAL
     properties over 32767 bytes (UTF-8)                    PROPERTIES_SIZE_EXCEEDED
     record longer than max_message_size, or than a
       CommitLog file can hold                              MESSAGE_ILLEGAL
+
+Empty means none: ``tags=""`` stores no TAGS and ``keys=""`` (or ``[]``) no KEYS, so a
+message put with them reads back with ``tags`` None and ``keys`` [], as RocketMQ reads
+the ``TAGS\\x01\\x02`` its producer writes for ``setTags("")``. A property with an empty
+value is refused instead of stored: RocketMQ's ``string2messageProperties`` (and
+``message.read_properties``) drops the pair, so nobody could read it back (RocketMQ's
+client refuses it before sending). A value of spaces is stored: it reads back as
+written. An empty key (in a list, or between two spaces of a ``keys`` string) is no key:
+the index never holds ``topic#`` (RocketMQ's ``buildIndex`` skips empty keys too).
 
 The topic rule is stricter than RocketMQ's length check on purpose: it also keeps a
 topic from naming a path outside ``consumequeue/``. Topics of 128-255 bytes are legal
@@ -93,6 +102,9 @@ def _check_properties(msg: Message) -> Refusal | None:
     for name, value in msg.properties.items():
         if not isinstance(name, str) or not isinstance(value, str) or not name:
             return _illegal(f"property {name!r} must be a non-empty str name with a str value")
+        if not value:
+            return _illegal(f"property {name!r} has an empty value: RocketMQ's readers (and "
+                            "ours) drop such a pair, so it could never be read back")
         if _has_reserved(name) or _has_reserved(value):
             return _illegal(f"property {name!r} holds a reserved byte (\\x00, \\x01 or \\x02)")
     if msg.tags is not None and (not isinstance(msg.tags, str) or _has_reserved(msg.tags)):
@@ -101,9 +113,8 @@ def _check_properties(msg: Message) -> Refusal | None:
         return _illegal("keys must be a list of str (or one space-separated str)")
     keys = msg.keys.split(KEY_SEPARATOR) if isinstance(msg.keys, str) else msg.keys or ()
     for key in keys:
-        if not isinstance(key, str) or (not key and not isinstance(msg.keys, str)) or \
-                (KEY_SEPARATOR in key) or _has_reserved(key):
-            return _illegal(f"key {key!r} must be a non-empty str without spaces or separators")
+        if not isinstance(key, str) or (KEY_SEPARATOR in key) or _has_reserved(key):
+            return _illegal(f"key {key!r} must be a str without spaces or separators")
     return None
 
 

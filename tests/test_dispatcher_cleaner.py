@@ -48,7 +48,7 @@ from procs.cleaner import Cleaner, clean_now_path
 from procs.recovery import recover_and_publish
 from shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
-from shm.positions import HEARTBEAT_MS, Slot, StoreState, now_ms
+from shm.positions import HEARTBEAT_MS, PositionTable, Slot, StoreState, now_ms
 from storage import Message, MessageStore, StoreConfig, record
 from storage.commit_log import CommitLog
 from storage.message import is_consumable
@@ -76,11 +76,14 @@ def message(i: int, body: bytes | None = None) -> Message:
 class Appender:
     """What the writer and the flusher do, done from the test process."""
 
-    def __init__(self, config: StoreConfig, table, bus: Publisher):
-        self.table, self.bus = table, bus
+    def __init__(self, config: StoreConfig, bus: Publisher):
+        self.bus = bus
+        root = config.store_path_root_dir
+        self.table = PositionTable.attach(root, process="writer")
+        self.flusher_table = PositionTable.attach(root, process="flusher")
         self.commit_log = cl = CommitLog(config)
         cl.load()
-        self.written = table.read_written()[0]
+        self.written = self.table.read_written()[0]
         mfq = cl.mapped_file_queue
         kept = []
         for mf in mfq.mapped_files:
@@ -132,10 +135,12 @@ class Appender:
 
     def flush(self, upto: int | None = None) -> None:
         self.commit_log.mapped_file_queue.flush_all()
-        self.table.set(Slot.FLUSHED, self.written if upto is None else upto)
+        self.flusher_table.set(Slot.FLUSHED, self.written if upto is None else upto)
 
     def close(self) -> None:
         self.commit_log.close()
+        self.table.close()
+        self.flusher_table.close()
 
 
 # ============================================================================ the environment
@@ -236,7 +241,7 @@ def make_env(root, fill: int, **overrides) -> Env:
     store_dir = config.store_path_root_dir
     bus = Publisher(context, store_dir, "writer")
     waiter = Subscriber(context, store_dir, ["dispatcher"], [DISPATCHED])
-    return Env(config, store_dir, recovered, context, Appender(config, recovered.table, bus),
+    return Env(config, store_dir, recovered, context, Appender(config, bus),
                waiter)
 
 
@@ -378,7 +383,7 @@ def test_sync_flush_dispatches_nothing_past_flushed(env_factory):
     middle = results[20].wrote_offset                     # a record boundary
     env.appender.flush(middle)
     env.wait_dispatched(middle, p)
-    env.table.set(Slot.FLUSHED, middle + 10)              # inside a record: wait for it
+    env.appender.flusher_table.set(Slot.FLUSHED, middle + 10)  # inside a record: wait for it
     env.wait_turns("dispatcher", p)
     assert env.table.get(Slot.DISPATCHED) == middle
     assert queue_units(env.config) == expected_units(commit_log_records(env.config, middle))
@@ -419,6 +424,26 @@ def test_sigkill_at_random_moments_neither_loses_nor_duplicates_a_unit(env_facto
         assert store.check() == []
 
 
+def test_a_second_writer_of_dispatched_stops_the_dispatcher_and_the_slot_keeps(env_factory):
+    """Two dispatchers at once (here: the test, attached as one, runs DISPATCHED ahead):
+    the running dispatcher's next advance would move the slot back, so the table refuses
+    it (logged, SlotRegressionError), the process exits non-zero for the supervisor to
+    restart, and the slot keeps the larger value: nothing is written back."""
+    env = env_factory(fill=30)
+    p = env.start("dispatcher")
+    env.wait_dispatched(env.appender.written, p)
+    ahead = 1 << 40
+    second = PositionTable.attach(env.store_dir, process="dispatcher")
+    try:
+        second.set(Slot.DISPATCHED, ahead)
+        env.appender.append_new(5)
+        p.join(DEADLINE_S)
+        assert p.exitcode == 1
+        assert env.table.get(Slot.DISPATCHED) == ahead
+    finally:
+        second.close()
+
+
 def test_units_past_dispatched_are_rewritten_and_a_cut_creation_completed(env_factory):
     """The state a kill can leave, made on purpose: units past DISPATCHED (one with a
     torn tag code, which recovery cannot see), and a zero-length next file."""
@@ -428,7 +453,7 @@ def test_units_past_dispatched_are_rewritten_and_a_cut_creation_completed(env_fa
     env.wait_dispatched(env.appender.written, p)
     env.stop(p)
     back_to = results[60].wrote_offset
-    env.table.set(Slot.DISPATCHED, back_to)       # as if the dead predecessor got no further
+    env.table.reset({Slot.DISPATCHED: back_to})  # as if the dead predecessor got no further
     qdir = os.path.join(env.config.consume_queue_dir, TOPICS[0], "0")
     names = sorted(os.listdir(qdir))
     last = os.path.join(qdir, names[-1])
@@ -609,7 +634,7 @@ def test_disk_full_flag_follows_the_injected_ratio(env_factory, monkeypatch):
     ratio = [0.95]
     monkeypatch.setattr(procs.cleaner, "disk_used_ratio", lambda path: ratio[0])
     cleaner = Cleaner(env.store_dir, env.config)
-    cleaner.table = env.table
+    cleaner.table = PositionTable.attach(env.store_dir, process="cleaner")
     cleaner.setup()
     try:
         env.appender.append_new(40)           # WRITTEN only: neither durable nor dispatched
@@ -630,3 +655,4 @@ def test_disk_full_flag_follows_the_injected_ratio(env_factory, monkeypatch):
         assert commit_log_files(env.config)[0] == min(s for s in files if s + FILE > limit)
     finally:
         cleaner.teardown()
+        cleaner.table.close()

@@ -4,6 +4,7 @@ flush modes and injected disk faults. Real files in temporary directories."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
@@ -406,7 +407,7 @@ def test_delayed_messages_are_delivered_when_due(config):
     s.close()
 
 
-def test_unusable_consume_queue_and_index_are_rebuilt(config):
+def test_unusable_consume_queue_and_index_are_rebuilt(config, caplog):
     s = reopen(config)
     rs = s.put_batch([msg(i, queue_id=i % 2) for i in range(120)])
     s.close()
@@ -415,7 +416,9 @@ def test_unusable_consume_queue_and_index_are_rebuilt(config):
     index_dir = config.index_dir
     for name in os.listdir(index_dir):
         os.truncate(os.path.join(index_dir, name), 1000)
-    s = reopen(config)
+    with caplog.at_level(logging.INFO, logger="storage.message_store"):
+        s = reopen(config)
+    assert "recovery rows C3 L3: normal, then rebuild" in caplog.text
     assert [m.msg_id for m in pull_all(s, "TopicTest", 0)] == \
         [r.msg_id for r in rs if r.queue_id == 0]
     assert [m.body for m in s.query_message("TopicTest", "key-7").messages] == [msg(7).body]

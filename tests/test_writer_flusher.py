@@ -147,6 +147,27 @@ class Client:
         return reply[1]
 
 
+class StandIns:
+    """Position tables writing as other processes, for a test standing in for them (the
+    table refuses a slot written by anyone but its process); the supervisor's is
+    ``table`` itself."""
+
+    def __init__(self, table: PositionTable, root: str):
+        self.table, self.root, self.tables = table, root, {}
+
+    def __call__(self, process: str) -> PositionTable:
+        if process == "supervisor":
+            return self.table
+        if process not in self.tables:
+            self.tables[process] = PositionTable.attach(self.root, process=process)
+        return self.tables[process]
+
+    def close(self) -> None:
+        for t in self.tables.values():
+            t.close()
+        self.tables.clear()
+
+
 class RunningStore:
     """A store with its flusher and writer running, as the supervisor would have it."""
 
@@ -170,13 +191,14 @@ class RunningStore:
             preload(self.config, list(preloaded))
             self.expected.update(queue_counts(list(preloaded)))
         self.recovered = recovery.recover_and_publish(self.config)
+        self.as_process = StandIns(self.table, self.root)
         self.table.set(Slot.STATE, StoreState.RUNNING)
         self.start_process("flusher")
         self.start_process("writer")
         return self
 
     def start_process(self, name: str) -> None:
-        self.table.set_process(name, HEARTBEAT_MS, 0)
+        self.table.reset({self.table.process_slot(name, HEARTBEAT_MS): 0})
         p = SPAWN.Process(target=run_service,
                           args=(f"procs.{name}", self.root, self.config.to_dict()), daemon=True)
         p.start()
@@ -216,6 +238,7 @@ class RunningStore:
 
     def release(self) -> None:
         if self.recovered is not None:
+            self.as_process.close()
             self.recovered.table.close()
             self.recovered.table.unlink()
             self.recovered.lock.release()
@@ -407,7 +430,7 @@ def test_a_flush_error_answers_parked_requests_and_refuses_new_ones(running):
     msgs = [message(i, queue_id=0) for i in range(3)]
     request_id = c.send(msgs)
     assert c.recv(timeout_s=0.2) is None
-    s.table.set(Slot.FLUSH_ERROR, errno.EIO)   # standing in for the flusher
+    s.as_process("flusher").set(Slot.FLUSH_ERROR, errno.EIO)   # standing in for the flusher
     reply = c.recv(timeout_s=2)
     assert reply[0] == request_id
     assert [r.status for r in reply[1]] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 3
@@ -416,7 +439,7 @@ def test_a_flush_error_answers_parked_requests_and_refuses_new_ones(running):
     refused = c.put([message(10, queue_id=0)])
     assert refused[0].status is PutMessageStatus.SERVICE_NOT_AVAILABLE
     assert "flush failed" in refused[0].reason and "EIO" in refused[0].reason
-    s.table.set(Slot.FLUSH_ERROR, 0)
+    s.as_process("flusher").set(Slot.FLUSH_ERROR, 0)
     s.signal("flusher", signal.SIGCONT)
     s.reopen_and_verify()
 
@@ -433,12 +456,12 @@ def test_position_table_refusals_store_nothing(running):
               "WRITE_LOGICS_QUEUE_ERROR: dispatch stopped (the dispatcher stopped on ENOSPC"),
              (Slot.STATE, StoreState.STOPPING, StoreState.RUNNING, "STOPPING")]  # supervisor's
     for slot, bad, good, reason in cases:
-        s.table.set(slot, bad)
+        s.as_process(slot.writer).set(slot, bad)
         got = c.put([message(1, queue_id=0), message(2, queue_id=1)])
         assert [r.status for r in got] == [PutMessageStatus.SERVICE_NOT_AVAILABLE] * 2
         assert reason in got[0].reason
         assert s.table.read_written() == written
-        s.table.set(slot, good)
+        s.as_process(slot.writer).set(slot, good)
     got = s.put(c, [message(3, queue_id=0)])
     assert got[0].status is PutMessageStatus.PUT_OK and got[0].queue_offset == 1
     s.reopen_and_verify()
@@ -588,7 +611,7 @@ def test_writer_restart_decision_table(tmp_path, case):
             # and its consume queues hold units past the position it published
             cl = CommitLog(config, read_only=True)
             cl.load()
-            table.set(Slot.DISPATCHED, _record_boundary(cl, written // 3))
+            table.reset({Slot.DISPATCHED: _record_boundary(cl, written // 3)})
             cl.close()
         writer = WriterService(config.store_path_root_dir, config)
         writer.table = table
@@ -660,12 +683,13 @@ class InProcessService:
         self.config = config
         self.recovered = recovery.recover_and_publish(config)
         self.table = self.recovered.table
+        self.as_process = StandIns(self.table, config.store_path_root_dir)
         self.context = zmq.Context()
         self.closed = False
 
     def start(self, service_class):
         svc = service_class(self.config.store_path_root_dir, self.config)
-        svc.table = self.table
+        svc.table = self.as_process(service_class.name)
         svc.context = self.context
         svc.setup()
         return svc
@@ -676,6 +700,7 @@ class InProcessService:
         self.closed = True
         self.service.teardown()
         destroy_context(self.context)
+        self.as_process.close()
         self.table.close()
         self.table.unlink()
         self.recovered.lock.release()
@@ -691,7 +716,7 @@ class InProcessFlusher(InProcessService):
         preload(config, preload_messages(120))
         super().__init__(config)
         self.written, self.store_ts = self.table.read_written()
-        self.table.set(Slot.FLUSHED, 0)     # standing in for a run that never flushed
+        self.table.reset({Slot.FLUSHED: 0})  # standing in for a run that never flushed
         self.service = self.make()
 
     def make(self) -> FlusherService:
@@ -841,16 +866,16 @@ def test_refused_and_busy_requests_leave_the_window_count_alone(tmp_path):
         for i in range(3):
             w.serve([message(i, queue_id=0)])
         assert w.replies == [] and w.service.unanswered == {b"client": 3}
-        w.table.set(Slot.DISK_FULL, 1)                      # standing in for the cleaner
+        w.as_process("cleaner").set(Slot.DISK_FULL, 1)      # standing in for the cleaner
         assert w.put([message(9, queue_id=0)])[0].status is \
             PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert w.service.unanswered == {b"client": 3}
-        w.table.set(Slot.DISK_FULL, 0)
+        w.as_process("cleaner").set(Slot.DISK_FULL, 0)
         for i in range(WINDOW - 3):
             w.serve([message(10 + i, queue_id=0)])
         assert w.put([message(99, queue_id=0)])[0].status is PutMessageStatus.OS_PAGECACHE_BUSY
         assert w.service.unanswered == {b"client": WINDOW}
-        w.table.set(Slot.FLUSHED, w.table.read_written()[0])  # standing in for the flusher
+        w.as_process("flusher").set(Slot.FLUSHED, w.table.read_written()[0])  # as the flusher
         w.service._release_parked()
         assert len(w.replies) == WINDOW and w.service.unanswered == {}
     finally:
