@@ -84,10 +84,13 @@ def refuse_space(monkeypatch) -> None:
     monkeypatch.setattr(FILE_OPS, "fallocate", enospc)
 
 
-def refuse_next_commit_log_file(config: StoreConfig, offset: int, monkeypatch) -> None:
-    """The CommitLog cannot grow past the file holding ``offset``: files named past it
-    (the preallocated next one) are removed and creating one fails with ENOSPC
-    (``refuse_space``)."""
+def refuse_next_commit_log_file(config: StoreConfig, offset: int, monkeypatch,
+                                commit_log=None) -> None:
+    """The CommitLog cannot grow past the file holding ``offset``: its appender's
+    allocation thread (``commit_log``'s) is stopped, files named past it (the ones made
+    ahead) are removed and creating one fails with ENOSPC (``refuse_space``)."""
+    if commit_log is not None:
+        commit_log.stop_allocation()
     for name in os.listdir(config.commit_log_dir):
         if name.isdigit() and int(name) > offset:
             os.unlink(os.path.join(config.commit_log_dir, name))

@@ -12,10 +12,12 @@ batch is acknowledged it writes one line per message, the whole batch in one wri
 
     ACK seq msg_id topic queue_id queue_offset sha1(body)
 
-``--pause none``: between batches it sometimes dispatches, so consume queues and index
-are partly built whenever the kill lands; after the last message it writes ``DONE``.
+``--pause none``: the store's service threads run (flush, dispatch, ...), and between
+batches it sometimes dispatches too, so consume queues and index are partly built
+whenever the kill lands; after the last message it writes ``DONE``.
 
-Any other ``--pause``: it never dispatches while putting; after the last message it
+Any other ``--pause``: the store runs no service threads and it never dispatches while
+putting; after the last message it
 enters the named call and stops inside it, at a point drawn from SEED, writing
 ``PAUSE <where>``:
 
@@ -145,7 +147,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=("ASYNC_FLUSH", "SYNC_FLUSH"))
     ap.add_argument("--pause", default="none", choices=("none",) + PAUSES)
     args = ap.parse_args(argv)
-    store = MessageStore(writer_config(args.root, args.flush))
+    # a pause point needs dispatch driven by hand; without one the store's own service
+    # threads run, as they do by default, and the kill lands anywhere among them
+    store = MessageStore(writer_config(args.root, args.flush), background=args.pause == "none")
     store.load()
     _out(f"READY last_exit_ok={int(store.last_exit_ok)}\n")
     _put_all(store, args.seed, args.count, dispatch_now_and_then=args.pause == "none")

@@ -48,7 +48,8 @@ from procs.cleaner import Cleaner, clean_now_path
 from procs.recovery import recover_and_publish
 from shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
-from shm.positions import HEARTBEAT_MS, PositionTable, Slot, StoreState, now_ms
+from shm.positions import (
+    HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState, now_ms)
 from storage import Message, MessageStore, StoreConfig, record
 from storage.commit_log import CommitLog
 from storage.message import is_consumable
@@ -162,9 +163,11 @@ class Env:
     def start(self, name: str, wait: bool = True):
         """Start ``procs.{name}``; with ``wait``, until its loop has turned once."""
         before = self.table.get_process(name, HEARTBEAT_MS)
+        self.table.set_process(name, PROC_STATE, ProcessState.STARTING)
         p = SPAWN.Process(target=procs.service.run_service,
                           args=(f"procs.{name}", self.store_dir, self.config.to_dict()))
         p.start()
+        p.service_name = name
         self.processes.append(p)
         if wait:
             self.wait_for(lambda: self.table.get_process(name, HEARTBEAT_MS) > before,
@@ -177,6 +180,8 @@ class Env:
         assert p.exitcode == -signal.SIGKILL
 
     def stop(self, p) -> None:
+        """What the supervisor does: mark the process STOPPING, then SIGTERM it."""
+        self.table.set_process(p.service_name, PROC_STATE, ProcessState.STOPPING)
         p.terminate()
         p.join(DEADLINE_S)
         assert p.exitcode == 0, f"{p} exited {p.exitcode}"

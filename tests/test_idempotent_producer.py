@@ -554,7 +554,8 @@ def test_a_duplicate_of_a_record_whose_append_failed_fails_too(tmp_path, monkeyp
 
     try:
         assert all(r.reason == "" for r in serve((b"a", 1, 0, 5))[1])
-        refuse_next_commit_log_file(w.config, w.table.read_written()[0], monkeypatch)
+        refuse_next_commit_log_file(w.config, w.table.read_written()[0], monkeypatch,
+                                    w.service.commit_log)
         replies = serve((b"a", 2, 5, n - 5), (b"b", 3, 5, n - 5))
         a, b = replies[2], replies[3]
         fits = sum(r.status is PutMessageStatus.PUT_OK for r in a)

@@ -367,7 +367,7 @@ def test_disk_full_at_roll_over(config, monkeypatch):
     before = store.commit_log.get_max_offset()
     refuse_next_commit_log_file(
         store.config, store.commit_log.mapped_file_queue.mapped_files[-1].file_from_offset,
-        monkeypatch)
+        monkeypatch, store.commit_log)
     statuses = {store.put(msg(j)).status for j in range(i, i + 200)}
     assert PutMessageStatus.CREATE_MAPEDFILE_FAILED in statuses
     assert store.commit_log.get_max_offset() >= before

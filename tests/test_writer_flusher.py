@@ -50,7 +50,7 @@ from procs.protocol import ErrorCode, Kind
 from procs.service import run_service
 from procs.writer import WINDOW, WriterService
 from shm import bus
-from shm.positions import HEARTBEAT_MS, PositionTable, Slot, StoreState
+from shm.positions import HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState
 from storage import Message, MessageStore, PutMessageStatus, record
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
@@ -199,6 +199,7 @@ class RunningStore:
 
     def start_process(self, name: str) -> None:
         self.table.reset({self.table.process_slot(name, HEARTBEAT_MS): 0})
+        self.table.set_process(name, PROC_STATE, ProcessState.STARTING)
         p = SPAWN.Process(target=run_service,
                           args=(f"procs.{name}", self.root, self.config.to_dict()), daemon=True)
         p.start()
@@ -232,9 +233,14 @@ class RunningStore:
                 continue
             if p.pid in self.stopped_pids:
                 os.kill(p.pid, signal.SIGCONT)
-            p.terminate()
+            self.ask_to_stop(name, p)
             p.join(DEADLINE_S)
             assert p.exitcode == 0, f"{name} exited with {p.exitcode}"
+
+    def ask_to_stop(self, name: str, p) -> None:
+        """What the supervisor does: mark the process STOPPING, then SIGTERM it."""
+        self.table.set_process(name, PROC_STATE, ProcessState.STOPPING)
+        p.terminate()
 
     def release(self) -> None:
         if self.recovered is not None:
@@ -413,7 +419,7 @@ def test_a_stopping_writer_answers_its_parked_requests(running):
     request_id = c.send(msgs)
     assert c.recv(timeout_s=0.2) is None
     writer = s.procs.pop("writer")
-    writer.terminate()
+    s.ask_to_stop("writer", writer)
     reply = c.recv()
     assert reply[0] == request_id
     assert [r.status for r in reply[1]] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 3
@@ -820,7 +826,8 @@ def _verify_embedded(config: StoreConfig, stored: list[protocol.SendResult]) -> 
 def test_a_file_that_cannot_be_created_fails_only_its_records(writer, monkeypatch):
     first = writer.put([message(i, queue_id=0) for i in range(5)])
     written = writer.table.read_written()[0]
-    refuse_next_commit_log_file(writer.config, written, monkeypatch)
+    refuse_next_commit_log_file(writer.config, written, monkeypatch,
+                                writer.service.commit_log)
     got = writer.put([message(10 + i, queue_id=0) for i in range(60)])   # crosses the file end
     fits = [r for r in got if r.status is PutMessageStatus.PUT_OK]
     failed = got[len(fits):]
