@@ -131,7 +131,8 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
     for name, p in st["processes"].items():
         age = "-" if p["heartbeat_age_ms"] is None else f"{p['heartbeat_age_ms']} ms"
         print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "
-              f"restarts {p['restarts']}")
+              f"restarts {p['restarts']}"
+              + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else ""))
     groups = st["consumer_groups"]
     print(f"groups     {len(groups)}  (total lag {sum(g['lag'] for g in groups.values())})")
     for key, g in groups.items():

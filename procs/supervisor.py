@@ -47,8 +47,8 @@ import multiprocess.connection
 from procs.recovery import recover_and_publish
 from procs.service import run_service
 from shm.positions import (
-    HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, PositionTable, ProcessState, Slot,
-    StoreState, now_ms)
+    HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
+    ProcessState, Slot, StoreState, now_ms)
 from storage import StoreConfig
 from storage.errors import StoreConfigError
 from storage.store_lock import remove_abort
@@ -68,6 +68,7 @@ class ProcessConfig:
     backoff_max_s: float = 10.0
     stopsignal: str = "TERM"
     stopwaitsecs: float = 20.0
+    heartbeat_timeout_s: float = 60.0   # no loop turn for this long: killed, restarted
     enabled: bool = True
 
 
@@ -107,6 +108,7 @@ class Child:
     restarts: int = 0
     next_start_at: float = 0.0
     state: ProcessState = ProcessState.STOPPED
+    watchdog_kills: int = 0
 
 
 class Supervisor:
@@ -197,11 +199,31 @@ class Supervisor:
             if child.state == ProcessState.STARTING and self._is_up(child):
                 child.state = ProcessState.RUNNING
                 self.table.set_process(child.name, PROC_STATE, ProcessState.RUNNING)
+            if child.state == ProcessState.RUNNING and not self._stopping:
+                self._watchdog(child)
             if child.process is not None and not child.process.is_alive() and not self._stopping:
                 self._exited(child, now)
             if child.state == ProcessState.BACKOFF and now >= child.next_start_at:
                 child.restarts += 1
                 self._spawn(child)
+
+    def _watchdog(self, child: Child) -> None:
+        """A running process whose loop has not turned for ``heartbeat_timeout_s`` is
+        hung (stopped by SIGSTOP, deadlocked, stuck in the kernel): SIGKILL it, and the
+        exit is handled like any crash (restart with back-off)."""
+        timeout_ms = child.config.heartbeat_timeout_s * 1000
+        if timeout_ms <= 0 or not child.process.is_alive():
+            return
+        age_ms = now_ms() - self.table.get_process(child.name, HEARTBEAT_MS)
+        if age_ms <= timeout_ms:
+            return
+        child.watchdog_kills += 1
+        self.table.set_process(child.name, WATCHDOG_KILLS, child.watchdog_kills)
+        log.error("%s (pid %d) made no progress for %.1f s (heartbeat_timeout_s %s): killing "
+                  "it to restart it", child.name, child.process.pid, age_ms / 1000,
+                  child.config.heartbeat_timeout_s)
+        child.process.kill()
+        child.process.join(5)
 
     def _exited(self, child: Child, now: float) -> None:
         code = child.process.exitcode

@@ -39,6 +39,9 @@ and unlinks it at a clean stop.
     +3     STARTED_MS      supervisor   ms     -          when the current instance started
     +4     HEARTBEAT_MS    the process  ms     -          the process's loop last turned (wall
                                                           clock: may step back)
+    +5     WATCHDOG_KILLS  supervisor   count  yes        times the supervisor killed it for a
+                                                          heartbeat older than its
+                                                          heartbeat_timeout_s
 
     CONFIRM (not stored) = FLUSHED under SYNC_FLUSH, WRITTEN under ASYNC_FLUSH, and
     MIN_OFFSET <= DISPATCHED <= CONFIRM <= WRITTEN, FLUSHED <= WRITTEN.
@@ -129,6 +132,7 @@ class ProcessField(_SlotEnum):
     RESTARTS = 2, SUPERVISOR, True
     STARTED_MS = 3, SUPERVISOR, False
     HEARTBEAT_MS = 4, THE_PROCESS, False
+    WATCHDOG_KILLS = 5, SUPERVISOR, True
 
 
 class StoreState(enum.IntEnum):
@@ -151,7 +155,7 @@ class ProcessState(enum.IntEnum):
 PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader")
 PROCESS_BASE = 64
 PROCESS_SLOTS = 8
-PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS = ProcessField
+PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS, WATCHDOG_KILLS = ProcessField
 assert (PROCESS_BASE + len(PROCESS_NAMES) * PROCESS_SLOTS) * 8 <= SEGMENT_SIZE
 assert max(Slot) < PROCESS_BASE and len(ProcessField) <= PROCESS_SLOTS
 
@@ -398,6 +402,7 @@ class PositionTable:
             name: {"pid": self.get_process(name, PID),
                    "state": ProcessState(self.get_process(name, PROC_STATE)).name,
                    "restarts": self.get_process(name, RESTARTS),
+                   "watchdog_kills": self.get_process(name, WATCHDOG_KILLS),
                    "started_ms": self.get_process(name, STARTED_MS),
                    "heartbeat_ms": self.get_process(name, HEARTBEAT_MS)}
             for name in PROCESS_NAMES}

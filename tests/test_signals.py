@@ -8,6 +8,7 @@ group holds the supervisor and every store process and nothing of the test's."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -15,7 +16,7 @@ import pytest
 
 from procs.client import Consumer, Producer
 from storage import Message, MessageStore, StoreConfig
-from store_processes import RunningStore
+from store_processes import RunningStore, cli, wait_for
 
 TOPIC = "Signals"
 
@@ -56,3 +57,29 @@ def test_a_signal_to_the_whole_group_stops_the_store_cleanly(tmp_path, signo):
                     break
         assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(60))
         assert again.stop() == 0
+
+
+def test_a_hung_process_is_killed_and_restarted_by_the_watchdog(tmp_path):
+    """A SIGSTOPped dispatcher stops making progress: after its heartbeat_timeout_s the
+    supervisor kills and restarts it, counts it, and no acknowledged message is lost."""
+    with RunningStore(tmp_path, processes={"dispatcher": {"heartbeat_timeout_s": 1.0}}) as rs:
+        send(rs, 20, 0)
+        hung = rs.child_pid("dispatcher")
+        os.kill(hung, signal.SIGSTOP)
+        send(rs, 20, 20)                                # the writer still takes puts
+        wait_for(lambda: rs.child_pid("dispatcher") not in (0, hung), what="a new dispatcher",
+                 timeout=30)
+        with pytest.raises(ProcessLookupError):
+            os.kill(hung, 0)
+        st = json.loads(cli("status", "--json", "--config", rs.config_path).stdout)
+        assert st["processes"]["dispatcher"]["watchdog_kills"] == 1
+        assert st["processes"]["dispatcher"]["restarts"] >= 1
+        assert "made no progress" in rs.log()
+        got = []
+        with Consumer(rs.store_dir, "g", TOPIC) as c:
+            for _ in range(40):
+                got += c.poll(max_msgs=64, timeout_ms=250)
+                if len(got) == 40:
+                    break
+        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(40))
+        assert rs.stop() == 0, rs.log()
