@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pathlib
 import selectors
 import shutil
 import signal
@@ -57,6 +58,7 @@ def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess
 
 class RunningStore:
     def __init__(self, tmp_path, processes: dict | None = None, **store: object):
+        tmp_path = pathlib.Path(os.path.abspath(tmp_path))   # its processes run elsewhere
         self.store_dir = str(tmp_path / "store")
         self.config_path = write_config(str(tmp_path / "store.toml"), self.store_dir,
                                         processes, **store)

@@ -1,0 +1,215 @@
+"""Benchmark: rocketstore side by side with Redis Streams on this machine, in one run.
+
+Not a test: it prints a table (or ``--json``) and asserts nothing. Both sides get the
+same messages: 128-byte bodies, a tag and a key each.
+
+    figure                                rocketstore                     Redis 7 Streams
+    ------------------------------------  ------------------------------  ---------------------------
+    ingest, ASYNC_FLUSH                   send_async, 512 a frame, 8 in   XADD pipelines of 1000,
+                                          flight, one producer            appendfsync everysec
+    ingest, SYNC_FLUSH                    the same, acked after fdatasync XADD pipelines of 1000,
+                                                                          appendfsync always
+    consume, one process                  Consumer.poll(512)              XREAD COUNT 1000
+    one-at-a-time send                    Producer.send, each waits       XADD, each waits
+    send -> visible p99, 4,000 msgs/s     frames of 20, a Consumer in     (not measured)
+                                          another process
+
+and, for the stores' side, the CPU of each store process per message of the ASYNC
+ingest. Redis runs when ``redis-server`` is installed (``apt-get install redis-server``;
+the client is ``pip install redis hiredis``); without it only rocketstore's column is
+filled. The rocketstore side reuses ``bench/pipeline.py``'s measurements.
+
+    python bench/compare.py [--quick] [--seconds 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pipeline import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
+from procs.client import Producer  # noqa: E402
+
+BODY = os.urandom(128)
+GOALS = {"ingest ASYNC_FLUSH": 2.5, "ingest SYNC_FLUSH": 1.9, "consume": 2.5,
+         "one-at-a-time": 1.5}
+
+
+# ============================================================================ rocketstore
+def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
+    bench = Bench(args)
+    out: dict = {}
+    for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+        path = os.path.join(root, flush.lower())
+        os.makedirs(path)
+        store = RunningStore(pathlib.Path(path), flush_disk_type=flush, **STORE_SETTINGS)
+        store.start()
+        try:
+            row = bench.ingest(store, flush, 128, 1)
+            out[f"ingest {flush}"] = row["msgs_s"]
+            if flush == "ASYNC_FLUSH":
+                out["cpu_us_per_msg"] = {n: c / row["msgs_s"] * 1e6 for n, c in row["cpu"].items()}
+                out["cpu_us_per_msg"]["producer"] = row["producer_cpu"] / row["msgs_s"] * 1e6
+                out["latency p99 ms"] = bench.latency(store, flush)["p99_ms"]
+                out["one-at-a-time"] = one_at_a_time(store.store_dir, args.seconds)
+                stored = bench.fill(store, "Consume", args.consume_count, 128)
+                out["consume"] = bench.consume(store, "Consume", stored, 512, True)["msgs_s"]
+        finally:
+            store.stop(timeout=120)
+            store.kill_all()
+    return out
+
+
+def one_at_a_time(store_dir: str, seconds: float) -> float:
+    with Producer(store_dir) as p:
+        p.send("OneByOne", BODY, tags="TagA", keys=["warm"])
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            p.send("OneByOne", BODY, tags="TagA", keys=[f"k{n}"])
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+
+# ============================================================================ Redis
+class RedisServer:
+    def __init__(self, root: str, fsync: str):
+        import redis
+        self.dir = tempfile.mkdtemp(dir=root)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", fsync, "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def xadd_pipelined(r, seconds: float, stream: str = "s", pipe_size: int = 1000) -> float:
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pipe = r.pipeline(transaction=False)
+        for i in range(pipe_size):
+            pipe.xadd(stream, {"body": BODY, "tag": "TagA", "key": f"k{n + i}"})
+        pipe.execute()
+        n += pipe_size
+    return n / (time.perf_counter() - t0)
+
+
+def xadd_one_by_one(r, seconds: float) -> float:
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        r.xadd("one", {"body": BODY, "tag": "TagA", "key": f"k{n}"})
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def xread_all(r, stream: str = "s", count: int = 1000) -> float:
+    total, last, t0 = 0, "0-0", time.perf_counter()
+    while True:
+        got = r.xread({stream: last}, count=count)
+        if not got:
+            break
+        entries = got[0][1]
+        total += len(entries)
+        last = entries[-1][0]
+    return total / (time.perf_counter() - t0)
+
+
+def redis_rows(args: argparse.Namespace, root: str) -> dict:
+    out: dict = {}
+    server = RedisServer(root, "everysec")
+    try:
+        out["ingest ASYNC_FLUSH"] = xadd_pipelined(server.client, args.seconds)
+        out["consume"] = xread_all(server.client)
+        out["one-at-a-time"] = xadd_one_by_one(server.client, args.seconds)
+    finally:
+        server.close()
+    server = RedisServer(root, "always")
+    try:
+        out["ingest SYNC_FLUSH"] = xadd_pipelined(server.client, args.seconds)
+    finally:
+        server.close()
+    return out
+
+
+def redis_available() -> str:
+    """Empty when Redis can run here, else what is missing."""
+    if shutil.which("redis-server") is None:
+        return "redis-server is not installed (apt-get install redis-server)"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "the redis client is not installed (pip install redis hiredis)"
+    return ""
+
+
+# ============================================================================ table
+def print_table(rs: dict, rd: dict, missing: str) -> None:
+    print(f"{'figure':<26} {'rocketstore':>14} {'Redis':>14} {'ratio':>7} {'goal':>6}")
+    for name in ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time"):
+        mine, theirs = rs.get(name), rd.get(name)
+        ratio = f"{mine / theirs:.2f}x" if mine and theirs else "-"
+        print(f"{name + ' (msgs/s)':<26} {mine or 0:>14,.0f} "
+              f"{'-' if theirs is None else f'{theirs:,.0f}':>14} {ratio:>7} "
+              f"{GOALS[name]:>5}x")
+    print(f"{'send->visible p99 (ms)':<26} {rs.get('latency p99 ms', 0):>14.2f} "
+          f"{'-':>14} {'-':>7} {'< 2':>6}")
+    cpu = rs.get("cpu_us_per_msg", {})
+    print("CPU per message of the ASYNC ingest (us): "
+          + ", ".join(f"{n} {v:.1f}" for n, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
+    if missing:
+        print(f"Redis not run: {missing}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs")
+    ap.add_argument("--seconds", type=float, help="time per throughput row (5; quick 1.5)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    args = ap.parse_args()
+    if args.seconds is None:
+        args.seconds = 1.5 if args.quick else 5.0
+    args.batch, args.window = 512, 8
+    args.latency_rate, args.latency_batch = 4000, 20   # 200 frames of 20 a second
+    args.latency_seconds = 2.0 if args.quick else 5.0
+    args.consume_count = 100_000 if args.quick else 500_000
+    root = tempfile.mkdtemp(prefix="rscompare-", dir=".")
+    try:
+        rs = rocketstore_rows(args, root)
+        missing = redis_available()
+        rd = {} if missing else redis_rows(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"rocketstore": rs, "redis": rd, "redis_missing": missing}))
+    else:
+        print_table(rs, rd, missing)
+
+
+if __name__ == "__main__":
+    main()
