@@ -3,7 +3,9 @@
 ``Consumer(store_dir, group, topic)`` maps the consume queues and the CommitLog
 read-only (``storage.store_reader.StoreReader``) and never sees past DISPATCHED (so,
 under SYNC_FLUSH, never a message a crash could take back); ``poll`` long-polls on the
-dispatcher's ARRIVAL announcements instead of spinning.
+dispatcher's ARRIVAL announcements of its topic instead of spinning. Messages come as
+``storage.message_view.MessageView``: every ``MessageExt`` field by name, the body,
+properties and hosts decoded when first read, each over its own copy of the record.
 
 Group membership and queue sharing. Each live consumer holds an ``flock`` on its own
 member file ``{run}/groups/{group}/{topic}/{member}``; a member file nobody holds
@@ -32,7 +34,7 @@ from shm import bus
 from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
-from storage.message import MessageExt
+from storage.message_view import MessageView
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
 
@@ -62,7 +64,7 @@ class Consumer:
         self._turn = 0
 
     # ------------------------------------------------------------------ consuming
-    def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageExt]:
+    def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
         """Up to ``max_msgs`` messages from this consumer's queues, waiting at most
         ``timeout_ms`` for the first one."""
         deadline = time.monotonic() + timeout_ms / 1000
@@ -76,9 +78,9 @@ class Consumer:
                 return []
             self._wakeups.wait(min(left_ms, 200))
 
-    def _pull_once(self, max_msgs: int) -> list[MessageExt]:
+    def _pull_once(self, max_msgs: int) -> list[MessageView]:
         dispatched = self.table.get(Slot.DISPATCHED)
-        out: list[MessageExt] = []
+        out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
         self._turn = (self._turn + 1) % max(1, len(self._assigned))
         for q in queues:

@@ -27,6 +27,7 @@ from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, 
 from storage.errors import CorruptRecordError
 from storage.index_service import query_offset
 from storage.message import MessageExt, decode_message_id
+from storage.message_view import MessageView, view_at
 from storage.record import RecordFormatError, decode_at
 from storage.status import GetMessageStatus
 
@@ -110,6 +111,23 @@ def _unit_mismatch(index: int, phy: int, size: int, topic: str, queue_id: int,
                 f"{got_topic}/{got_queue_id}@{got_queue_offset} (size {got_size}, "
                 f"PHYSICALOFFSET {got_phy})")
     return None
+
+
+def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int,
+                    size: int, where: tuple[str, int]) -> MessageView:
+    """``check_unit_record`` for a reader that decodes the rest on demand
+    (``storage.message_view``): the same checks, a ``MessageView``."""
+    path, pos = where
+    try:
+        msg = view_at(data)
+    except RecordFormatError as e:
+        raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
+    detail = _unit_mismatch(index, phy, size, topic, queue_id,
+                            (msg.topic, msg.queue_id, msg.queue_offset, msg.commit_log_offset,
+                             msg.store_size))
+    if detail:
+        raise CorruptRecordError(path, pos, detail)
+    return msg
 
 
 def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, size: int,

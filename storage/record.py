@@ -107,8 +107,12 @@ assert _FIXED[0].size == 88 and _FIXED[_HOST_FLAGS].size == 112
 _TAILS = {flags: struct.Struct(">" + st.format[10:]) for flags, st in _FIXED.items()}
 
 
-def _tail(sys_flag: int) -> struct.Struct:
+def tail_struct(sys_flag: int) -> struct.Struct:
+    """Fields 10-15 (BORNHOST .. BODYLENGTH) for the host widths ``sys_flag`` names."""
     return _TAILS[sys_flag & _HOST_FLAGS]
+
+
+_tail = tail_struct
 
 
 def calc_msg_length(sys_flag: int, body_length: int, topic_length: int,

@@ -97,7 +97,7 @@ from storage.index_file import IndexFileView
 from storage.logic_queues import queue_dirs
 from storage.message import MessageExt
 from storage.read_path import (
-    NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_record, get_from_queue,
+    NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_view, get_from_queue,
     look_message_by_id, memory_limit_bytes, offset_status, query_messages, tags_of_message,
     tags_of_raw)
 from storage.status import GetMessageStatus
@@ -275,14 +275,15 @@ class StoreReader:
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                     dispatched: int, tags: Iterable[str] | None = None, *,
                     min_commit_log_offset: int | None = None) -> GetMessageResult:
-        """MessageStore's ``get_message`` within ``dispatched``.
+        """MessageStore's ``get_message`` within ``dispatched``, its messages as
+        ``MessageView``s (decoded on demand).
 
         ``min_commit_log_offset`` (the MIN_OFFSET slot) is trusted when given, else the
         first CommitLog file on disk is. Raises ``CorruptRecordError`` when a unit
         within the bound points at a record that is not its message.
         """
         return self._pull(topic, queue_id, offset, max_msgs, dispatched, tags,
-                          min_commit_log_offset, check_unit_record, tags_of_message)
+                          min_commit_log_offset, check_unit_view, tags_of_message)
 
     def get_raw_messages(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                          dispatched: int, tags: Iterable[str] | None = None, *,
