@@ -34,7 +34,10 @@ from shm import bus
 from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT as _UNITS
+from storage.errors import CorruptRecordError
 from storage.message_view import MessageView
+from storage.read_path import GetMessageResult, check_unit_view
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
 
@@ -87,8 +90,7 @@ class Consumer:
             if len(out) >= max_msgs:
                 break
             offset = self._offset(q, dispatched)
-            r = self.reader.get_message(self.topic, q, offset, max_msgs - len(out), dispatched,
-                                        tags=self.tags)
+            r = self._read(q, offset, max_msgs - len(out), dispatched)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(r.messages)
                 self._offsets[q] = r.next_begin_offset
@@ -98,6 +100,47 @@ class Consumer:
                               GetMessageStatus.NO_MATCHED_MESSAGE,
                               GetMessageStatus.MESSAGE_WAS_REMOVING):
                 self._offsets[q] = r.next_begin_offset
+        return out
+
+    def _read(self, queue_id: int, offset: int, max_msgs: int,
+              dispatched: int) -> GetMessageResult:
+        """Up to ``max_msgs`` messages of a queue (within RocketMQ's per-pull count and
+        bytes limits). Without a tag filter the units and their records are read in
+        bulk (one copy per CommitLog span, ``StoreReader.read_queue_records``) and each
+        record is checked against its unit; anything unusual (a tag filter, a record
+        that is not its unit's: a unit being rewritten) takes ``get_message``, which
+        reads unit by unit and knows every such case."""
+        if self.tags is None:
+            cfg = self.config
+            got = self.reader.read_queue_records(
+                self.topic, queue_id, offset,
+                min(max_msgs, cfg.max_transfer_count_on_message_in_memory),
+                cfg.max_transfer_bytes_on_message_in_memory, dispatched)
+            if got.status is GetMessageStatus.FOUND:
+                try:
+                    return GetMessageResult(GetMessageStatus.FOUND,
+                                            self._views(got, queue_id),
+                                            got.next_begin_offset, got.min_offset,
+                                            got.max_offset)
+                except CorruptRecordError:
+                    pass
+            elif got.status is not GetMessageStatus.OFFSET_FOUND_NULL:
+                return GetMessageResult(got.status, [], got.next_begin_offset,
+                                        got.min_offset, got.max_offset)
+        return self.reader.get_message(self.topic, queue_id, offset, max_msgs, dispatched,
+                                       tags=self.tags)
+
+    def _views(self, got, queue_id: int) -> list[MessageView]:
+        """The checked messages of ``read_queue_records``' units and records."""
+        units = _UNITS.iter_unpack(got.units)
+        pieces = iter(got.data)
+        out = []
+        topic, first = self.topic, got.first
+        for i, (phy, size, _tags_code) in enumerate(units):
+            if size == BLANK_UNIT_SIZE:
+                continue
+            out.append(check_unit_view(bytes(next(pieces)), topic, queue_id, first + i, phy,
+                                       size, ("consume queue", first + i)))
         return out
 
     def _offset(self, queue_id: int, dispatched: int) -> int:

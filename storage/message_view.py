@@ -33,6 +33,7 @@ from storage.message import (
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageExt, create_message_id, decode_host,
     read_properties)
 
+_SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
            "commit_log_offset", "sys_flag", "born_timestamp", "born_host", "store_timestamp",
            "store_host", "reconsume_times", "prepared_transaction_offset", "body", "topic",
@@ -130,7 +131,7 @@ def view_at(data: bytes) -> MessageView:
     v._body_at, v._body_len = p, body_len
     p += body_len
     if magic == record.MESSAGE_MAGIC_CODE_V2:
-        topic_len = int.from_bytes(data[p:p + 2], "big", signed=True)
+        (topic_len,) = _SHORT(data, p)
         p += 2
     else:
         topic_len = data[p] if data[p] < 128 else -1
@@ -139,14 +140,14 @@ def view_at(data: bytes) -> MessageView:
         raise record.RecordFormatError(0, f"record size {total} disagrees with its fields")
     raw_topic = data[p:p + topic_len]
     p += topic_len
-    props_len = int.from_bytes(data[p:p + 2], "big", signed=True)
-    if props_len < 0 or total != record.calc_msg_length(sys_flag, body_len, topic_len,
-                                                         props_len):
+    (props_len,) = _SHORT(data, p)
+    p += 2
+    if props_len < 0 or p + props_len != total:   # calcMsgLength, from where the parts lie
         raise record.RecordFormatError(0, f"record size {total} disagrees with its fields")
     if 0 in raw_topic:
         raise record.RecordFormatError(0, "NUL byte in topic or properties (torn record)")
     v.topic = raw_topic.decode("utf-8", "replace")
-    v._props_at, v._props_len = p + 2, props_len
+    v._props_at, v._props_len = p, props_len
     v._data = data if len(data) == total else data[:total]
     v.store_size, v.magic, v.sys_flag = total, magic, sys_flag
     v._properties = None
