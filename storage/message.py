@@ -197,27 +197,12 @@ class Message:
         return props
 
 
-@dataclasses.dataclass
-class MessageExt:
-    """A message decoded from a CommitLog record; field names follow RocketMQ's."""
+class StoredMessageFields:
+    """What a stored message tells beyond its 17 fields, from ``properties``,
+    ``store_host`` and ``commit_log_offset`` (``MessageExt`` and
+    ``storage.message_view.MessageView`` both have them)."""
 
-    store_size: int
-    magic: int
-    body_crc: int
-    queue_id: int
-    flag: int
-    queue_offset: int
-    commit_log_offset: int
-    sys_flag: int
-    born_timestamp: int
-    born_host: Host
-    store_timestamp: int
-    store_host: Host
-    reconsume_times: int
-    prepared_transaction_offset: int
-    body: bytes
-    topic: str
-    properties: dict[str, str]
+    __slots__ = ()
 
     @property
     def msg_id(self) -> str:
@@ -238,6 +223,29 @@ class MessageExt:
     @property
     def delay_level(self) -> int:
         return int(self.properties.get(PROPERTY_DELAY_TIME_LEVEL, "0") or 0)
+
+
+@dataclasses.dataclass
+class MessageExt(StoredMessageFields):
+    """A message decoded from a CommitLog record; field names follow RocketMQ's."""
+
+    store_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: Host
+    store_timestamp: int
+    store_host: Host
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
 
     def to_dict(self) -> dict:
         """A JSON-ready view (body as text when it is UTF-8, else hex)."""

@@ -28,10 +28,7 @@ equal (``view == ext`` when all seventeen fields agree); ``to_ext()`` makes the 
 from __future__ import annotations
 
 from storage import record
-from storage.message import (
-    KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
-    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageExt, create_message_id, decode_host,
-    read_properties)
+from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -40,7 +37,7 @@ _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset"
            "properties")
 
 
-class MessageView:
+class MessageView(StoredMessageFields):
     __slots__ = ("_data", "store_size", "magic", "body_crc", "queue_id", "flag",
                  "queue_offset", "commit_log_offset", "sys_flag", "born_timestamp",
                  "_born_host", "store_timestamp", "_store_host", "reconsume_times",
@@ -67,26 +64,6 @@ class MessageView:
     @property
     def store_host(self):
         return decode_host(self._store_host)
-
-    @property
-    def msg_id(self) -> str:
-        return create_message_id(self.store_host, self.commit_log_offset)
-
-    @property
-    def tags(self) -> str | None:
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> list[str]:
-        return [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
-
-    @property
-    def uniq_key(self) -> str | None:
-        return self.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-
-    @property
-    def delay_level(self) -> int:
-        return int(self.properties.get(PROPERTY_DELAY_TIME_LEVEL, "0") or 0)
 
     # ------------------------------------------------------------ as a MessageExt
     def to_ext(self) -> MessageExt:

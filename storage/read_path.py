@@ -113,34 +113,18 @@ def _unit_mismatch(index: int, phy: int, size: int, topic: str, queue_id: int,
     return None
 
 
-def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int,
-                    size: int, where: tuple[str, int]) -> MessageView:
-    """``check_unit_record`` for a reader that decodes the rest on demand
-    (``storage.message_view``): the same checks, a ``MessageView``."""
-    path, pos = where
-    try:
-        msg = view_at(data)
-    except RecordFormatError as e:
-        raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
-    detail = _unit_mismatch(index, phy, size, topic, queue_id,
-                            (msg.topic, msg.queue_id, msg.queue_offset, msg.commit_log_offset,
-                             msg.store_size))
-    if detail:
-        raise CorruptRecordError(path, pos, detail)
-    return msg
-
-
 def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, size: int,
-                      where: tuple[str, int]) -> MessageExt:
+                      where: tuple[str, int], *, decode=lambda data: decode_at(data, 0)):
     """Decode the record unit ``index`` of ``topic``/``queue_id`` points at (``data`` is
-    its ``size`` bytes read at ``phy``) and check it is that unit's message.
+    its ``size`` bytes read at ``phy``) and check it is that unit's message: a
+    ``MessageExt``, or what ``decode`` makes of the bytes (``message_view.view_at``).
 
     Raises ``CorruptRecordError`` naming ``where`` (the unit's file and position) when
     the bytes are not a record or are another message.
     """
     path, pos = where
     try:
-        msg = decode_at(data, 0)
+        msg = decode(data)
     except RecordFormatError as e:
         raise CorruptRecordError(path, pos, f"unit {index} points at a bad record: {e}") from None
     detail = _unit_mismatch(index, phy, size, topic, queue_id,
@@ -149,6 +133,13 @@ def check_unit_record(data, topic: str, queue_id: int, index: int, phy: int, siz
     if detail:
         raise CorruptRecordError(path, pos, detail)
     return msg
+
+
+def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int,
+                    size: int, where: tuple[str, int]) -> MessageView:
+    """``check_unit_record`` for a reader that decodes the rest on demand
+    (``storage.message_view``): the same checks, a ``MessageView``."""
+    return check_unit_record(data, topic, queue_id, index, phy, size, where, decode=view_at)
 
 
 def check_unit_raw(data, topic: str, queue_id: int, index: int, phy: int, size: int,

@@ -29,6 +29,17 @@ def send(rs: RunningStore, n: int, first: int) -> list:
     return results
 
 
+def bodies(rs: RunningStore, n: int) -> list[bytes]:
+    """The bodies of the topic's first ``n`` messages, read by a new group, sorted."""
+    got = []
+    with Consumer(rs.store_dir, "g", TOPIC) as c:
+        for _ in range(40):
+            got += c.poll(max_msgs=64, timeout_ms=250)
+            if len(got) >= n:
+                break
+    return sorted(bytes(m.body) for m in got)
+
+
 @pytest.mark.parametrize("signo", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_the_whole_group_stops_the_store_cleanly(tmp_path, signo):
     rs = RunningStore(tmp_path)
@@ -49,13 +60,7 @@ def test_a_signal_to_the_whole_group_stops_the_store_cleanly(tmp_path, signo):
         assert s.last_exit_ok and s.check() == []        # a normal start, consistent
     with RunningStore(tmp_path) as again:                # nothing lost, it goes on
         send(again, 10, 50)
-        got = []
-        with Consumer(again.store_dir, "g", TOPIC) as c:
-            for _ in range(40):
-                got += c.poll(max_msgs=64, timeout_ms=250)
-                if len(got) == 60:
-                    break
-        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(60))
+        assert bodies(again, 60) == sorted(f"m{i}".encode() for i in range(60))
         assert again.stop() == 0
 
 
@@ -75,11 +80,5 @@ def test_a_hung_process_is_killed_and_restarted_by_the_watchdog(tmp_path):
         assert st["processes"]["dispatcher"]["watchdog_kills"] == 1
         assert st["processes"]["dispatcher"]["restarts"] >= 1
         assert "made no progress" in rs.log()
-        got = []
-        with Consumer(rs.store_dir, "g", TOPIC) as c:
-            for _ in range(40):
-                got += c.poll(max_msgs=64, timeout_ms=250)
-                if len(got) == 40:
-                    break
-        assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(40))
+        assert bodies(rs, 40) == sorted(f"m{i}".encode() for i in range(40))
         assert rs.stop() == 0, rs.log()
