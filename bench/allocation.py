@@ -22,16 +22,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+from pipeline import _proc_cpu_s  # noqa: E402  (bench/pipeline.py)
 from procs.client import Producer  # noqa: E402
 from storage import Message  # noqa: E402
 from store_processes import RunningStore  # noqa: E402
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(label: str, seconds: float, file_mb: int, batch: int, **store) -> dict:
@@ -44,12 +40,12 @@ def run(label: str, seconds: float, file_mb: int, batch: int, **store) -> dict:
         lat = []
         with Producer(rs.store_dir) as p:
             p.send_batch(msgs)
-            cpu0, t0 = cpu_s(writer), time.perf_counter()
+            cpu0, t0 = _proc_cpu_s(writer), time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 a = time.perf_counter()
                 p.send_batch(msgs)
                 lat.append(time.perf_counter() - a)
-            elapsed, cpu = time.perf_counter() - t0, cpu_s(writer) - cpu0
+            elapsed, cpu = time.perf_counter() - t0, _proc_cpu_s(writer) - cpu0
         rs.stop()
     lat.sort()
     n = len(lat) * batch
