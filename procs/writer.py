@@ -96,7 +96,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import time
 
 import numpy as np
 import zmq
@@ -107,8 +106,8 @@ from procs.protocol import ErrorCode, ProtocolError
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
-from storage import producer_state
-from storage import record_batch
+from storage import producer_state, record_batch
+from storage.clock import monotonic_ms
 from storage.commit_log import CommitLog, PutMessageResult
 from storage.record_batch import RecordBatch, RecordsFormatError, check_records
 from storage.errors import StoreFileError, errno_text
@@ -168,7 +167,7 @@ class WriterService(Service):
         cfg = self.config
         self.sync_flush = cfg.sync_flush
         self.snapshot_path = producer_state.snapshot_path(cfg)
-        self.next_snapshot_ms = _monotonic_ms() + cfg.flush_delay_offset_interval
+        self.next_snapshot_ms = monotonic_ms() + cfg.flush_delay_offset_interval
         self.commit_log = self._open_commit_log()
         self.last_store_ts = self.table.read_written()[1]
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
@@ -224,11 +223,11 @@ class WriterService(Service):
     def teardown(self) -> None:
         """Refuse what is still queued, answer every parked request (waiting for FLUSHED
         up to ``sync_flush_timeout``), close."""
-        deadline = _monotonic_ms() + self.config.sync_flush_timeout
+        deadline = monotonic_ms() + self.config.sync_flush_timeout
         self._refuse_queued("the writer is stopping")
-        while self.parked and _monotonic_ms() < deadline and not self.table.get(Slot.FLUSH_ERROR):
+        while self.parked and monotonic_ms() < deadline and not self.table.get(Slot.FLUSH_ERROR):
             if self.flushed_sub is not None:
-                self.flushed_sub.wait(min(50, max(0, deadline - _monotonic_ms())))
+                self.flushed_sub.wait(min(50, max(0, deadline - monotonic_ms())))
             self._release_parked()
             self._refuse_queued("the writer is stopping")
         self._release_parked(final=True)
@@ -243,7 +242,7 @@ class WriterService(Service):
     def turn(self) -> None:
         timeout = MAX_TURN_MS
         if self.parked:
-            timeout = max(0, min(timeout, self.parked[0].deadline_ms - _monotonic_ms()))
+            timeout = max(0, min(timeout, self.parked[0].deadline_ms - monotonic_ms()))
         events = dict(self.poller.poll(timeout))
         if self.flushed_sub is not None and self.flushed_sub.socket in events:
             self.flushed_sub.wait(0)  # wake-ups only: FLUSHED is read from the table
@@ -251,14 +250,14 @@ class WriterService(Service):
             self._serve(self._drain())
         if self.parked:
             self._release_parked()
-        if _monotonic_ms() >= self.next_snapshot_ms:
+        if monotonic_ms() >= self.next_snapshot_ms:
             self._snapshot()
 
     def _snapshot(self) -> None:
         """Expire idle producers; write the producer table when it changed, as of the
         published WRITTEN (every record below it is in the table). A failed write is
         logged and tried again next time."""
-        self.next_snapshot_ms = _monotonic_ms() + self.config.flush_delay_offset_interval
+        self.next_snapshot_ms = monotonic_ms() + self.config.flush_delay_offset_interval
         table = self.producers
         table.expire(max(now_ms(), self.last_store_ts))
         if not table.changed:
@@ -523,7 +522,7 @@ class WriterService(Service):
 
     def _answer(self, accepted: list[_Request]) -> None:
         """Reply now (ASYNC_FLUSH, or nothing waits) or park until FLUSHED covers it."""
-        deadline = _monotonic_ms() + self.config.sync_flush_timeout
+        deadline = monotonic_ms() + self.config.sync_flush_timeout
         for req in accepted:
             if self.sync_flush and req.wait and req.end:
                 req.deadline_ms = deadline
@@ -536,7 +535,7 @@ class WriterService(Service):
         them when ``final``). Ends and deadlines grow along the queue."""
         flushed = self.table.get(Slot.FLUSHED)
         flush_error = self.table.get(Slot.FLUSH_ERROR)
-        now = _monotonic_ms()
+        now = monotonic_ms()
         parked = self.parked
         while parked:
             req = parked[0]
@@ -616,10 +615,6 @@ class WriterService(Service):
 
 def _state_name(state: int) -> str:
     return StoreState(state).name if state in StoreState._value2member_map_ else str(state)
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _error_frame(e: ProtocolError, frame: bytes) -> bytes:

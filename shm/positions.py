@@ -82,11 +82,11 @@ import logging
 import mmap
 import os
 import sys
-import time
 from typing import Mapping
 
 import posix_ipc
 
+from storage.clock import now_ms  # noqa: F401  (re-exported)
 from storage.recovery_plan import TableState
 
 SEGMENT_SIZE = 4096
@@ -183,10 +183,6 @@ def segment_state(store_dir: str) -> TableState:
     finally:
         memory.close_fd()
     return TableState.LEFT_BY_CRASH if magic == MAGIC_VALUE else TableState.FOREIGN
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _process_slot(name: str, field: int) -> int:

@@ -40,10 +40,10 @@ import ctypes.util
 import errno
 import mmap
 import os
-import time
 import types
 
 from storage.errors import StoreFileError
+from storage.clock import now_ms  # noqa: F401  (re-exported)
 
 OS_PAGE_SIZE = 4096
 _INSPECT_LIMIT = 4 << 20
@@ -68,10 +68,6 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MappedFile:

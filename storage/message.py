@@ -26,8 +26,8 @@ import dataclasses
 import functools
 import ipaddress
 import struct
-import time
 from typing import Mapping
+from storage.clock import now_ms  # noqa: F401  (re-exported)
 
 # --- property names (MessageConst) -------------------------------------------------------
 PROPERTY_KEYS = "KEYS"
@@ -148,10 +148,6 @@ def decode_message_id(msg_id: str) -> tuple[Host, int]:
 
 
 # --- the messages ----------------------------------------------------------------------------
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclasses.dataclass
 class Message:
     """A message as a producer sends it (RocketMQ's ``Message`` plus broker-inner fields).
