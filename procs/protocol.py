@@ -4,148 +4,13 @@ Every frame is **one** ZeroMQ message part holding a 16-byte header and a body; 
 carries many records (a part per record would cap throughput at a few hundred thousand
 records/s, PITFALLS "pyzmq"). Functions here only turn values into bytes and back: no
 sockets, no store semantics. Topic rules, sizes and queue ranges are the store's to judge;
-it answers them with statuses, never with a protocol error. ``docs/PROTOCOL.md`` is the
-same format written for implementers in other languages.
+it answers them with statuses, never with a protocol error.
 
-All integers are big-endian. ``str`` fields are UTF-8 (msg ids ASCII) behind a length
-prefix; ``u8``/``u16``/``u32``/``u64`` unsigned, ``i32``/``i64`` two's complement.
-
-Header, every frame (``HEADER``, 16 bytes; the same in every version)::
-
-    offset  width  field
-    0       2      magic       b"RS"
-    2       1      version     u8, 1
-    3       1      kind        u8, ``Kind``
-    4       8      request_id  u64, chosen by the client, echoed by the reply
-    12      4      count       u32, records after the kind's fixed body (0 if it has none)
-    16             body
-
-SEND record (offsets from the record's start; T, H, G, K, P, B are the lengths of the
-topic, born host, tags, keys, properties and body)::
-
-    0            8   producer_id      u64  0 = no idempotent identity
-    8            8   sequence         u64  per record; 0 when producer_id is 0
-    16           2+T topic            u16 len + UTF-8
-    18+T         4   queue_id         i32  -1 = the store chooses
-    22+T         4   flag             i32
-    26+T         4   sys_flag         i32
-    30+T         4   delay_level      i32  0 = not delayed
-    34+T         8   born_timestamp   i64  0 = now
-    42+T         1+H born_host        u8 len + "ip:port" / "[ip6]:port"; empty = default
-    43+T+H       2+G tags             u16 len + UTF-8; empty = none
-    45+T+H+G     2+K keys             u16 len + UTF-8, space-separated; empty = none
-    47+T+H+G+K   4+P properties       u32 len + "name\\x01value\\x02"..., UTF-8
-    51+T+H+G+K+P 4+B body             u32 len + bytes
-    55+T+H+G+K+P+B   end
-
-SEND_REPLY record, one per SEND record, in the same order (M msg id, R reason)::
-
-    0      1    status             u8   ``PutMessageStatus`` value
-    1      4    queue_id           i32
-    5      8    queue_offset       i64
-    13     8    commit_log_offset  i64
-    21     8    store_timestamp    i64
-    29     1+M  msg_id             u8 len + ASCII
-    30+M   2+R  reason             u16 len + UTF-8
-    32+M+R      end
-
-PULL body (count 0)::
-
-    0      2+T  topic       u16 len + UTF-8
-    2+T    4    queue_id    i32
-    6+T    8    offset      i64  consume-queue (logical) offset
-    14+T   4    max_msgs    i32
-    18+T   4    timeout_ms  i32  long-poll budget; 0 = answer at once
-    22+T        end
-
-PULL_REPLY body: status u8 (``GetMessageStatus`` value) at 0, next_begin_offset i64 at 1,
-min_offset i64 at 9, max_offset i64 at 17, then at 25 ``count`` records, each a u32
-length + the raw CommitLog record (``storage.record``).
-
-QUERY body (count 0): mode u8 at 0, then by mode::
-
-    1 BY_KEY     topic (u16 len + UTF-8), key (u16 len + UTF-8), max_num i32,
-                 begin_ms i64, end_ms i64
-    2 BY_MSG_ID  msg id (u8 len + ASCII)
-    3 BY_OFFSET  commit_log_offset i64
-
-QUERY_REPLY body: ``count`` raw records as in PULL_REPLY.
-
-OFFSETS body (count = the number of topics; 0 = every topic the store has but the
-reserved ones)::
-
-    0      8    timestamp_ms  i64  < 0 (-1) = no time lookup
-    8           topics        ``count`` times u16 len + UTF-8
-
-OFFSETS_REPLY body: dispatched i64 at 0 (the store's DISPATCHED, the bound of every
-offset below), generation i64 at 8 (the position table's GENERATION: it changes when
-the store restarts), then at 16 ``count`` records, one per queue::
-
-    0      2+T  topic        u16 len + UTF-8
-    2+T    4    queue_id     i32
-    6+T    8    min_offset   i64  first offset still stored (MIN_OFFSET respected)
-    14+T   8    max_offset   i64  one past the last unit within DISPATCHED
-    22+T   8    time_offset  i64  -1 without a timestamp; else the first offset in
-                                  [min, max) whose message's store timestamp is >=
-                                  timestamp_ms, max_offset when there is none
-    30+T        end
-
-FETCH body (count 0), answered at once (never parked) with a FETCH_REPLY::
-
-    0      2+T  topic       u16 len + UTF-8
-    2+T    4    queue_id    i32
-    6+T    8    offset      i64  consume-queue (logical) offset
-    14+T   4    max_msgs    i32  the reader takes at most ``MAX_FETCH_MSGS``
-    18+T   4    max_bytes   i32  the reader takes at most ``MAX_FETCH_BYTES``
-    22+T        end
-
-FETCH_REPLY body (count = the number of consume queue units shipped)::
-
-    0      1    status        u8   ``GetMessageStatus`` value
-    1      8    next_begin    i64  where the next FETCH starts
-    9      8    min_offset    i64  the queue's bounds within DISPATCHED
-    17     8    max_offset    i64
-    25     8    first_offset  i64  the logical offset of the first unit
-    33     20*count  units         the units as the consume queue holds them:
-                                   commit_log_offset i64, size i32, tags_code i64;
-                                   blank (filler) units have size 0x7FFFFFFF
-    33+20*count      data          to the frame's end: the records of the non-blank
-                                   units, back to back, in unit order
-
-The records' bytes follow the units, not a length prefix each, so neither side touches
-them one by one: the reader copies CommitLog spans (``storage.bulk_read``) and the
-client checks every record against its unit in bulk (size, queue offset, CommitLog
-offset, topic and queue id: ``pipeline.access``). The decoder checks that the data is
-exactly as long as the units' sizes add up to.
-
-COMMIT body: group (u16 len + UTF-8) at 0, topic (u16 len + UTF-8) at 2+G, then at
-4+G+T ``count`` records of 12 bytes: queue_id i32, offset i64 (the group's next offset
-in that queue). COMMIT_REPLY body: ``count`` records of the same 12 bytes from 0, the
-pairs stored, in the COMMIT's order.
-
-SEND_RECORDS (13) and SEND_RECORDS_REPLY (14), the batch path: ``docs/PROTOCOL.md``
-§4.14-4.15 (records in CommitLog layout, ``storage.record_batch``).
-
-Kinds 7-14 (OFFSETS .. SEND_RECORDS_REPLY) and error code 7 (BAD_REQUEST) were added to
-version 1 without changing anything that was there: an older reader answers the new
-kinds UNKNOWN_KIND, and BAD_REQUEST answers only the new kinds.
-
-ERROR body (count 0): code u16 (``ErrorCode``) at 0, message (u16 len + UTF-8) at 2.
-
-Not carried by SEND: ``Message.reconsume_times`` and ``prepared_transaction_offset``
-(they decode as 0); a SEND_RECORDS record carries every field, and ``Producer`` sends a
-message with either set that way. ``wait_store_msg_ok=False`` travels as RocketMQ's own property
-``WAIT=false`` and comes back as the field.
-
-Error codes: a frame over ``MAX_FRAME_BYTES`` is FRAME_TOO_LARGE; shorter than a header or
-with the wrong magic MALFORMED_FRAME (request id 0: it cannot be trusted); another version
-UNSUPPORTED_VERSION; an unassigned kind, or a kind the decoder does not take (PULL given to
-``decode_send``), UNKNOWN_KIND; a count over ``MAX_RECORDS_PER_FRAME`` TOO_MANY_RECORDS;
-anything wrong in the body MALFORMED_FRAME. That is also the order of the checks.
-BAD_REQUEST is the server's, never a decoder's: a readable OFFSETS, FETCH or COMMIT whose
-values it refuses (a topic or group name outside the rule, a FETCH limit <= 0, a
-negative queue id or offset, a commit past a queue's max offset); the message names the
-value.
+The format itself (the header, every kind's layout, the status and error codes, the
+checking order, limits and versioning, worked hex) is specified once, in
+``docs/PROTOCOL.md``, for implementers in any language; the section comments below name
+its sections, and tests/test_protocol.py checks the document's code tables against the
+enums here and its worked examples against these codecs.
 
 ``decode_fetch_reply`` leaves the units and the data as memoryviews of the frame (no
 copy, no decoding; ``FetchReply.records`` slices one view per record, unchecked), for
@@ -290,7 +155,7 @@ _WAIT_FALSE = f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02"
 _DECODE_FAULTS = (struct.error, UnicodeDecodeError)
 
 
-# ------------------------------------------------------------------------------ values
+# ---------------------------------------------------------------- values (PROTOCOL.md §5)
 class Header(NamedTuple):
     version: int
     kind: Kind
@@ -430,7 +295,7 @@ class CommitReply(NamedTuple):
     offsets: list[tuple[int, int]]   # (queue_id, offset) as stored
 
 
-# ------------------------------------------------------------------------------ header
+# ---------------------------------------------------------------- header (PROTOCOL.md §3)
 def check_frame_size(n: int) -> None:
     """Raise ``ProtocolError(FRAME_TOO_LARGE)`` when a frame of ``n`` bytes is too big."""
     if n > MAX_FRAME_BYTES:
@@ -553,7 +418,7 @@ def _host(raw: bytes) -> Host:
     return host
 
 
-# ------------------------------------------------------------------------------ SEND
+# ---------------------------------------------------------------- SEND (PROTOCOL.md §4.1)
 def _send_record(m: Message, producer_id: int, sequence: int) -> list:
     topic = m.topic.encode("utf-8")
     host = b"" if m.born_host == DEFAULT_BORN_HOST else format_host(m.born_host).encode("ascii")
@@ -658,7 +523,7 @@ def decode_send(frame) -> SendRequest:
     return SendRequest(request_id, messages, producer_ids, sequences)
 
 
-# ------------------------------------------------------------------------------ SEND_REPLY
+# ---------------------------------------------------------- SEND_REPLY (PROTOCOL.md §4.2)
 def encode_send_reply(request_id: int, results: Sequence[PutMessageResult | SendResult]) -> bytes:
     """A SEND_REPLY frame: one record per result, in the order of the SEND's records."""
     parts = [_header(Kind.SEND_REPLY, request_id, len(results))]
@@ -701,7 +566,7 @@ def decode_send_reply(frame) -> tuple[int, list[SendResult]]:
     return request_id, results
 
 
-# ------------------------------------------------------------------------------ SEND_RECORDS
+# -------------------------------------------------- SEND_RECORDS (PROTOCOL.md §4.14-4.15)
 class SendRecords(NamedTuple):
     """A SEND_RECORDS frame: records already in CommitLog layout (``storage.record_batch``)."""
 
@@ -796,7 +661,7 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
     return request_id, results
 
 
-# ------------------------------------------------------------------------------ PULL
+# ---------------------------------------------------------------- PULL (PROTOCOL.md §4.3)
 def encode_pull(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
                 timeout_ms: int = 0) -> bytes:
     """A PULL frame: up to ``max_msgs`` messages of one queue from ``offset``, waiting up
@@ -826,7 +691,7 @@ def _no_records(count: int, request_id: int, kind: Kind) -> None:
         raise _malformed(request_id, f"{kind.name} carries no records, header says {count}")
 
 
-# ------------------------------------------------------------------------------ raw records
+# ----------------------------------------------------------- raw records (PROTOCOL.md §7)
 def _records(parts: list, records: Iterable) -> list:
     for r in records:
         n = len(r) if isinstance(r, (bytes, bytearray)) else memoryview(r).nbytes
@@ -860,7 +725,7 @@ def _decode_records(buf: bytes, p: int, count: int, request_id: int,
     return out
 
 
-# ------------------------------------------------------------------------------ PULL_REPLY
+# ---------------------------------------------------------- PULL_REPLY (PROTOCOL.md §4.4)
 def encode_pull_reply(request_id: int, status: GetMessageStatus, next_begin_offset: int,
                       min_offset: int, max_offset: int, records: Sequence) -> bytes:
     """A PULL_REPLY frame; ``records`` are raw CommitLog records (any bytes-like, e.g. a
@@ -891,7 +756,7 @@ def decode_pull_reply(frame) -> PullReply:
     return PullReply(request_id, status, next_begin, min_offset, max_offset, messages)
 
 
-# ------------------------------------------------------------------------------ QUERY
+# ----------------------------------------------------------- QUERY (PROTOCOL.md §4.5-4.6)
 def encode_query_by_key(request_id: int, topic: str, key: str, max_num: int,
                         begin_ms: int = 0, end_ms: int = INT64_MAX) -> bytes:
     """Messages of ``topic`` indexed under ``key`` stored in [begin_ms, end_ms]."""
@@ -965,7 +830,7 @@ def decode_query_reply(frame) -> tuple[int, list[MessageExt]]:
     return request_id, _decode_records(buf, HEADER_SIZE, count, request_id, Kind.QUERY_REPLY)
 
 
-# ------------------------------------------------------------------------------ OFFSETS
+# --------------------------------------------------------- OFFSETS (PROTOCOL.md §4.8-4.9)
 def encode_offsets(request_id: int, topics: Sequence[str] = (),
                    timestamp_ms: int = NO_TIMESTAMP) -> bytes:
     """An OFFSETS frame: the offsets of every queue of ``topics`` (none: every topic
@@ -1035,7 +900,7 @@ def decode_offsets_reply(frame) -> OffsetsReply:
     return OffsetsReply(request_id, dispatched, generation, queues)
 
 
-# ------------------------------------------------------------------------------ FETCH
+# ------------------------------------------------------- FETCH (PROTOCOL.md §4.10, §4.13)
 def encode_fetch(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
                  max_bytes: int) -> bytes:
     """A FETCH frame: a bulk read of one queue from ``offset``, answered at once with a
@@ -1110,7 +975,7 @@ def decode_fetch_reply(frame) -> FetchReply:
                       units, view[q:])
 
 
-# ------------------------------------------------------------------------------ COMMIT
+# -------------------------------------------------------- COMMIT (PROTOCOL.md §4.11-4.12)
 def _queue_offset_records(parts: list, offsets: Iterable[tuple[int, int]], what: str) -> list:
     pack = QUEUE_OFFSET.pack
     for queue_id, offset in offsets:
@@ -1171,7 +1036,7 @@ def decode_commit_reply(frame) -> CommitReply:
                                                        Kind.COMMIT_REPLY))
 
 
-# ------------------------------------------------------------------------------ ERROR
+# --------------------------------------------------------- ERROR (PROTOCOL.md §4.7, §5.3)
 def encode_error(request_id: int, code: ErrorCode, message: str) -> bytes:
     """An ERROR frame: the whole request was refused and nothing of it was done.
     ``message`` is cut to 65535 bytes of UTF-8."""
