@@ -12,12 +12,16 @@ requests and clients:
    DISPATCHED again and clears it), or DISK_FULL is set;
 2. refuses a request beyond its client's window (``WINDOW`` unanswered requests per
    client identity): OS_PAGECACHE_BUSY, reason ``"busy"``, nothing stored;
-3. per message (``storage.put_path.prepare_batch``): ``validation.check_message``, for
-   a record with a producer id its sequence (below), the queue (round robin per topic
-   when the producer left it to the store), ``CommitLog.prepare``; a refused message
-   gets its status and reason and does not stop the others;
-4. one ``CommitLog.append`` for every prepared record, the producer table learns the
-   identities stored, one ``publish_written`` and one bus APPENDED, then the replies.
+3. a SEND, per message (``storage.put_path.prepare_batch``): ``validation.check_message``,
+   for a record with a producer id its sequence (below), the queue (round robin per
+   topic when the producer left it to the store), ``CommitLog.prepare``; a
+   SEND_RECORDS, in bulk (``storage.record_batch.check_records``: the same rules on the
+   bytes, records taken as they are, a delayed or IPv6-born one prepared like a SEND
+   message); a refused message gets its status and reason and does not stop the others;
+4. one ``CommitLog.append_batch`` for every request's records, the producer table
+   learns the identities stored, one ``publish_written`` and one bus APPENDED (and
+   PAGES when WRITTEN crossed the flusher's least pages), then the replies (columns:
+   ``procs.send_results``).
 
 Idempotent producers (``storage.producer_state`` holds the rules and the table). A
 record whose SEND ``producer_id`` is not 0 is judged against the table and against what
@@ -61,7 +65,8 @@ Restart decision table (``setup``; the supervisor's recovery ran before the firs
 
     what                        rebuilt from                          how
     --------------------------  ------------------------------------  ---------------------------
-    CommitLog end               WRITTEN (table)                       load every file, cut at
+    CommitLog end               WRITTEN (table)                       CommitLog.reopen_at: load
+                                                                      every file, cut at
                                                                       WRITTEN: bytes past it were
                                                                       never acknowledged, a killed
                                                                       writer may have torn a
@@ -110,8 +115,7 @@ from storage import producer_state, record_batch
 from storage.clock import monotonic_ms
 from storage.commit_log import CommitLog, PutMessageResult
 from storage.record_batch import RecordBatch, RecordsFormatError, check_records
-from storage.errors import StoreFileError, errno_text
-from storage.mapped_file import file_may_hold_data
+from storage.errors import errno_text
 from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
 from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from storage.producer_state import (
@@ -201,20 +205,13 @@ class WriterService(Service):
         cfg = self.config
         written, _ = self.table.read_written()
         dispatched = self.table.get(Slot.DISPATCHED)
-        _discard_unallocated_files(cfg.commit_log_dir, cfg.mapped_file_size_commit_log, written)
-        cl = CommitLog(cfg)
-        cl.load()
-        mfq = cl.mapped_file_queue
-        mfq.truncate_dirty_files(written, keep_files=True)  # others may map these files
-        if mfq.get_max_wrote_position() != written:
-            raise StoreFileError(cfg.commit_log_dir, f"the files end at "
-                                 f"{mfq.get_max_wrote_position()}, WRITTEN is {written}")
+        cl = CommitLog.reopen_at(cfg, written)
         cl.set_topic_queue_table(rebuild(cfg, cl, min(dispatched, written), written))
         if self.producers is None:  # a cut back after a failed append keeps the table
             loaded = producer_state.rebuild(cfg, cl, written,
                                             max(now_ms(), self.table.read_written()[1]))
             self.producers, self.last_record = loaded.table, loaded.last_record
-        _unmap_all_but_last(cl)
+        cl.unmap_all_but_last()
         cl.start_allocation()
         log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
                  len(cl.topic_queue_table))
@@ -353,7 +350,7 @@ class WriterService(Service):
             self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
             if self.pages_span and end // self.pages_span != written // self.pages_span:
                 self.publisher.publish(bus.PAGES, bus.encode_offset(end))
-            _unmap_all_but_last(self.commit_log)
+            self.commit_log.unmap_all_but_last()
         self._answer(accepted)
 
     def _prepare(self, req: _Request, send: protocol.SendRequest, now: int,
@@ -757,40 +754,6 @@ def _out_of_order(pid: int, seq: int, last: int | None) -> PutMessageResult:
     return PutMessageResult(PutMessageStatus.OUT_OF_ORDER_SEQUENCE, queue_offset=expected,
                             reason=f"out of order: producer {pid} sent sequence {seq}, "
                                    f"expected sequence {expected}; {why}")
-
-
-def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:
-    """Unlink short, never-written files at or past the file holding ``written``: a
-    writer killed between creating a file and allocating it leaves one, and the load
-    would refuse it. A short file holding data is left for the load to name."""
-    if not os.path.isdir(directory):
-        return
-    holder = written - written % file_size
-    for name in os.listdir(directory):
-        if not name.isdigit() or int(name) < holder:
-            continue
-        path = os.path.join(directory, name)
-        size = os.path.getsize(path)
-        if size == file_size:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            holds_data = file_may_hold_data(fd, size)
-        finally:
-            os.close(fd)
-        if not holds_data:
-            log.warning("unlinking %s: %d of %d bytes allocated and never written (its "
-                        "creator died)", path, size, file_size)
-            os.unlink(path)
-
-
-def _unmap_all_but_last(commit_log: CommitLog) -> None:
-    """The writer only appends: unmap every file but the last."""
-    files = commit_log.mapped_file_queue.mapped_files
-    if len(files) > 1:
-        for mf in files[:-1]:
-            mf.close()
-        del files[:-1]
 
 
 SERVICE = WriterService

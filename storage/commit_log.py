@@ -58,7 +58,7 @@ from storage import allocate, record, record_batch
 from storage.config import StoreConfig
 from storage.delay_level import parse_delay_levels, rewrite_for_delay
 from storage.errors import CorruptRecordError, StoreFileError
-from storage.mapped_file import MappedFile
+from storage.mapped_file import MappedFile, file_may_hold_data
 from storage.mapped_file_queue import MappedFileQueue
 from storage.record_batch import RecordBatch
 from storage.message import (
@@ -139,6 +139,31 @@ class Appended(NamedTuple):
     queue_offsets: list[int]
 
 
+def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:
+    """Unlink short, never-written files at or past the file holding ``written``: an
+    appender killed between creating a file and allocating it leaves one, and the load
+    would refuse it. A short file holding data is left for the load to name."""
+    if not os.path.isdir(directory):
+        return
+    holder = written - written % file_size
+    for name in os.listdir(directory):
+        if not name.isdigit() or int(name) < holder:
+            continue
+        path = os.path.join(directory, name)
+        size = os.path.getsize(path)
+        if size == file_size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            holds_data = file_may_hold_data(fd, size)
+        finally:
+            os.close(fd)
+        if not holds_data:
+            log.warning("unlinking %s: %d of %d bytes allocated and never written (its "
+                        "creator died)", path, size, file_size)
+            os.unlink(path)
+
+
 def _holds_records(mf: MappedFile) -> bool:
     """Whether a file's first record is there. Asked of the file system first: reading a
     never-written file would pull zero pages into the cache, which would then look like
@@ -200,6 +225,35 @@ class CommitLog:
         grown back so recovery can find where its valid data ends; any other file of
         another size fails the load."""
         self.mapped_file_queue.load(extend_short=sizes_confirmed)
+
+    @classmethod
+    def reopen_at(cls, config: StoreConfig, written: int) -> "CommitLog":
+        """A restarting appender's CommitLog, cut at ``written`` (the published end:
+        bytes past it were never acknowledged, and a killed appender may have torn a
+        record there). Later files are zeroed in place, never unlinked (other processes
+        may map them), and a short never-written file at or past ``written``'s (an
+        appender died creating it) is unlinked first.
+
+        Raises ``StoreFileError`` when the files do not reach ``written``."""
+        _discard_unallocated_files(config.commit_log_dir, config.mapped_file_size_commit_log,
+                                   written)
+        cl = cls(config)
+        cl.load()
+        mfq = cl.mapped_file_queue
+        mfq.truncate_dirty_files(written, keep_files=True)
+        if mfq.get_max_wrote_position() != written:
+            raise StoreFileError(config.commit_log_dir, f"the files end at "
+                                 f"{mfq.get_max_wrote_position()}, the published end is "
+                                 f"{written}")
+        return cl
+
+    def unmap_all_but_last(self) -> None:
+        """An appender that never reads keeps only the file it appends to mapped."""
+        files = self.mapped_file_queue.mapped_files
+        if len(files) > 1:
+            for mf in files[:-1]:
+                mf.close()
+            del files[:-1]
 
     # ================================================================== put
     def prepare(self, msg: Message, queue_id: int, born_timestamp: int) -> EncodedMessage | tuple:
