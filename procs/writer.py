@@ -23,18 +23,10 @@ requests and clients:
    PAGES when WRITTEN crossed the flusher's least pages), then the replies (columns:
    ``procs.send_results``).
 
-Idempotent producers (``storage.producer_state`` holds the rules and the table). A
-record whose SEND ``producer_id`` is not 0 is judged against the table and against what
-earlier records of the same batch claimed: NEW is stored with its identity in the
-properties ``__PID``/``__SEQ``; DUPLICATE is not stored and answered PUT_OK with reason
-``"duplicate: ..."`` (with the original's msg id and offsets when that is the
-producer's last stored record, or a record of the same batch, whose fate it then shares,
-a refusal included); OUT_OF_ORDER is not stored and answered
-OUT_OF_ORDER_SEQUENCE, its ``queue_offset`` and reason naming the expected sequence.
-The table learns only records the append stored, which form a prefix of the batch (an
-append that fails fails every later record too), so no gap can enter it. Under
-SYNC_FLUSH a duplicate is answered, like the original, only once FLUSHED covers the
-original (or the producer's last record when the original's offsets are not kept).
+Idempotent producers: a record whose request carries a producer id is judged NEW,
+DUPLICATE or OUT_OF_ORDER against the producer table and what earlier records of the
+same batch claimed (``storage.idempotence``: the verdicts and their answers;
+``storage.producer_state``: the table and its rules); only NEW records are stored.
 The table is written as ``config/producerState.json`` every
 ``flush_delay_offset_interval`` ms when it changed (idle producers are expired then)
 and at teardown; a failed write is logged and retried, never fatal. A SEND whose
@@ -100,26 +92,24 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 
 import numpy as np
 import zmq
 
 from procs import endpoints, protocol
-from procs.send_results import SendResults
 from procs.protocol import ErrorCode, ProtocolError
+from procs.send_results import SendResults
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
 from storage import producer_state, record_batch
 from storage.clock import monotonic_ms
 from storage.commit_log import CommitLog, PutMessageResult
-from storage.record_batch import RecordBatch, RecordsFormatError, check_records
 from storage.errors import errno_text
-from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from storage.idempotence import BatchClaims, admission
+from storage.producer_state import LastRecord, ProducerStateTable
 from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
-from storage.producer_state import (
-    LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge)
+from storage.record_batch import RecordBatch, RecordsFormatError, check_records
 from storage.status import PutMessageStatus
 from storage.topic_queue_table import rebuild
 
@@ -133,8 +123,6 @@ TEARDOWN_LINGER_MS = 2000
 MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers        # time the last replies get to leave at close
 
 _PUT_OK = PutMessageStatus.PUT_OK
-_NEW = Verdict.NEW
-_DUPLICATE = Verdict.DUPLICATE
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 
 
@@ -299,7 +287,7 @@ class WriterService(Service):
         refusal = self._refusal()
         now = max(now_ms(), self.last_store_ts)
         accepted: list[_Request] = []
-        claims: _Claims | None = None   # made for the first record with a producer id
+        claims: BatchClaims | None = None   # made for the first record with a producer id
         prefix = self.commit_log.msg_id_prefix
         for envelope, frame in frames:
             send = self._decode(envelope, frame)
@@ -317,7 +305,7 @@ class WriterService(Service):
                 continue
             try:
                 if claims is None and _idempotent(send):
-                    claims = _Claims(self.producers)
+                    claims = BatchClaims(self.producers)
                 idem = claims if _idempotent(send) else None
                 if req.kind is protocol.Kind.SEND_RECORDS:
                     self._prepare_records(req, send, now, idem)
@@ -354,14 +342,14 @@ class WriterService(Service):
         self._answer(accepted)
 
     def _prepare(self, req: _Request, send: protocol.SendRequest, now: int,
-                 claims: "_Claims | None") -> None:
+                 claims: "BatchClaims | None") -> None:
         """Validate and encode each message of a SEND (``storage.put_path.prepare_batch``);
         refusals go straight into its results. With ``claims``, a record with a producer
         id is judged first, and stored with its identity in its properties only when
         NEW."""
         admit = encoded = None
         if claims is not None:
-            admit, encoded = self._idempotence(req, send.producer_ids, send.sequences, claims)
+            admit, encoded = admission(req, send.producer_ids, send.sequences, claims)
         prepared = prepare_batch(self.commit_log, self.config, send.messages, now,
                                  self.queues, req.results, None, admit, encoded)
         req.wait = req.wait or prepared.wait   # a duplicate may wait already
@@ -371,7 +359,7 @@ class WriterService(Service):
             req.queue_ids = [e.queue_id for e in prepared.records]
 
     def _prepare_records(self, req: _Request, send: protocol.SendRecords, now: int,
-                         claims: "_Claims | None") -> None:
+                         claims: "BatchClaims | None") -> None:
         """Check a SEND_RECORDS frame's records in bulk (``record_batch.check_records``),
         choose queues, judge idempotent records, and take the records as they are; a
         record the check sends the long way is prepared like a SEND record."""
@@ -392,7 +380,7 @@ class WriterService(Service):
         admit = encoded = None
         if claims is not None:
             n = checked.count
-            admit, encoded = self._idempotence(
+            admit, encoded = admission(
                 req, [send.producer_id] * n,
                 range(send.first_sequence, send.first_sequence + n), claims, checked.waits)
         if not checked.refusals and not checked.long_way and admit is None:
@@ -445,37 +433,6 @@ class WriterService(Service):
             req.batch = record_batch.from_pieces(pieces)
             req.slots = slots
             req.queue_ids = req.batch.queue_ids
-
-    @staticmethod
-    def _idempotence(req: _Request, pids, seqs, claims: "_Claims", waits=None):
-        """The ``admit`` and ``encoded`` steps of an idempotent producer's records. A
-        SEND_RECORDS record carries its identity already (``msg`` None)."""
-        results = req.results
-
-        def admit(i: int, msg) -> bool:
-            pid = pids[i]
-            if not pid:
-                return True
-            seq = seqs[i]
-            last = claims.last_sequence(pid)
-            verdict = judge(last, seq)
-            if verdict is _NEW:
-                if msg is not None:
-                    msg.properties[PROPERTY_PRODUCER_ID] = str(pid)
-                    msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
-                return True
-            if verdict is _DUPLICATE:
-                claims.duplicate(req, i, pid, seq,
-                                 waits[i] if msg is None else msg.wait_store_msg_ok)
-            else:
-                results[i] = _out_of_order(pid, seq, last)
-            return False
-
-        def encoded(i: int) -> None:
-            if pids[i]:
-                claims.claim(pids[i], seqs[i], req, i)
-
-        return admit, encoded
 
     def _append(self, requests: list[_Request], now: int) -> int:
         """One append of every request's records, in order; fill each request's
@@ -653,107 +610,6 @@ class _Slot:
 
     def __setitem__(self, _: int, r: PutMessageResult) -> None:
         self.results[self.i] = r
-
-
-class _Claims:
-    """One batch's records with producer ids: the sequences claimed by records handed
-    to the append (so later records of the batch are judged against them), and the
-    duplicates of those claims, answered once the append told their fate."""
-
-    __slots__ = ("table", "last", "claimed", "order", "pending")
-
-    def __init__(self, table: ProducerStateTable):
-        self.table = table
-        self.last: dict[int, int] = {}                         # producer -> last claimed
-        self.claimed: dict[tuple[int, int], tuple[_Request, int]] = {}
-        self.order: list[tuple[int, int, _Request, int]] = []  # claims, in batch order
-        self.pending: list[tuple[_Request, int, int, int, bool]] = []
-
-    def last_sequence(self, pid: int) -> int | None:
-        last = self.last.get(pid)
-        return self.table.last_sequence(pid) if last is None else last
-
-    def claim(self, pid: int, seq: int, req: _Request, i: int) -> None:
-        self.last[pid] = seq
-        self.claimed[(pid, seq)] = (req, i)
-        self.order.append((pid, seq, req, i))
-
-    def duplicate(self, req: _Request, i: int, pid: int, seq: int, wait: bool) -> None:
-        """A duplicate of a record stored before this batch is answered now; one of
-        a record of this batch after the append (``settle``)."""
-        entry = self.table.get(pid)
-        if entry is None or seq > entry.sequence:
-            self.pending.append((req, i, pid, seq, wait))
-            return
-        if seq == entry.sequence:
-            req.results[i] = PutMessageResult(
-                _PUT_OK, entry.msg_id, entry.commit_log_offset, entry.size, entry.queue_id,
-                entry.queue_offset, entry.store_timestamp,
-                f"duplicate: producer {pid} sequence {seq} is stored already")
-        else:
-            req.results[i] = PutMessageResult(
-                _PUT_OK, reason=f"duplicate: producer {pid} sequence {seq} is stored already "
-                                f"(the last stored is {entry.sequence}; only its offsets "
-                                "are kept)")
-        _covers(req, entry.end, wait)
-
-    def drop(self, req: _Request) -> None:
-        """Forget the claims of a request that failed before the append."""
-        self.order = [c for c in self.order if c[2] is not req]
-        self.pending = [d for d in self.pending if d[0] is not req]
-        self.claimed = {(pid, seq): (r, i) for pid, seq, r, i in self.order}
-        self.last = {}
-        for pid, seq, _, _ in self.order:
-            self.last[pid] = seq
-
-    def settle(self, accepted: list[_Request]) -> None:
-        """After the append: the table learns what was stored; pending duplicates take
-        their original's result; a request answers only when its originals are
-        covered (``end``)."""
-        record = self.table.record
-        for pid, seq, req, i in self.order:
-            r = req.results[i]
-            if r.status is _PUT_OK:
-                record(pid, ProducerEntry(seq, r.store_timestamp, r.wrote_offset,
-                                          r.wrote_bytes, r.queue_id, r.queue_offset,
-                                          r.msg_id))
-        for req, i, pid, seq, wait in self.pending:
-            owner, k = self.claimed[(pid, seq)]
-            r = owner.results[k]
-            if r.status is _PUT_OK:
-                req.results[i] = PutMessageResult(
-                    _PUT_OK, r.msg_id, r.wrote_offset, r.wrote_bytes, r.queue_id,
-                    r.queue_offset, r.store_timestamp,
-                    f"duplicate: producer {pid} sequence {seq} was stored by this batch")
-                _covers(req, r.wrote_offset + r.wrote_bytes, wait)
-            else:
-                req.results[i] = PutMessageResult.refused(
-                    r.status, f"{r.reason} (producer {pid} sequence {seq} came twice in one "
-                              "batch; neither copy was stored)")
-        for req in accepted:
-            if req.dup_end > req.end:
-                req.end = req.dup_end
-
-
-def _covers(req: _Request, end: int, wait: bool) -> None:
-    """``req`` answers a duplicate whose original ends at ``end``."""
-    if end > req.dup_end:
-        req.dup_end = end
-    if wait:
-        req.wait = True
-
-
-def _out_of_order(pid: int, seq: int, last: int | None) -> PutMessageResult:
-    expected = expected_sequence(last)
-    if last is None:
-        why = (f"producer {pid} is unknown (never seen, or idle longer than "
-               f"producer_id_expiration_ms) and must start at 0")
-    else:
-        why = (f"a gap after sequence {last}: resend from the first unacknowledged "
-               f"sequence")
-    return PutMessageResult(PutMessageStatus.OUT_OF_ORDER_SEQUENCE, queue_offset=expected,
-                            reason=f"out of order: producer {pid} sent sequence {seq}, "
-                                   f"expected sequence {expected}; {why}")
 
 
 SERVICE = WriterService
