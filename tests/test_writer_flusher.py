@@ -411,13 +411,20 @@ def test_sync_window_full_replies_busy_and_stores_nothing(running):
     s.reopen_and_verify()
 
 
-def test_a_stopping_writer_answers_its_parked_requests(running):
-    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=1000).start()
+def parked_request(running, sync_flush_timeout: int):
+    """A SYNC_FLUSH store whose flusher is stopped, and a request of three messages the
+    writer parked (stored, not yet flushed): ``(store, client, msgs, request_id)``."""
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=sync_flush_timeout).start()
     c = s.client()
     s.signal("flusher", signal.SIGSTOP)
     msgs = [message(i, queue_id=0) for i in range(3)]
     request_id = c.send(msgs)
     assert c.recv(timeout_s=0.2) is None
+    return s, c, msgs, request_id
+
+
+def test_a_stopping_writer_answers_its_parked_requests(running):
+    s, c, msgs, request_id = parked_request(running, 1000)
     writer = s.procs.pop("writer")
     s.ask_to_stop("writer", writer)
     reply = c.recv()
@@ -430,12 +437,7 @@ def test_a_stopping_writer_answers_its_parked_requests(running):
 
 
 def test_a_flush_error_answers_parked_requests_and_refuses_new_ones(running):
-    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=8000).start()
-    c = s.client()
-    s.signal("flusher", signal.SIGSTOP)
-    msgs = [message(i, queue_id=0) for i in range(3)]
-    request_id = c.send(msgs)
-    assert c.recv(timeout_s=0.2) is None
+    s, c, msgs, request_id = parked_request(running, 8000)
     s.as_process("flusher").set(Slot.FLUSH_ERROR, errno.EIO)   # standing in for the flusher
     reply = c.recv(timeout_s=2)
     assert reply[0] == request_id
