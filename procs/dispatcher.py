@@ -150,7 +150,7 @@ class Dispatcher(Service):
             self.index_service.load(True, self.checkpoint.index_msg_timestamp)
         self.reput = ReputMessageService(self.commit_log, self.logic_queues.find,
                                          self.index_service, self._index_failed)
-        self.reput.arriving_listener = self._arriving
+        self.reput.queue_listener = self._arriving
         self.reput.reput_from_offset = dispatched
         self._published = dispatched
         self._arrivals: dict[tuple[str, int], int] = {}
@@ -162,8 +162,7 @@ class Dispatcher(Service):
         log.info("dispatching from %d (%d queues, %d units past it rewound)", dispatched,
                  len(self.logic_queues), rewound)
 
-    def _arriving(self, topic: str, queue_id: int, next_offset: int, _tags_code: int,
-                  _store_timestamp: int) -> None:
+    def _arriving(self, topic: str, queue_id: int, next_offset: int) -> None:
         self._arrivals[(topic, queue_id)] = next_offset
 
     def _index_failed(self) -> None:

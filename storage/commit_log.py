@@ -57,6 +57,7 @@ import numpy as np
 from storage import allocate, record, record_batch
 from storage.config import StoreConfig
 from storage.delay_level import parse_delay_levels, rewrite_for_delay
+from storage.dispatch_batch import valid_end, walk
 from storage.errors import CorruptRecordError, StoreFileError
 from storage.mapped_file import MappedFile, file_may_hold_data
 from storage.mapped_file_queue import MappedFileQueue
@@ -71,6 +72,7 @@ from storage.validation import check_encoded_size
 log = logging.getLogger(__name__)
 
 _LONG = record.LONG
+SCAN_RECORDS = 4096  # records recovery checks together
 _INT = record.INT
 
 
@@ -526,12 +528,21 @@ class CommitLog:
         return store_ts != 0 and store_ts <= min_timestamp
 
     def _scan_and_truncate(self, index: int) -> int:
-        """Walk valid records from file ``index``; cut everything after the last one."""
+        """Walk valid records from file ``index``; cut everything after the last one.
+
+        Runs of records are checked in bulk (``dispatch_batch.valid_end``, the same
+        rules); the record a run stops before, and each file's end, one by one."""
         files = self.mapped_file_queue.mapped_files
         check_crc = self.config.check_crc_on_recover
         mf = files[index]
         pos = 0
         while True:
+            starts, _ = walk(mf.buf, pos, mf.file_size, SCAN_RECORDS)
+            if len(starts) > 1:
+                end = valid_end(mf.buf, starts, mf.file_from_offset, check_crc)
+                if end > pos:
+                    pos = end
+                    continue
             req = self.check_message_and_return_size(mf, pos, mf.file_size, check_crc)
             if req.success and req.msg_size > 0:
                 pos += req.msg_size

@@ -33,6 +33,8 @@ import struct
 import time
 from typing import Iterator
 
+import numpy as np
+
 from storage.mapped_file import MappedFile, offset_to_file_name
 from storage.mapped_file_queue import MappedFileQueue
 
@@ -42,6 +44,8 @@ assert CQ_UNIT.size == CQ_STORE_UNIT_SIZE
 CQ_PHY_OFFSET = struct.Struct(">q")
 BLANK_UNIT_SIZE = 0x7FFFFFFF  # the size field of a pre-blank filler unit
 BLANK_UNIT = CQ_UNIT.pack(0, BLANK_UNIT_SIZE, 0)
+_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert _UNIT_DTYPE.itemsize == CQ_STORE_UNIT_SIZE
 
 
 def encode_unit(commit_log_offset: int, size: int, tags_code: int) -> bytes:
@@ -128,6 +132,41 @@ class ConsumeQueue:
         mf.append(CQ_UNIT.pack(offset, size, tags_code))
         self.max_physic_offset = offset + size
         return True
+
+    def put_units(self, offsets: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray,
+                  cq_offsets: np.ndarray) -> None:
+        """``put_message_position_info`` for a run of one queue's units in CommitLog
+        order, with the same outcome byte for byte: repeats skipped, the first new unit
+        put one by one (it may create the queue's first file or meet a gap), and the
+        rest, when their queue offsets follow on, copied a file's share at a time."""
+        first = int(np.searchsorted(offsets + sizes, self.max_physic_offset, side="right"))
+        if first == len(offsets):
+            return
+        self.put_message_position_info(int(offsets[first]), int(sizes[first]),
+                                       int(tags_codes[first]), int(cq_offsets[first]))
+        rest = slice(first + 1, len(offsets))
+        expect = int(cq_offsets[first]) + 1
+        follows = np.array_equal(cq_offsets[rest], np.arange(expect, expect + len(offsets)
+                                                             - first - 1))
+        mfq = self.mapped_file_queue
+        last = mfq.get_last_mapped_file()
+        if not follows or last is None or \
+                last.file_from_offset + last.wrote_position != expect * CQ_STORE_UNIT_SIZE:
+            for k in range(rest.start, rest.stop):
+                self.put_message_position_info(int(offsets[k]), int(sizes[k]),
+                                               int(tags_codes[k]), int(cq_offsets[k]))
+            return
+        units = np.empty(rest.stop - rest.start, _UNIT_DTYPE)
+        units["offset"], units["size"], units["tags_code"] = \
+            offsets[rest], sizes[rest], tags_codes[rest]
+        block = units.tobytes()
+        done = 0
+        while done < len(block):
+            mf = mfq.get_or_create_last_mapped_file(expect * CQ_STORE_UNIT_SIZE + done)
+            room = self.mapped_file_size - mf.wrote_position
+            mf.append(block[done:done + room])
+            done += min(room, len(block) - done)
+        self.max_physic_offset = int(offsets[-1] + sizes[-1])
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
         n = (until_where % self.mapped_file_size) // CQ_STORE_UNIT_SIZE

@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import operator
 
+import numpy as np
+
 _MASK32 = 0xFFFFFFFF
 _POWERS: list[int] = [1]
 _REVERSED_POWERS: dict[int, tuple[int, ...]] = {}
@@ -67,3 +69,43 @@ def index_key_hash(key: str) -> int:
     """IndexFile ``indexKeyHashMethod``: ``abs(key.hashCode())``, 0 if still negative."""
     h = abs(java_string_hash_uncached(key))
     return 0 if h > 0x7FFF_FFFF else h
+
+
+# ---------------------------------------------------------------------------------- in bulk
+_POW31 = np.ones(1, np.uint32)
+
+
+def _pow31(n: int) -> np.ndarray:
+    """31^0 .. 31^(n-1) as uint32 (Java's int arithmetic wraps the same way)."""
+    global _POW31
+    if len(_POW31) < n:
+        table = np.empty(max(n, 2 * len(_POW31)), np.uint32)
+        table[0] = 1
+        with np.errstate(over="ignore"):
+            for i in range(1, len(table)):
+                table[i] = table[i - 1] * np.uint32(31)
+        _POW31 = table
+    return _POW31
+
+
+def index_key_hashes(keys: list[bytes]) -> np.ndarray:
+    """``index_key_hash`` of every key (UTF-8 bytes), as int64, in one numpy pass.
+
+    Keys that are pure ASCII hash as their bytes (one byte is one UTF-16 code unit);
+    any other key is decoded as the dispatch path decodes it (``"replace"``) and hashed
+    one by one. Every key must be non-empty."""
+    lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+    data = np.frombuffer(b"".join(keys), np.uint8)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    exponents = np.repeat(ends - 1, lengths) - np.arange(len(data), dtype=np.int64)
+    with np.errstate(over="ignore"):
+        terms = data.astype(np.uint32) * _pow31(int(lengths.max(initial=1)))[exponents]
+        h = np.add.reduceat(terms, starts, dtype=np.uint32) if len(keys) else terms[:0]
+    hashes = np.abs(h.view(np.int32).astype(np.int64))
+    hashes[hashes > 0x7FFF_FFFF] = 0
+    if data.max(initial=0) >= 0x80:
+        wide = np.flatnonzero(np.maximum.reduceat(data, starts) >= 0x80) if len(keys) else []
+        for i in wide.tolist():
+            hashes[i] = index_key_hash(keys[i].decode("utf-8", "replace"))
+    return hashes

@@ -68,6 +68,8 @@ import time
 from operator import attrgetter
 from typing import Callable, Iterator
 
+import numpy as np
+
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
 from storage.mapped_file import FILE_OPS, fsync_dir, unlink_quietly
@@ -109,6 +111,11 @@ INDEX_SIZE = PRE_INDEX_NO_POS + PRE_INDEX_NO_LEN
 
 INDEX_ENTRY = struct.Struct(">iqii")
 assert INDEX_ENTRY.size == INDEX_SIZE == 20
+
+_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"),
+                         ("pre_index_no", ">i4")])
+_SLOT_DTYPE = np.dtype(">i4")
+assert _ENTRY_DTYPE.itemsize == INDEX_SIZE
 
 JAVA_INT_MAX = 0x7FFF_FFFF
 FILE_NAME_LEN = 17  # yyyyMMddHHmmssSSS
@@ -389,6 +396,78 @@ class IndexFile:
                                self._hash_slot_count, index_count + 1)
         HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
         return True
+
+    def put_entries(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,
+                    store_timestamps: np.ndarray) -> int:
+        """``put_key`` for a run of entries whose key hashes are already computed
+        (``hashing.index_key_hashes``), written as ``put_key`` would write them one by
+        one, byte for byte: the entries as one block, then the header, then each slot
+        the run touched. Returns how many were put (fewer than given when the file
+        fills). Raises ``StoreClosedError`` after close.
+        """
+        buf = self._check_open()
+        count0 = self._index_count
+        n = min(len(key_hashes), self.index_num - count0)
+        if n <= 0:
+            return 0
+        hashes = key_hashes[:n]
+        phys, stamps = phy_offsets[:n], store_timestamps[:n]
+        numbers = count0 + np.arange(n, dtype=np.int64)
+        slots = hashes % self.hash_slot_num
+        entries = np.empty(n, _ENTRY_DTYPE)
+        entries["key_hash"] = hashes
+        entries["phy_offset"] = phys
+        entries["time_diff"] = self._time_diffs(stamps, count0)
+        entries["pre_index_no"], last_in_slot = self._chain(slots, numbers, count0)
+        start = self._index_base + count0 * INDEX_SIZE
+        buf[start:start + n * INDEX_SIZE] = entries.tobytes()
+        if count0 <= 1:
+            self._begin_phy_offset = int(phys[0])
+            self._begin_timestamp = int(stamps[0])
+        self._hash_slot_count += n
+        self._index_count = count0 + n
+        self._end_phy_offset = int(phys[-1])
+        self._end_timestamp = int(stamps[-1])
+        self._write_header()
+        table = np.frombuffer(buf, _SLOT_DTYPE, self.hash_slot_num, INDEX_HEADER_SIZE)
+        table[slots[last_in_slot]] = numbers[last_in_slot]
+        del table
+        return n
+
+    def _time_diffs(self, stamps: np.ndarray, count0: int) -> np.ndarray:
+        """``_time_diff_s`` of each entry: the first entry of an empty file measures from
+        the begin it replaces, every later one from the first's store time."""
+        begins = np.full(len(stamps), self._begin_timestamp if count0 > 1 else stamps[0],
+                         np.int64)
+        if count0 <= 1:
+            begins[0] = self._begin_timestamp
+        diffs = np.clip((stamps - begins) // 1000, 0, JAVA_INT_MAX)
+        diffs[begins <= 0] = 0
+        return diffs
+
+    def _chain(self, slots: np.ndarray, numbers: np.ndarray,
+               count0: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each entry's preIndexNo (the slot's newest entry before it, from this run or
+        from the file, validated against indexCount at its put as ``put_key`` does) and
+        a mask of the entries that end up heading their slot."""
+        order = np.argsort(slots, kind="stable")
+        ranked = slots[order]
+        first = np.ones(len(order), bool)
+        first[1:] = ranked[1:] != ranked[:-1]
+        last = np.ones(len(order), bool)
+        last[:-1] = first[1:]
+        pre_ranked = np.empty(len(order), np.int64)
+        pre_ranked[1:] = numbers[order][:-1]
+        table = np.frombuffer(self._buf, _SLOT_DTYPE, self.hash_slot_num, INDEX_HEADER_SIZE)
+        heads = table[ranked[first]].astype(np.int64)
+        del table
+        heads[(heads <= INVALID_INDEX) | (heads > numbers[order][first])] = INVALID_INDEX
+        pre_ranked[first] = heads
+        pre = np.empty(len(order), np.int64)
+        pre[order] = pre_ranked
+        last_in_slot = np.zeros(len(order), bool)
+        last_in_slot[order[last]] = True
+        return pre, last_in_slot
 
     # ----------------------------------------------------------------- select
     def select_phy_offset(self, key: str, max_num: int, begin_ms: int,

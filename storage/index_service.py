@@ -43,7 +43,10 @@ import logging
 import os
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 from storage.errors import StoreError
+from storage.hashing import index_key_hashes
 from storage.index_file import (
     IndexFile, human_string_to_time_millis, time_millis_to_human_string)
 from storage.mapped_file import now_ms, unlink_quietly
@@ -183,6 +186,37 @@ class IndexService:
                         log.error("putKey error commitlog %d key %s", commit_log_offset, key)
                         return False
         return True
+
+    def build_index_run(self, topics: Sequence[str], phy_offsets: np.ndarray,
+                        store_timestamps: np.ndarray, sys_flags: np.ndarray,
+                        uniq_keys: Sequence[bytes | None], keys: Sequence[bytes | None]) -> bool:
+        """``build_index`` for a run of messages in CommitLog order, with their UNIQ_KEY
+        and KEYS as raw property bytes: the same entries, in the same order and bytes,
+        hashed in one numpy pass and written a block per file (``IndexFile.put_entries``).
+        Returns False only when no index file could be created."""
+        index_file = self._get_and_create_last_index_file()
+        if index_file is None:
+            log.error("build index error, stop building index")
+            return False
+        wanted = (phy_offsets >= index_file.end_phy_offset) & (
+            sys_flags & TRANSACTION_ROLLBACK_TYPE != TRANSACTION_ROLLBACK_TYPE)
+        names, owners = _index_keys(topics, uniq_keys, keys, np.flatnonzero(wanted).tolist())
+        if not names:
+            return True
+        hashes = index_key_hashes(names)
+        owner = np.asarray(owners, np.int64)
+        phys, stamps = phy_offsets[owner], store_timestamps[owner]
+        done = 0
+        while True:
+            done += index_file.put_entries(hashes[done:], phys[done:], stamps[done:])
+            if done == len(hashes):
+                return True
+            log.warning("Index file [%s] is full, trying to create another one",
+                        index_file.file_name)
+            index_file = self._get_and_create_last_index_file()
+            if index_file is None:
+                log.error("putKey error commitlog %d", int(phys[done]))
+                return False
 
     def _put_key(self, index_file: IndexFile, key: str, commit_log_offset: int,
                  store_timestamp: int) -> IndexFile | None:
@@ -343,3 +377,32 @@ class IndexService:
             if os.path.isfile(path) or os.path.islink(path):
                 os.unlink(path)
         self.durable_timestamp = 0
+
+
+_KEY_PREFIXES: dict[str, bytes] = {}
+
+
+def _index_keys(topics: Sequence[str], uniq_keys: Sequence[bytes | None],
+                keys: Sequence[bytes | None], which: list[int]) -> tuple[list[bytes], list[int]]:
+    """The index keys (``topic#key``, UTF-8) of messages ``which``, each message's
+    UNIQ_KEY first, then its non-empty space-separated KEYS, with each key's message."""
+    names: list[bytes] = []
+    owners: list[int] = []
+    separator = KEY_SEPARATOR.encode()
+    for i in which:
+        topic = topics[i]
+        prefix = _KEY_PREFIXES.get(topic)
+        if prefix is None:
+            prefix = (topic + "#").encode("utf-8")
+            if len(_KEY_PREFIXES) < 4096:
+                _KEY_PREFIXES[topic] = prefix
+        uniq, more = uniq_keys[i], keys[i]
+        if uniq:
+            names.append(prefix + uniq)
+            owners.append(i)
+        if more:
+            for key in more.split(separator):
+                if key:
+                    names.append(prefix + key)
+                    owners.append(i)
+    return names, owners

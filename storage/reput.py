@@ -22,14 +22,22 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from storage.commit_log import CommitLog
 from storage.consume_queue import ConsumeQueue
 from storage.errors import CorruptRecordError
 from storage.index_service import IndexService
-from storage.message import is_consumable
+from storage.dispatch_batch import RecordRun, parse_run, walk
+from storage.message import (
+    TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, is_consumable)
 from storage.record import DispatchRequest
 
 ArrivingListener = Callable[[str, int, int, int, int], None]
+QueueListener = Callable[[str, int, int], None]  # topic, queue id, next offset
+
+RUN_RECORDS = 1024      # records parsed together on the bulk path
+MIN_RUN_RECORDS = 8     # fewer go one by one: the bulk path's fixed cost is ~40 us
 
 
 class ReputMessageService:
@@ -41,7 +49,8 @@ class ReputMessageService:
         self.find_consume_queue = find_consume_queue
         self.index_service = index_service
         self.on_index_error = on_index_error
-        self.arriving_listener: ArrivingListener | None = None
+        self.arriving_listener: ArrivingListener | None = None  # per message
+        self.queue_listener: QueueListener | None = None  # per queue and dispatch step
         self.reput_from_offset = 0
         self.logics_timestamp = 0  # store time of the last message given a queue unit
 
@@ -49,7 +58,11 @@ class ReputMessageService:
         return max(0, end - self.reput_from_offset)
 
     def do_reput(self, end: int) -> int:
-        """Dispatch every record below ``end``; returns how many messages went."""
+        """Dispatch every record below ``end``; returns how many messages went.
+
+        Runs of at least ``MIN_RUN_RECORDS`` whole records go through the bulk path
+        (``dispatch_batch.parse_run``, ``dispatch_run``); shorter ones, and any record
+        the bulk path stops before, one by one, with the same outcome."""
         count = 0
         cl = self.commit_log
         while self.reput_from_offset < end:
@@ -63,19 +76,33 @@ class ReputMessageService:
             mf, pos, limit = data
             limit = min(limit, pos + end - self.reput_from_offset)
             while pos < limit:
-                req = cl.check_message_and_return_size(mf, pos, limit, False)
-                if req.success and req.msg_size > 0:
-                    self.dispatch(req)
-                    pos += req.msg_size
+                starts, _ = walk(mf.buf, pos, limit, RUN_RECORDS)
+                run = parse_run(mf.buf, starts, mf.file_from_offset, cl.delay_level_ms) \
+                    if len(starts) >= MIN_RUN_RECORDS else None
+                if run is not None:
+                    self.dispatch_run(run)
+                    pos = run.end
+                    count += len(run)
+                    continue
+                for _ in range(max(1, len(starts))):
+                    step = self._dispatch_one(mf, pos, limit)
+                    if step == 0:
+                        pos = mf.file_size
+                        break
+                    pos += step
                     count += 1
-                elif req.success:
-                    pos = mf.file_size
-                    break
-                else:
-                    raise CorruptRecordError(mf.path, mf.file_from_offset + pos,
-                                             "unreadable record below the confirmed position")
             self.reput_from_offset = mf.file_from_offset + pos
         return count
+
+    def _dispatch_one(self, mf, pos: int, limit: int) -> int:
+        """Dispatch the record at ``pos``; its size, 0 for the end-of-file blank."""
+        req = self.commit_log.check_message_and_return_size(mf, pos, limit, False)
+        if not req.success:
+            raise CorruptRecordError(mf.path, mf.file_from_offset + pos,
+                                     "unreadable record below the confirmed position")
+        if req.msg_size > 0:
+            self.dispatch(req)
+        return req.msg_size
 
     def dispatch(self, req: DispatchRequest) -> None:
         if is_consumable(req.sys_flag):
@@ -86,7 +113,50 @@ class ReputMessageService:
             if self.arriving_listener is not None:
                 self.arriving_listener(req.topic, req.queue_id, req.consume_queue_offset + 1,
                                        req.tags_code, req.store_timestamp)
+            if self.queue_listener is not None:
+                self.queue_listener(req.topic, req.queue_id, req.consume_queue_offset + 1)
         if self.index_service is not None and not self.index_service.build_index(
                 req.topic, req.commit_log_offset, req.store_timestamp, req.sys_flag,
                 req.uniq_key, req.keys):
             self.on_index_error()
+
+    def dispatch_run(self, run: RecordRun) -> None:
+        """``dispatch`` for every record of ``run``: each queue's units as one block, the
+        index entries as one block per index file."""
+        kind = run.sys_flags & TRANSACTION_ROLLBACK_TYPE
+        consumable = np.flatnonzero((kind == TRANSACTION_NOT_TYPE)
+                                    | (kind == TRANSACTION_COMMIT_TYPE))
+        if len(consumable):
+            for (topic, queue_id), members in _by_queue(run, consumable):
+                cq = self.find_consume_queue(topic, queue_id)
+                cq.put_units(run.physical_offsets[members], run.sizes[members],
+                             run.tags_codes[members], run.queue_offsets[members])
+                if self.queue_listener is not None:
+                    self.queue_listener(topic, queue_id,
+                                        int(run.queue_offsets[members[-1]]) + 1)
+            if self.arriving_listener is not None:
+                for i in consumable.tolist():
+                    self.arriving_listener(run.topics[i], int(run.queue_ids[i]),
+                                           int(run.queue_offsets[i]) + 1,
+                                           int(run.tags_codes[i]), int(run.store_timestamps[i]))
+            self.logics_timestamp = int(run.store_timestamps[consumable[-1]])
+        if self.index_service is not None and not self.index_service.build_index_run(
+                run.topics, run.physical_offsets, run.store_timestamps, run.sys_flags,
+                run.uniq_keys, run.keys):
+            self.on_index_error()
+
+
+def _by_queue(run: RecordRun, which: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
+    """The records ``which`` grouped by (topic, queue id), each group in CommitLog order."""
+    ids: dict[str, int] = {}
+    topic_ids = np.fromiter((ids.setdefault(t, len(ids)) for t in run.topics), np.int64,
+                            len(run.topics))[which]
+    queue_keys = (topic_ids << 32) | (run.queue_ids[which] & 0xFFFF_FFFF)
+    order = np.argsort(queue_keys, kind="stable")
+    ranked = queue_keys[order]
+    cuts = np.flatnonzero(ranked[1:] != ranked[:-1]) + 1
+    groups = []
+    for members in np.split(which[order], cuts):
+        i = int(members[0])
+        groups.append(((run.topics[i], int(run.queue_ids[i])), members))
+    return groups
