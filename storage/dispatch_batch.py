@@ -18,9 +18,11 @@ record's topic and properties.
                                            == ``calc_msg_length``; no NUL in topics
                                            (per distinct topic) or properties (one search
                                            over all of them)
-    TAGS, KEYS, UNIQ_KEY, DELAY            per record, ``record._property``'s rule (the
-                                           last non-empty value of a name that starts a
-                                           pair), as raw bytes
+    TAGS, KEYS, UNIQ_KEY                   ``record._property``'s rule (the last
+                                           non-empty value of a name that starts a pair),
+                                           found for all records at once in their joined
+                                           properties; raw bytes
+    DELAY                                  per record, only in SCHEDULE_TOPIC_XXXX
     tagsCode                               Java hash of each distinct TAGS value; the
                                            delivery time for SCHEDULE_TOPIC_XXXX
 
@@ -45,6 +47,7 @@ from storage.record_batch import gather_be
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _IPV4_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8   # through PREPARED
 _TAGS, _KEYS, _UNIQ, _DELAY = b"TAGS\x01", b"KEYS\x01", b"UNIQ_KEY\x01", b"DELAY\x01"
+_R8 = np.arange(8, dtype=np.int64)
 
 
 class RecordRun(NamedTuple):
@@ -65,6 +68,12 @@ class RecordRun(NamedTuple):
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def prefix(self, k: int) -> "RecordRun":
+        """The first ``k`` (> 0) records."""
+        end = int(self.starts[k - 1] + self.sizes[k - 1])
+        return RecordRun(*(end if name == "end" else column[:k]
+                           for name, column in zip(self._fields, self)))
 
 
 def walk(buf, pos: int, limit: int, max_records: int) -> tuple[list[int], int]:
@@ -112,8 +121,8 @@ def parse_run(buf, starts: list[int], file_from_offset: int,
     if c is None:
         return None
     topics = [record._decode_topic(t) for t in c.topics]
-    tags, keys, uniq_keys, delays = _dispatch_properties(c.props)
-    codes = _tags_codes(tags, topics, delays, c.store_timestamps, delay_level_ms)
+    tags, keys, uniq_keys = _dispatch_properties(c.props)
+    codes = _tags_codes(tags, topics, c.props, c.store_timestamps, delay_level_ms)
     return RecordRun(c.starts, int(c.starts[-1] + c.sizes[-1]), c.sizes, c.queue_ids,
                      c.queue_offsets, c.physical_offsets, c.sys_flags, c.store_timestamps,
                      codes, topics, keys, uniq_keys)
@@ -207,27 +216,46 @@ def _without_nul(topics: list[bytes], props: list[bytes]) -> int:
     return bad
 
 
-def _dispatch_properties(props: list[bytes]) -> tuple[list, list, list, list]:
-    """TAGS, KEYS, UNIQ_KEY and DELAY of each record, raw (None when absent or empty).
+def _dispatch_properties(props: list[bytes]) -> tuple[list, list, list]:
+    """TAGS, KEYS and UNIQ_KEY of each record, raw (None when absent or empty), by
+    ``_value``'s rule, found for all records at once.
 
-    The last occurrence of a name is nearly always the one that counts (it starts a
-    pair and has a value): that is taken inline; anything else goes to ``_value``."""
-    tags, keys, uniq, delays = [], [], [], []
-    wanted = ((_TAGS, tags), (_KEYS, keys), (_UNIQ, uniq))
-    for p in props:
-        for name, out in wanted:
-            i = p.rfind(name)
-            if i < 0:
-                out.append(None)
-                continue
-            start = i + len(name)
-            end = p.find(b"\x02", start)
-            if (i == 0 or p[i - 1] == 2) and (end > start or (end < 0 and len(p) > start)):
-                out.append(p[start:end] if end > 0 else p[start:])
-            else:
-                out.append(_value(p, name))
-        delays.append(_value(p, _DELAY) if _DELAY in p else None)
-    return tags, keys, uniq, delays
+    The properties are joined (none holds a NUL: checked before) and every \x01 is a
+    candidate end of a name: the 8 bytes before it, as one big-endian word, match a
+    name of at most 8 bytes under a mask; the name must start its record's properties
+    or follow a \x02; its value runs to the next \x02 or the record's end and must not
+    be empty; of a record's matches the last counts."""
+    n = len(props)
+    joined = b"".join(props)
+    ends = np.cumsum(np.fromiter(map(len, props), np.int64, n))
+    padded = np.zeros(len(joined) + 9, np.uint8)
+    padded[9:] = np.frombuffer(joined, np.uint8)
+    data = padded[9:]
+    ones = np.flatnonzero(data == 1)
+    twos = np.append(np.flatnonzero(data == 2), len(data))
+    rec = np.searchsorted(ends, ones, side="right")
+    rec_begin = (ends - np.diff(ends, prepend=0))[rec]
+    value_end = np.minimum(twos[np.searchsorted(twos, ones)], ends[rec])
+    words = padded[(ones + 1)[:, None] + _R8].view(">u8").ravel()
+    candidates = value_end > ones + 1
+    found = []
+    for name in (_TAGS, _KEYS, _UNIQ):
+        width = len(name) - 1
+        start = ones - width
+        ok = words & ((1 << (8 * width)) - 1) == int.from_bytes(name[:-1], "big")
+        ok &= candidates & (start >= rec_begin)
+        ok &= (start == rec_begin) | (padded[start + 8] == 2)
+        sel = np.flatnonzero(ok)
+        last = np.ones(len(sel), bool)
+        last[:-1] = rec[sel][1:] != rec[sel][:-1]
+        sel = sel[last]
+        first = np.full(n, -1, np.int64)
+        stop = np.zeros(n, np.int64)
+        first[rec[sel]] = ones[sel] + 1
+        stop[rec[sel]] = value_end[sel]
+        found.append([joined[a:b] if a >= 0 else None
+                      for a, b in zip(first.tolist(), stop.tolist())])
+    return found[0], found[1], found[2]
 
 
 def _value(props: bytes, name_sep: bytes) -> bytes | None:
@@ -249,7 +277,7 @@ def _value(props: bytes, name_sep: bytes) -> bytes | None:
 _TAGS_CODES: dict[bytes, int] = {}
 
 
-def _tags_codes(tags: list, topics: list[str], delays: list, store_ts: np.ndarray,
+def _tags_codes(tags: list, topics: list[str], props: list[bytes], store_ts: np.ndarray,
                 delay_level_ms: Sequence[int]) -> np.ndarray:
     """Each record's consume-queue tagsCode: the Java hash of its tags (0 without),
     or for a delayed message in SCHEDULE_TOPIC_XXXX its delivery time."""
@@ -263,10 +291,11 @@ def _tags_codes(tags: list, topics: list[str], delays: list, store_ts: np.ndarra
                 if len(known) < 65536:
                     known[t] = code
             codes[i] = code
-    if delay_level_ms:
-        for i, d in enumerate(delays):
-            if d is not None and topics[i] == record.SCHEDULE_TOPIC:
-                level = record._int_or_zero(d.decode("utf-8", "replace"))
+    if delay_level_ms and record.SCHEDULE_TOPIC in topics:
+        for i, topic in enumerate(topics):
+            delay = _value(props[i], _DELAY) if topic == record.SCHEDULE_TOPIC else None
+            if delay is not None:
+                level = record._int_or_zero(delay.decode("utf-8", "replace"))
                 if level > 0:
                     codes[i] = int(store_ts[i]) + delay_level_ms[min(level, len(delay_level_ms) - 1)]
     return codes

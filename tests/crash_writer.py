@@ -1,7 +1,8 @@
 """Child process of tests/test_crash_kill.py: put messages, report each ack, await SIGKILL.
 
     python tests/crash_writer.py ROOT SEED COUNT [--flush ASYNC_FLUSH|SYNC_FLUSH]
-                                 [--pause none|dispatch|close_dispatch|close_before_checkpoint
+                                 [--pause none|dispatch|close_dispatch|dispatch_index
+                                          |close_before_checkpoint
                                           |close_after_checkpoint|close_after_abort_removed]
 
 (with PYTHONPATH at the project root). It opens the store at ROOT with the tiny test
@@ -24,6 +25,9 @@ enters the named call and stops inside it, at a point drawn from SEED, writing
     where                      inside                 stopped
     dispatch                   dispatch()             before dispatching message K
     close_dispatch             close()                before dispatching message K
+    dispatch_index             dispatch()             the consume-queue units of the run
+                                                      holding message K written, none of
+                                                      its index entries (the bulk path)
     close_before_checkpoint    close()                queues and index flushed, checkpoint not
     close_after_checkpoint     close()                checkpoint flushed, abort file still there
     close_after_abort_removed  close()                abort removed, files not yet closed
@@ -49,8 +53,8 @@ from storage import Message, MessageStore, PutMessageStatus, StoreConfig  # noqa
 TOPICS = ("KillA", "KillB")
 QUEUES = 4
 KILL_QUEUES = [(t, q) for t in TOPICS for q in range(QUEUES)]
-PAUSES = ("dispatch", "close_dispatch", "close_before_checkpoint", "close_after_checkpoint",
-          "close_after_abort_removed")
+PAUSES = ("dispatch", "close_dispatch", "dispatch_index", "close_before_checkpoint",
+          "close_after_checkpoint", "close_after_abort_removed")
 
 
 def writer_config(root: str, flush_disk_type: str = "ASYNC_FLUSH") -> StoreConfig:
@@ -110,15 +114,28 @@ def _put_all(store: MessageStore, seed: int, count: int, dispatch_now_and_then: 
 
 def _arm_pause(store: MessageStore, where: str, k: int) -> None:
     """Make the store stop inside ``dispatch()``/``close()`` at ``where``."""
-    if where in ("dispatch", "close_dispatch"):
-        do_dispatch, calls = store.reput.dispatch, [0]
+    if where in ("dispatch", "close_dispatch", "dispatch_index"):
+        reput = store.reput
+        one_by_one, in_bulk, calls = reput.dispatch, reput.dispatch_run, [0]
 
         def paused_dispatch(req):
             calls[0] += 1
             if calls[0] == k:
                 _stop_here(where)
-            do_dispatch(req)
-        store.reput.dispatch = paused_dispatch
+            one_by_one(req)
+
+        def paused_run(run):
+            before = calls[0]
+            calls[0] += len(run)
+            if calls[0] < k:
+                return in_bulk(run)
+            if where == "dispatch_index":          # the run's units written, its index not
+                reput.index_service = None
+                in_bulk(run)
+            elif k - 1 - before > 0:               # every message before K dispatched
+                in_bulk(run.prefix(k - 1 - before))
+            _stop_here(where)
+        reput.dispatch, reput.dispatch_run = paused_dispatch, paused_run
     elif where in ("close_before_checkpoint", "close_after_checkpoint"):
         flush = store.checkpoint.flush
 
@@ -157,7 +174,7 @@ def main(argv: list[str]) -> int:
         _out("DONE\n")
     else:
         _arm_pause(store, args.pause, random.Random(args.seed).randint(1, args.count))
-        if args.pause == "dispatch":
+        if args.pause in ("dispatch", "dispatch_index"):
             store.dispatch()
         else:
             store.close()

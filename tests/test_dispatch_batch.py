@@ -39,7 +39,7 @@ from storage.reput import ReputMessageService
 DELAYS = [0, 1000, 5000, 10000]
 
 names = st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "WAIT", "XTAGS", "TAG", ""])
-values = st.text(alphabet="ab 1é€😀#", max_size=6)
+values = st.text(alphabet="ab 1é€😀#\x01", max_size=6)
 pairs = st.lists(st.tuples(names, values), max_size=6)
 
 
