@@ -111,6 +111,9 @@ class Cleaner(Service):
             return
         self._next_run_ms = now + self.config.clean_resource_interval
         report = self.run_once(force=forced)
+        for kind in ("commit_log", "consume_queue", "index"):
+            self.stats.add("cleaner_deleted_files_total", getattr(report, f"{kind}_files"),
+                           kind=kind)
         if forced:
             unlink_quietly(clean_now)
             log.info("manual clean done: %s", report)

@@ -98,6 +98,7 @@ from shm.bus import (
     APPENDED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
 from shm.positions import Slot
+from storage.clock import now_ms
 from storage.checkpoint import StoreCheckpoint
 from storage.commit_log import CommitLog
 from storage.logic_queues import LogicQueues
@@ -232,6 +233,7 @@ class Dispatcher(Service):
             n = reput.do_reput(chunk_end)
             self.dispatch_busy_ns += time.perf_counter_ns() - t0
             self.dispatched_messages += n
+            self._count(n)
             total += n
             self._publish()
             if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
@@ -271,6 +273,14 @@ class Dispatcher(Service):
                 break
             pos += size
         return base + pos
+
+    def _count(self, messages: int) -> None:
+        """Messages dispatched, and how long after its store time the last of them
+        became visible (its store time is in ms: a delay under 1 ms counts as 0)."""
+        if messages:
+            self.stats.add("dispatched_messages_total", messages)
+            delay_ms = now_ms() - self.reput.logics_timestamp
+            self.stats.observe("dispatch_delay_seconds", max(0, delay_ms) / 1000)
 
     def _map_new_files(self) -> bool:
         """Map CommitLog files the writer created since; True when one was."""

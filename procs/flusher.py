@@ -54,6 +54,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
@@ -166,6 +167,7 @@ class FlusherService(Service):
         flushed = table.get(Slot.FLUSHED)
         if written <= flushed:
             return False
+        began = time.monotonic()
         try:
             for file_offset in range(flushed - flushed % self.file_size, written, self.file_size):
                 fd = self._fd(file_offset)
@@ -174,6 +176,8 @@ class FlusherService(Service):
         except OSError as e:
             self._fail(e, f"fdatasync of the commitlog [{flushed}, {written})")
             return False
+        self.stats.observe("flush_latency_seconds", time.monotonic() - began)
+        self.stats.add("flushed_bytes_total", written - flushed)
         table.set(Slot.FLUSHED, written)
         self.publisher.publish(bus.FLUSHED, bus.encode_offset(written))
         if store_ts > 0:

@@ -159,6 +159,7 @@ class ReaderService(Service):
                                          min_commit_log_offset=self.table.get(Slot.MIN_OFFSET))
         if not final and r.status in _NOTHING_YET:
             return False
+        self._count_get(r.status, len(r.records))
         self._reply(identity, protocol.encode_pull_reply(
             req.request_id, r.status, r.next_begin_offset, r.min_offset, r.max_offset, r.records))
         return True
@@ -248,9 +249,16 @@ class ReaderService(Service):
                 break
             offset = r.next_begin_offset
         answer = last or first
+        self._count_get(answer.status, count)
         return protocol.encode_fetch_reply(
             req.request_id, answer.status, answer.next_begin_offset, answer.min_offset,
             answer.max_offset, req.offset, units, data)
+
+    def _count_get(self, status: GetMessageStatus, messages: int) -> None:
+        """RocketMQ's getMessageTimesTotalFound / Miss and getMessageTransferedMsgCount."""
+        found = status is GetMessageStatus.FOUND and messages > 0
+        self.stats.add("get_requests_total", 1, result="found" if found else "miss")
+        self.stats.add("get_transferred_messages_total", messages)
 
     # ------------------------------------------------------------------ commit
     def _commit(self, req: protocol.CommitRequest) -> bytes:

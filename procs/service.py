@@ -18,7 +18,8 @@ or mapping is inherited across a fork). Then:
    default action and end the process.)
 3. it attaches the position table, writing as ``name`` (shm.positions refuses a slot
    another process owns), builds its ZeroMQ context, and calls ``setup``;
-4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn;
+4. it loops ``turn()`` until stopping, writing its heartbeat slot after every turn
+   and, about once a second, its statistics (``self.stats``, ``procs.stats``);
    ``turn`` must return within ``MAX_TURN_MS`` (wait on sockets with a timeout, never
    spin, never sleep in place of waiting for a condition);
 5. ``teardown`` runs on the way out, then the process exits 0. A crash exits non-zero
@@ -38,6 +39,7 @@ import sys
 
 import zmq
 
+from procs.stats import ProcessStats
 from shm.positions import PROC_STATE, PositionTable, ProcessState
 from storage.config import StoreConfig
 
@@ -60,6 +62,7 @@ class Service:
         self.table: PositionTable | None = None
         self.context: zmq.Context | None = None
         self.supervised = False     # True: stop when the table marks this process STOPPING
+        self.stats = ProcessStats(self.name)   # published for procs.metrics
 
     def setup(self) -> None:
         """Open files and sockets (after the table and context exist)."""
@@ -80,9 +83,11 @@ class Service:
             while not self.stopping:
                 self.turn()
                 self.table.heartbeat(self.name)
+                self.stats.publish_if_due(self.store_dir)
                 if self.supervised and self._stop_requested():
                     self.stopping = True
             self.teardown()
+            self.stats.publish(self.store_dir)
         finally:
             self.context.destroy(linger=0)
             self.table.close()

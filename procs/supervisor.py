@@ -44,6 +44,7 @@ from typing import Any
 import multiprocess
 import multiprocess.connection
 
+from procs import metrics
 from procs.recovery import recover_and_publish
 from procs.service import run_service
 from shm.positions import (
@@ -123,6 +124,7 @@ class Supervisor:
         self._stopping = False
         self._fatal = ""
         self._context = multiprocess.get_context("spawn")
+        self._metrics = None        # the Prometheus endpoint's server, when serving
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "Supervisor":
@@ -158,6 +160,19 @@ class Supervisor:
         self.table, self._lock = recovered.table, recovered.lock
         for child in self.children.values():
             self._spawn(child)
+        self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
+        """The Prometheus endpoint, when ``metrics_port`` is set. One that cannot bind is
+        logged and the store runs without it: metrics never stop the store."""
+        cfg = self.config
+        if not cfg.metrics_port:
+            return
+        try:
+            self._metrics = metrics.serve(self.store_dir, cfg.metrics_address, cfg.metrics_port)
+        except OSError as e:
+            log.error("no metrics endpoint on %s:%d: %s", cfg.metrics_address,
+                      cfg.metrics_port, e)
 
     def all_running(self) -> bool:
         return all(self._is_up(c) for c in self.children.values())
@@ -257,6 +272,9 @@ class Supervisor:
         """
         if self.table is None:
             return False
+        if self._metrics is not None:
+            self._metrics.shutdown()
+            self._metrics = None
         self.table.set(Slot.STATE, StoreState.STOPPING)
         clean = not self._fatal
         for child in reversed(list(self.children.values())):

@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 import numpy as np
 import zmq
@@ -100,6 +101,7 @@ from procs import endpoints, protocol
 from procs.protocol import ErrorCode, ProtocolError
 from procs.send_results import SendResults
 from procs.service import MAX_TURN_MS, Service
+from procs.stats import count_puts, count_reply
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
 from storage import producer_state, record_batch
@@ -131,7 +133,7 @@ class _Request:
     the records it hands to the append."""
 
     __slots__ = ("envelope", "client", "kind", "request_id", "results", "batch", "slots",
-                 "queue_ids", "wait", "end", "deadline_ms", "dup_end")
+                 "queue_ids", "wait", "end", "deadline_ms", "dup_end", "received")
 
     def __init__(self, envelope: list, kind: protocol.Kind, request_id: int, n: int,
                  msg_id_prefix: str):
@@ -147,6 +149,7 @@ class _Request:
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
         self.dup_end = 0                 # end of the originals its duplicates stand for
+        self.received = time.monotonic()  # for the put latency statistics
 
 
 class WriterService(Service):
@@ -467,6 +470,7 @@ class WriterService(Service):
             k += m
         if count:
             self.last_record = LastRecord(int(done.physical_offsets[count - 1]), now)
+            count_puts(self.stats, batch.topics[:count], batch.sizes[:count])
         return end
 
     def _reset_to_written(self) -> None:
@@ -553,6 +557,7 @@ class WriterService(Service):
                 self.unanswered.pop(req.client, None)
         self._send(req.envelope, req.results.reply(req.kind, req.request_id,
                                                    self.commit_log.store_host_bytes))
+        count_reply(self.stats, req.results.status, time.monotonic() - req.received)
 
     def _send(self, envelope: list, payload: bytes) -> None:
         try:

@@ -16,10 +16,12 @@ the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
 stored are refused when switched on: ``duplication_enable`` and
 ``enable_consume_queue_ext``.
 
-Two settings are rocketstore's own: ``tcp_listen_address`` (TCP sockets beside the
-Unix ones, loopback only for now) and ``producer_id_expiration_ms`` (Kafka's
+Some settings are rocketstore's own: ``tcp_listen_address`` (TCP sockets beside the
+Unix ones, loopback only for now), ``producer_id_expiration_ms`` (Kafka's
 ``producer.id.expiration.ms``, default one day), how long the writer remembers an
-idempotent producer that stores nothing (``storage.producer_state``).
+idempotent producer that stores nothing (``storage.producer_state``), and
+``metrics_port`` / ``metrics_address`` (the Prometheus endpoint, ``procs.metrics``;
+port 0, the default, is off; loopback unless set otherwise).
 
 The same settings load from the ``[store]`` table of ``supervisor.toml``
 (``StoreConfig.from_toml``); tests build tiny stores in Python
@@ -139,6 +141,9 @@ class StoreConfig:
     tcp_listen_address: str = ""
     default_topic_queue_nums: int = 8
     long_polling_enable: bool = True
+    # rocketstore's: the Prometheus endpoint (procs.metrics) on this port; 0 = off
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -206,6 +211,13 @@ class StoreConfig:
                 raise StoreConfigError(
                     f"tcp_listen_address {self.tcp_listen_address} is not a loopback address: "
                     "listening beyond this host needs CURVE authentication, not built yet")
+        if not 0 <= self.metrics_port <= 65535:
+            raise StoreConfigError("metrics_port must be in 0..65535 (0: no metrics endpoint)")
+        try:
+            ipaddress.ip_address(self.metrics_address)
+        except ValueError:
+            raise StoreConfigError(f"metrics_address {self.metrics_address!r} is not an IP "
+                                   "address") from None
         if not 0 < self.listen_port < 65535:
             raise StoreConfigError("listen_port must be in 1..65534 (the reader uses port + 1)")
         if self.max_index_num < 2:

@@ -1,0 +1,146 @@
+"""Each store process's statistics (RocketMQ's StoreStatsService), shared through a file.
+
+A process counts what it does in a ``ProcessStats``: counters, optionally labelled
+(``put_messages_total{topic="Orders"}``), and histograms with fixed buckets (RocketMQ's
+``putMessageDistributeTime`` buckets, made finer below 10 ms, where this store's
+latencies live). ``Service.serve`` calls ``publish_if_due`` after every turn: at most
+every ``PUBLISH_INTERVAL_S`` the whole snapshot is written to
+``{run}/stats-<process>.json`` (temporary file, then rename: a reader never sees half a
+file). ``procs.metrics`` reads these files on every scrape.
+
+Counters start at zero when a process starts (a restart is a counter reset, which
+Prometheus expects); each file carries the process's pid and start time. Counting is a
+dict update: the writer counts per batch, never per byte.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import time
+from collections import defaultdict
+
+from shm.bus import run_dir
+from storage.status import PutMessageStatus
+
+PUBLISH_INTERVAL_S = 1.0
+# seconds; RocketMQ's 0, 10, 50, 100, 200, 500 ms, 1-5 s, 10 s, with finer steps below 10 ms
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.2,
+                     0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0)
+
+
+def stats_path(store_dir: str, process: str) -> str:
+    return os.path.join(run_dir(store_dir), f"stats-{process}.json")
+
+
+class Histogram:
+    """Counts per bucket (``le`` upper bounds, +Inf last), their sum and count."""
+
+    __slots__ = ("bounds", "counts", "total", "count")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
+        self.count += times
+
+    def snapshot(self) -> dict:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.total,
+                "count": self.count}
+
+
+class ProcessStats:
+    """The counters and histograms of one process."""
+
+    def __init__(self, process: str):
+        self.process = process
+        self.started_ms = int(time.time() * 1000)
+        self.counters: dict[str, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+        self.labels: dict[str, tuple[str, ...]] = {}
+        self.histograms: dict[str, Histogram] = {}
+        self._next_publish = 0.0
+
+    def add(self, name: str, value: int = 1, **labels: str) -> None:
+        """Add ``value`` to counter ``name`` with ``labels`` (the same label names each
+        time for one counter)."""
+        key = tuple(labels.values())
+        if name not in self.labels:
+            self.labels[name] = tuple(labels)
+        self.counters[name][key] += value
+
+    def observe(self, name: str, seconds: float, times: int = 1) -> None:
+        histogram = self.histograms.get(name)
+        if histogram is None:
+            histogram = self.histograms[name] = Histogram()
+        histogram.observe(seconds, times)
+
+    def snapshot(self) -> dict:
+        return {
+            "process": self.process, "pid": os.getpid(), "started_ms": self.started_ms,
+            "counters": {name: {"labels": list(self.labels[name]),
+                                "values": [[list(k), v] for k, v in values.items()]}
+                         for name, values in self.counters.items()},
+            "histograms": {name: h.snapshot() for name, h in self.histograms.items()},
+        }
+
+    def publish_if_due(self, store_dir: str) -> None:
+        now = time.monotonic()
+        if now >= self._next_publish:
+            self._next_publish = now + PUBLISH_INTERVAL_S
+            self.publish(store_dir)
+
+    def publish(self, store_dir: str) -> None:
+        """Write the snapshot; a failure is not the process's concern (metrics only)."""
+        path = stats_path(store_dir, self.process)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.snapshot(), f, separators=(",", ":"))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+def read_published(store_dir: str, process: str) -> dict | None:
+    """The last snapshot ``process`` published, or None."""
+    try:
+        with open(stats_path(store_dir, process), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------- the writer
+def count_puts(stats: ProcessStats, topics: list[str], sizes) -> None:
+    """RocketMQ's putMessageTopicTimesTotal and putMessageTopicSizeTotal for a batch of
+    stored records (``sizes``: a numpy array)."""
+    first = topics[0]
+    if topics.count(first) == len(topics):
+        stats.add("put_messages_total", len(topics), topic=first)
+        stats.add("put_bytes_total", int(sizes.sum()), topic=first)
+        return
+    for topic, size in zip(topics, sizes.tolist()):
+        stats.add("put_messages_total", 1, topic=topic)
+        stats.add("put_bytes_total", size, topic=topic)
+
+
+def count_reply(stats: ProcessStats, statuses, seconds: float) -> None:
+    """One answered SEND: its latency (putMessageDistributeTime) and every result
+    that is not PUT_OK, by status (``statuses``: a numpy array of status values)."""
+    stats.observe("put_latency_seconds", seconds)
+    refused = statuses[statuses != PutMessageStatus.PUT_OK.value]
+    for value in refused.tolist():
+        stats.add("put_refused_total", 1, status=_status_name(value))
+
+
+def _status_name(value: int) -> str:
+    try:
+        return PutMessageStatus(value).name
+    except ValueError:
+        return str(value)

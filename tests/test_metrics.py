@@ -1,0 +1,178 @@
+"""The Prometheus endpoint of a real store: every family docs/OPERATIONS.md lists is
+served, and the values follow what was done (puts per topic, refusals, gets, flushes,
+dispatch, restarts, files), read with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from procs.client import Consumer, Producer, ReaderClient
+from procs.stats import Histogram, ProcessStats, read_published
+from store_processes import RunningStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port: int) -> dict[str, dict[tuple, float]]:
+    """{sample name: {sorted label items: value}}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _value(metrics, name: str, **labels) -> float:
+    return metrics[name][tuple(sorted(labels.items()))]
+
+
+def _wait_for(port: int, check, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = _scrape(port)
+        try:
+            if check(metrics):
+                return metrics
+        except KeyError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"metrics never satisfied the check: {sorted(metrics)}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    port = _free_port()
+    s = RunningStore(tmp_path_factory.mktemp("metrics"), metrics_port=port,
+                     mapped_file_size_commit_log=1 << 20)
+    s.start()
+    s.port = port
+    yield s
+    s.stop()
+
+
+def test_puts_gets_and_positions_are_counted(store):
+    with Producer(store.store_dir) as p:
+        for topic, n in (("Orders", 30), ("Billing", 12)):
+            for r in p.send_batch([_message(topic, i) for i in range(n)]):
+                assert r.status.name == "PUT_OK"
+        refused = p.send("Bad Topic!", b"x")
+        assert refused.status.name == "MESSAGE_ILLEGAL"
+    with ReaderClient(store.store_dir) as reader:
+        _wait_for(store.port, lambda m: _value(m, "rocketstore_dispatched_messages_total",
+                                               process="dispatcher") >= 42)
+        assert reader.pull("Orders", 0, 0, 32, timeout_ms=0).messages
+        assert not reader.pull("Nobody", 0, 0, 32, timeout_ms=0).messages
+    m = _wait_for(store.port, lambda m: _value(
+        m, "rocketstore_get_requests_total", process="reader", result="miss") >= 1)
+    assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Orders") == 30
+    assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Billing") == 12
+    assert _value(m, "rocketstore_put_bytes_total", process="writer", topic="Orders") > 30 * 64
+    assert _value(m, "rocketstore_put_refused_total", process="writer",
+                  status="MESSAGE_ILLEGAL") == 1
+    assert _value(m, "rocketstore_put_latency_seconds_count", process="writer") == 3
+    assert _value(m, "rocketstore_get_requests_total", process="reader", result="found") >= 1
+    assert _value(m, "rocketstore_get_transferred_messages_total", process="reader") >= 1
+    written = _value(m, "rocketstore_position_bytes", position="written")
+    assert written > 0
+    assert _value(m, "rocketstore_position_bytes", position="dispatched") == written
+    assert _value(m, "rocketstore_mapped_files", kind="commitlog") >= 1
+    assert _value(m, "rocketstore_mapped_file_bytes", kind="commitlog") >= 1 << 20
+    assert _value(m, "rocketstore_mapped_files", kind="consumequeue") >= 2
+    assert _value(m, "rocketstore_store_state", state="RUNNING") == 1
+    assert _value(m, "rocketstore_writeable") == 1
+    assert _value(m, "rocketstore_process_state", process="writer", state="RUNNING") == 1
+    flushes = _wait_for(store.port, lambda m: _value(
+        m, "rocketstore_flushed_bytes_total", process="flusher") >= written)
+    assert _value(flushes, "rocketstore_flush_latency_seconds_count", process="flusher") >= 1
+    assert _value(m, "rocketstore_dispatch_delay_seconds_count", process="dispatcher") >= 1
+    assert 0 < _value(m, "rocketstore_disk_used_ratio") < 1
+
+
+def test_every_documented_metric_is_served(store):
+    documented = set(re.findall(r"`(rocketstore_[a-z_]+)`", open(
+        os.path.join(ROOT, "docs", "OPERATIONS.md")).read()))
+    assert len(documented) > 20
+    with Producer(store.store_dir) as p:
+        p.send("Lagging", b"one", queue_id=0)
+    with Consumer(store.store_dir, "billing", "Lagging") as c:
+        c.poll(1, timeout_ms=5000)
+        c.commit()
+    m = _wait_for(store.port, lambda m: "rocketstore_put_latency_seconds_bucket" in m)
+    served = {re.sub(r"_(bucket|count|sum|total)$", "", name) for name in m}
+    missing = {name for name in documented
+               if re.sub(r"_(bucket|count|sum|total)$", "", name) not in served}
+    assert not missing, f"documented, not served: {sorted(missing)}"
+
+
+def test_a_restart_is_counted(store):
+    before = _value(_scrape(store.port), "rocketstore_process_restarts_total",
+                    process="cleaner")
+    os.kill(_pid(store, "cleaner"), signal.SIGKILL)
+    _wait_for(store.port, lambda m: _value(m, "rocketstore_process_restarts_total",
+                                           process="cleaner") == before + 1
+              and _value(m, "rocketstore_process_state", process="cleaner",
+                         state="RUNNING") == 1, timeout=30)
+
+
+def _pid(store, process: str) -> int:
+    from shm.positions import PID, PositionTable
+    table = PositionTable.attach(store.store_dir)
+    try:
+        return table.get_process(process, PID)
+    finally:
+        table.close()
+
+
+def _message(topic: str, i: int):
+    from storage import Message
+    return Message(topic=topic, body=b"metrics body %d" % i + bytes(48), tags="T",
+                   keys=[f"k{i}"])
+
+
+def test_the_endpoint_is_off_by_default(tmp_path):
+    s = RunningStore(tmp_path).start()
+    try:
+        assert read_published(s.store_dir, "writer") is not None or _published_soon(s)
+        assert "metrics on" not in s.log()
+    finally:
+        s.stop()
+
+
+def _published_soon(s) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if read_published(s.store_dir, "writer") is not None:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_histogram_buckets_and_snapshot():
+    h = Histogram((0.001, 0.01))
+    for v in (0.0005, 0.001, 0.002, 5.0):
+        h.observe(v)
+    assert h.counts == [2, 1, 1] and h.count == 4
+    stats = ProcessStats("writer")
+    stats.add("put_messages_total", 3, topic="A")
+    stats.add("put_messages_total", 2, topic="A")
+    snap = stats.snapshot()
+    assert snap["counters"]["put_messages_total"] == {"labels": ["topic"],
+                                                      "values": [[["A"], 5]]}
