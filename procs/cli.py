@@ -125,7 +125,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not os.path.isdir(cfg.store_path_root_dir):
         print(f"no store at {cfg.store_path_root_dir}", file=sys.stderr)
         return EXIT_STORE
-    with MessageStore(cfg) as store:
+    with MessageStore(dataclasses.replace(cfg, transient_store_pool_enable=False)) as store:
         problems = store.check()
         status = store.status()
     if args.json:

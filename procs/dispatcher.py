@@ -95,7 +95,7 @@ import time
 
 from procs.service import MAX_TURN_MS, Service
 from shm.bus import (
-    APPENDED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
+    APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
 from shm.positions import Slot
 from storage.clock import now_ms
@@ -129,7 +129,7 @@ class Dispatcher(Service):
             self._fail(e)
             raise
         self.subscriber = Subscriber(self.context, self.store_dir, ["writer", "flusher"],
-                                     [APPENDED, FLUSHED])
+                                     [APPENDED, FLUSHED, COMMITTED])
         self.publisher = Publisher(self.context, self.store_dir, self.name)
 
     def _open_files(self) -> None:

@@ -59,11 +59,14 @@ import time
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, now_ms
+from shm.transient_pool import TransientStorePool
 from storage.checkpoint import StoreCheckpoint
 from storage.errors import errno_text
 from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
 
 log = logging.getLogger(__name__)
+
+SLOW_MS = 500   # RocketMQ warns of a commit or flush slower than this
 
 
 class FlusherService(Service):
@@ -79,6 +82,12 @@ class FlusherService(Service):
         self.appended = bus.Subscriber(self.context, self.store_dir, ["writer"],
                                        [self._wake_topic()])
         self.last_flush_ms = self.last_thorough_ms = now_ms()
+        self.pool: TransientStorePool | None = None
+        if self.table.get(Slot.TRANSIENT_POOL):
+            self.pool = TransientStorePool(self.store_dir, self.table.get(Slot.TRANSIENT_POOL),
+                                           self.file_size)
+        self.last_commit_ms = self.last_thorough_commit_ms = now_ms()
+        self.committed_store_ts = 0     # LAST_STORE_TS as of the last commit
         self.failed = self.table.get(Slot.FLUSH_ERROR) != 0
         if self.failed:
             log.critical("FLUSH_ERROR is set (%s): this flusher will not flush; restart the "
@@ -86,7 +95,11 @@ class FlusherService(Service):
 
     def teardown(self) -> None:
         if not self.failed:
+            if self.pool is not None:
+                self.commit_pool(0)
             self.flush_commit_log()
+        if self.pool is not None:
+            self.pool.close()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
@@ -121,10 +134,16 @@ class FlusherService(Service):
 
     def _real_time_turn(self) -> None:
         """FlushRealTimeService: on the interval (or a wake-up), the least-pages rule;
-        everything on the thorough interval."""
+        everything on the thorough interval. With the transient pool, the commit step
+        (CommitRealTimeService) runs first on its own interval, and a commit that moved
+        COMMITTED is flushed at once, as RocketMQ's commit wakes its flush thread."""
         cfg = self.config
         now = now_ms()
+        if self.pool is not None and self._commit_on_interval(now):
+            self.last_flush_ms = 0
         due_ms = self.last_flush_ms + cfg.flush_interval_commit_log
+        if self.pool is not None:
+            due_ms = min(due_ms, self.last_commit_ms + cfg.commit_interval_commit_log)
         if now < due_ms:
             woken = bool(self.appended.wait(min(due_ms - now, MAX_TURN_MS)))
             if cfg.flush_commit_log_timed or not woken:
@@ -145,12 +164,61 @@ class FlusherService(Service):
     def _flushable(self, least_pages: int) -> bool:
         """Something unflushed, and (``least_pages`` > 0) at least that many dirty pages
         or a whole file (RocketMQ's ``isAbleToFlush``)."""
-        written, flushed = self.table.get(Slot.WRITTEN), self.table.get(Slot.FLUSHED)
-        if written <= flushed:
+        return self._enough(self._flush_end()[0], self.table.get(Slot.FLUSHED), least_pages)
+
+    def _enough(self, end: int, done: int, least_pages: int) -> bool:
+        """``isAbleToFlush`` / ``isAbleToCommit``: bytes past ``done``, and with
+        ``least_pages`` > 0 that many pages or the end of a file among them."""
+        if end <= done:
             return False
-        if least_pages <= 0 or (written - 1) // self.file_size != flushed // self.file_size:
+        if least_pages <= 0 or (end - 1) // self.file_size != done // self.file_size:
             return True
-        return written // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE >= least_pages
+        return end // OS_PAGE_SIZE - done // OS_PAGE_SIZE >= least_pages
+
+    def _flush_end(self) -> tuple[int, int]:
+        """What a flush may make durable, with its store time: (WRITTEN, LAST_STORE_TS),
+        or with the transient pool what is committed."""
+        if self.pool is None:
+            return self.table.read_written()
+        return self.table.get(Slot.COMMITTED), self.committed_store_ts
+
+    # ================================================================== the commit step
+    def _commit_on_interval(self, now: int) -> bool:
+        """CommitRealTimeService's turn: due every ``commit_interval_commit_log`` ms, with
+        ``commit_commit_log_least_pages`` unless the thorough interval is due."""
+        cfg = self.config
+        if now < self.last_commit_ms + cfg.commit_interval_commit_log:
+            return False
+        self.last_commit_ms = now
+        thorough = now >= self.last_thorough_commit_ms + cfg.commit_commit_log_thorough_interval
+        if thorough:
+            self.last_thorough_commit_ms = now
+        return self.commit_pool(0 if thorough else cfg.commit_commit_log_least_pages)
+
+    def commit_pool(self, least_pages: int) -> bool:
+        """Copy [COMMITTED, WRITTEN) from the pool's buffers into the files, then publish
+        COMMITTED (a kill in between only makes the next flusher copy it again). True
+        when COMMITTED moved. A failed write stops flushing like a failed fdatasync."""
+        if self.failed:
+            return False
+        written, store_ts = self.table.read_written()
+        committed = self.table.get(Slot.COMMITTED)
+        if not self._enough(written, committed, least_pages):
+            return False
+        began = time.monotonic()
+        try:
+            self.pool.commit(committed, written, self._fd)
+        except OSError as e:
+            self._fail(e, f"commit of the transient store pool [{committed}, {written})")
+            return False
+        self.table.set(Slot.COMMITTED, written)
+        self.committed_store_ts = store_ts
+        self.publisher.publish(bus.COMMITTED, bus.encode_offset(written))
+        elapsed = time.monotonic() - began
+        self.stats.observe("commit_latency_seconds", elapsed)
+        if elapsed > SLOW_MS / 1000:
+            log.warning("Commit data to file costs %d ms", elapsed * 1000)
+        return True
 
     # ================================================================== flushing
     def flush_commit_log(self) -> bool:
@@ -163,7 +231,7 @@ class FlusherService(Service):
         if self.failed:
             return False
         table = self.table
-        written, store_ts = table.read_written()
+        written, store_ts = self._flush_end()
         flushed = table.get(Slot.FLUSHED)
         if written <= flushed:
             return False
@@ -190,7 +258,8 @@ class FlusherService(Service):
         return True
 
     def _fd(self, file_offset: int) -> int | None:
-        """A read-only descriptor of the CommitLog file starting at ``file_offset``;
+        """A descriptor of the CommitLog file starting at ``file_offset`` (read-only;
+        read-write for the pool's commits);
         None for a file the cleaner already removed (wholly below MIN_OFFSET).
 
         Raises ``OSError`` when a file that must be flushed cannot be opened.
@@ -199,7 +268,7 @@ class FlusherService(Service):
         if fd is None:
             path = os.path.join(self.config.commit_log_dir, offset_to_file_name(file_offset))
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY if self.pool is None else os.O_RDWR)
             except FileNotFoundError:
                 if file_offset + self.file_size <= self.table.get(Slot.MIN_OFFSET):
                     return None

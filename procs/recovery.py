@@ -9,11 +9,15 @@ Then it creates the position table (row T1), or replaces what a crash left (T2),
 fills it from the recovered files, in one ``PositionTable.reset`` (the only way a
 slot may move back, allowed to the supervisor's table before any process runs):
 
-    WRITTEN = FLUSHED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the checkpoint's
-    physic time; MIN_OFFSET = the first CommitLog byte on disk; FLUSH_DISK_TYPE from the
-    configuration; STATE = STARTING; GENERATION = the start time in ms (unique per start).
+    WRITTEN = FLUSHED = COMMITTED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the
+    checkpoint's physic time; MIN_OFFSET = the first CommitLog byte on disk;
+    FLUSH_DISK_TYPE and TRANSIENT_POOL from the configuration; STATE = STARTING;
+    GENERATION = the start time in ms (unique per start).
 
-Everything in shared memory is rebuilt from the files; nothing there survives a crash.
+Everything in the position table is rebuilt from the files. One thing in shared memory
+is worth more than the files: with the transient store pool, a run that died whole
+leaves acknowledged bytes in the pool's buffers past its COMMITTED; they are copied into
+the files first (``shm.transient_pool.commit_left_behind``), then the pool is made anew.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import dataclasses
 import logging
 import os
 
-from shm.positions import PositionTable, Slot, StoreState, now_ms, segment_state
+from shm.positions import (
+    PositionTable, Slot, StoreState, now_ms, segment_state)
+from shm.transient_pool import TransientStorePool, commit_left_behind
 from storage import MessageStore, StoreConfig
 from storage import recovery_plan
+from storage.recovery_plan import TableState
 from storage.store_lock import StoreLock
 
 log = logging.getLogger(__name__)
@@ -35,6 +42,7 @@ class Recovered:
     table: PositionTable
     lock: StoreLock
     last_exit_ok: bool
+    pool: TransientStorePool | None = None   # created (and locked) when enabled
 
 
 def recover_and_publish(config: StoreConfig) -> Recovered:
@@ -47,8 +55,11 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     os.makedirs(root, exist_ok=True)
     lock = StoreLock(root)
     lock.acquire()
+    pool = None
     try:
-        store = MessageStore(config, take_lock=False)
+        _commit_pool_left_behind(config)
+        store = MessageStore(dataclasses.replace(config, transient_store_pool_enable=False),
+                             take_lock=False)
         store.load()
         last_exit_ok = store.last_exit_ok
         written = store.commit_log.get_max_offset()
@@ -57,16 +68,40 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         physic_ts = store.checkpoint.physic_msg_timestamp
         table_row = recovery_plan.table_row(segment_state(root))
         table = PositionTable.create(root)  # T1 creates; T2 unlinks the old one first
+        if config.transient_store_pool_enable:
+            pool = TransientStorePool(root, config.transient_store_pool_size,
+                                      config.mapped_file_size_commit_log, create=True)
+            pool.lock()
     except BaseException:
         lock.release()
         raise
     table.reset({Slot.SUPERVISOR_PID: os.getpid(),
                  Slot.GENERATION: now_ms(),  # unique per start: clients notice a restart
                  Slot.FLUSH_DISK_TYPE: 1 if config.sync_flush else 0,
+                 Slot.TRANSIENT_POOL: pool.size if pool else 0,
                  Slot.WRITTEN: written, Slot.LAST_STORE_TS: physic_ts,
-                 Slot.FLUSHED: written, Slot.DISPATCHED: written,
+                 Slot.FLUSHED: written, Slot.COMMITTED: written, Slot.DISPATCHED: written,
                  Slot.MIN_OFFSET: min_offset, Slot.STATE: StoreState.STARTING})
     log.info("recovered %s (%s exit): end %d, first %d; position table %s (%s)", root,
              "clean" if last_exit_ok else "unclean", written, min_offset, table_row.action,
              table_row.label)
-    return Recovered(table, lock, last_exit_ok)
+    return Recovered(table, lock, last_exit_ok, pool)
+
+
+def _commit_pool_left_behind(config: StoreConfig) -> None:
+    """A run that died whole (the supervisor too) may have left acknowledged bytes in
+    its transient store pool past its COMMITTED: copy them into the files before the
+    files are recovered, then drop the old buffers."""
+    root = config.store_path_root_dir
+    if segment_state(root) is not TableState.LEFT_BY_CRASH:
+        return
+    old = PositionTable.attach(root)
+    try:
+        size, committed = old.get(Slot.TRANSIENT_POOL), old.get(Slot.COMMITTED)
+        written = old.get(Slot.WRITTEN)
+    finally:
+        old.close()
+    if size:
+        commit_left_behind(root, size, config.mapped_file_size_commit_log, committed, written,
+                           config.commit_log_dir)
+        TransientStorePool.unlink(root, size)

@@ -47,6 +47,7 @@ import multiprocess.connection
 from procs import metrics
 from procs.recovery import recover_and_publish
 from procs.service import run_service
+from shm.transient_pool import TransientStorePool, copy_into_files
 from shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
     ProcessState, Slot, StoreState, now_ms)
@@ -125,6 +126,7 @@ class Supervisor:
         self._fatal = ""
         self._context = multiprocess.get_context("spawn")
         self._metrics = None        # the Prometheus endpoint's server, when serving
+        self._pool = None           # the TransientStorePool, when enabled (kept locked)
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "Supervisor":
@@ -157,7 +159,7 @@ class Supervisor:
 
     def start(self) -> None:
         recovered = recover_and_publish(self.config)
-        self.table, self._lock = recovered.table, recovered.lock
+        self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
         for child in self.children.values():
             self._spawn(child)
         self._serve_metrics()
@@ -290,12 +292,34 @@ class Supervisor:
             log.warning("stopped uncleanly (clean=%s, written %d flushed %d dispatched %d): "
                         "the next start recovers", clean, written, t.get(Slot.FLUSHED),
                         t.get(Slot.DISPATCHED))
+        self._release_pool()
         t.set(Slot.STATE, StoreState.STOPPED)
         t.unlink()
         t.close()
         self.table = None
         self._lock.release()
         return clean and caught_up
+
+    def _release_pool(self) -> None:
+        """Every process is stopped: copy into the files whatever the pool still holds
+        uncommitted (a flusher that could not finish), then remove the buffers."""
+        pool, t = self._pool, self.table
+        if pool is None:
+            return
+        committed, written = t.get(Slot.COMMITTED), t.get(Slot.WRITTEN)
+        if written > committed:
+            log.warning("committing [%d, %d) the flusher left in the transient store pool",
+                        committed, written)
+            try:
+                copy_into_files(pool, committed, written, self.config.commit_log_dir, sync=True)
+            except OSError as e:
+                log.error("cannot commit the transient store pool: %s; its buffers are kept "
+                          "for the next start", e)
+                pool.close()
+                return
+        pool.close()
+        TransientStorePool.unlink(self.store_dir, pool.size)
+        self._pool = None
 
     def _stop_child(self, child: Child) -> bool:
         proc = child.process

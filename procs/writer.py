@@ -104,6 +104,7 @@ from procs.service import MAX_TURN_MS, Service
 from procs.stats import count_puts, count_reply
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
+from shm.transient_pool import TransientStorePool, copy_into_files
 from storage import producer_state, record_batch
 from storage.clock import monotonic_ms
 from storage.commit_log import CommitLog, PutMessageResult
@@ -156,6 +157,7 @@ class WriterService(Service):
     name = "writer"
     producers: ProducerStateTable | None = None   # loaded by the first _open_commit_log
     last_record: LastRecord | None = None         # the record that ends at WRITTEN
+    pool: TransientStorePool | None = None        # with transient_store_pool_enable
 
     # ================================================================== life
     def setup(self) -> None:
@@ -163,6 +165,9 @@ class WriterService(Service):
         self.sync_flush = cfg.sync_flush
         self.snapshot_path = producer_state.snapshot_path(cfg)
         self.next_snapshot_ms = monotonic_ms() + cfg.flush_delay_offset_interval
+        pool_size = self.table.get(Slot.TRANSIENT_POOL)
+        self.pool = (TransientStorePool(self.store_dir, pool_size, cfg.mapped_file_size_commit_log)
+                     if pool_size else None)
         self.commit_log = self._open_commit_log()
         self.last_store_ts = self.table.read_written()[1]
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
@@ -196,6 +201,9 @@ class WriterService(Service):
         cfg = self.config
         written, _ = self.table.read_written()
         dispatched = self.table.get(Slot.DISPATCHED)
+        if self.pool is not None:        # what the rebuilds below read must be in the files
+            copy_into_files(self.pool, self.table.get(Slot.COMMITTED), written,
+                            cfg.commit_log_dir, sync=False)
         cl = CommitLog.reopen_at(cfg, written)
         cl.set_topic_queue_table(rebuild(cfg, cl, min(dispatched, written), written))
         if self.producers is None:  # a cut back after a failed append keeps the table
@@ -203,6 +211,9 @@ class WriterService(Service):
                                             max(now_ms(), self.table.read_written()[1]))
             self.producers, self.last_record = loaded.table, loaded.last_record
         cl.unmap_all_but_last()
+        if self.pool is not None:
+            cl.write_through_pool(self.pool, lambda: self.table.get(Slot.COMMITTED),
+                                  cfg.fast_fail_if_no_buffer_in_store_pool)
         cl.start_allocation()
         log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
                  len(cl.topic_queue_table))
@@ -452,6 +463,9 @@ class WriterService(Service):
             self._reset_to_written()
             done, count = None, 0
         k, end = 0, 0
+        reason = ("cannot create or write a commitlog file: " + self.commit_log.append_error
+                  if self.commit_log.append_error else
+                  "cannot create or write a commitlog file (disk full?)")
         for req in requests:
             m = len(req.batch)
             stored = max(0, min(count - k, m))
@@ -466,7 +480,7 @@ class WriterService(Service):
                 end = max(end, req.end)
             if stored < m:
                 req.results.refuse(slots[stored:], PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                   "cannot create or write a commitlog file (disk full?)")
+                                   reason)
             k += m
         if count:
             self.last_record = LastRecord(int(done.physical_offsets[count - 1]), now)

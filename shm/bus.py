@@ -37,6 +37,7 @@ import zmq
 APPENDED = b"appended"
 PAGES = b"pages"
 FLUSHED = b"flushed"
+COMMITTED = b"committed"     # the flusher's commit step moved COMMITTED (transient pool)
 DISPATCHED = b"dispatched"
 ARRIVAL = b"arrival"
 

@@ -15,6 +15,8 @@ and unlinks it at a clean stop.
                                                           each start, set once by ``reset``
     3      STATE           supervisor   enum   -          StoreState: STARTING, RUNNING, ...
     4      FLUSH_DISK_TYPE supervisor   enum   -          0 ASYNC_FLUSH, 1 SYNC_FLUSH
+    5      TRANSIENT_POOL  supervisor   count  -          buffers of the TransientStorePool
+                                                          (shm.transient_pool); 0: off
     8      WRITTEN_SEQ     writer       count  yes        seqlock over WRITTEN + LAST_STORE_TS:
                                                           odd while the pair is being changed
     9      WRITTEN         writer       byte   yes        CommitLog end: every byte below it is
@@ -32,6 +34,10 @@ and unlinks it at a clean stop.
                                                           MIN_OFFSET <= DISPATCHED
     16     DISK_FULL       cleaner      bool   -          1: disk past the warning ratio; puts
                                                           refused
+    17     COMMITTED       flusher      byte   yes        with the transient pool: every byte
+                                                          below it is copied from the pool
+                                                          into its file; FLUSHED <= COMMITTED
+                                                          <= WRITTEN
     per process p (PROCESS_NAMES), block at PROCESS_BASE + p * PROCESS_SLOTS:
     +0     PID             supervisor   pid    -          0 when not running
     +1     PROC_STATE      supervisor   enum   -          ProcessState
@@ -43,8 +49,9 @@ and unlinks it at a clean stop.
                                                           heartbeat older than its
                                                           heartbeat_timeout_s
 
-    CONFIRM (not stored) = FLUSHED under SYNC_FLUSH, WRITTEN under ASYNC_FLUSH, and
-    MIN_OFFSET <= DISPATCHED <= CONFIRM <= WRITTEN, FLUSHED <= WRITTEN.
+    CONFIRM (not stored) = FLUSHED under SYNC_FLUSH, WRITTEN under ASYNC_FLUSH (COMMITTED
+    with the transient pool), and MIN_OFFSET <= DISPATCHED <= CONFIRM <= WRITTEN,
+    FLUSHED <= WRITTEN.
 
 The table above is the ``Slot`` and ``ProcessField`` enums written out: each member
 carries its ``writer`` and whether it is ``monotonic``, and tests/test_positions.py checks
@@ -114,6 +121,7 @@ class Slot(_SlotEnum):
     GENERATION = 2, SUPERVISOR, False
     STATE = 3, SUPERVISOR, False
     FLUSH_DISK_TYPE = 4, SUPERVISOR, False
+    TRANSIENT_POOL = 5, SUPERVISOR, False
     WRITTEN_SEQ = 8, "writer", True
     WRITTEN = 9, "writer", True
     LAST_STORE_TS = 10, "writer", True
@@ -123,6 +131,7 @@ class Slot(_SlotEnum):
     DISPATCH_ERROR = 14, "dispatcher", False
     MIN_OFFSET = 15, "cleaner", True
     DISK_FULL = 16, "cleaner", False
+    COMMITTED = 17, "flusher", True
 
 
 class ProcessField(_SlotEnum):
@@ -348,9 +357,12 @@ class PositionTable:
                     return pair
 
     def confirm_offset(self) -> int:
-        """How far dispatch and readers may go: FLUSHED under SYNC_FLUSH, else WRITTEN."""
+        """How far dispatch and readers may go: FLUSHED under SYNC_FLUSH, else WRITTEN,
+        or COMMITTED when the transient pool holds what is past it."""
         if self.get(Slot.FLUSH_DISK_TYPE) == 1:
             return min(self.get(Slot.FLUSHED), self.get(Slot.WRITTEN))
+        if self.get(Slot.TRANSIENT_POOL):
+            return min(self.get(Slot.COMMITTED), self.get(Slot.WRITTEN))
         return self.get(Slot.WRITTEN)
 
     def reset(self, values: Mapping[int, int]) -> None:

@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 
 _LONG = record.LONG
 SCAN_RECORDS = 4096  # records recovery checks together
+POOL_WAIT_MS = 3000  # how long an append waits for a pool buffer (without fast fail)
 _INT = record.INT
 
 
@@ -205,6 +206,32 @@ class CommitLog:
         self.delay_level_ms: list[int] = parse_delay_levels(config.message_delay_level)
         self._allocator: allocate.AllocateMappedFileService | None = None
         self.max_delay_level = len(self.delay_level_ms) - 1
+        self._pool = None           # the TransientStorePool the appender writes through
+        self._committed: Callable[[], int] = lambda: 0
+        self.append_error = ""      # why the last append stopped short, for the refusal
+
+    def write_through_pool(self, pool, committed: Callable[[], int], fast_fail: bool) -> None:
+        """Append into ``pool``'s buffers (shm.transient_pool) instead of the files'
+        mappings; ``committed()`` reads COMMITTED. Without ``fast_fail`` an append that
+        finds its buffer still uncommitted waits up to POOL_WAIT_MS for the commit step
+        (RocketMQ blocks); with it, it stops at once (fastFailIfNoBufferInStorePool)."""
+        self._pool, self._committed, self._pool_fast_fail = pool, committed, fast_fail
+
+    def _sink(self, mf: MappedFile):
+        """Where the appender writes ``mf``'s bytes: its mapping, or its pool buffer
+        (borrowed here). Raises ``StoreFileError`` when no buffer is free."""
+        if self._pool is None:
+            return mf.buf
+        if mf.write_buffer is None:
+            deadline = time.monotonic() + (0 if self._pool_fast_fail else POOL_WAIT_MS / 1000)
+            while not self._pool.is_free_for(mf.file_from_offset, self._committed()):
+                if time.monotonic() >= deadline:
+                    raise StoreFileError(mf.path, "no buffer in the transient store pool: "
+                                         f"all {self._pool.size} hold uncommitted files "
+                                         "(is the flusher committing?)")
+                time.sleep(0.001)
+            mf.write_buffer = self._pool.buffer_for(mf.file_from_offset)
+        return mf.write_buffer
 
     @property
     def store_host_bytes(self) -> bytes:
@@ -323,6 +350,7 @@ class CommitLog:
         is logged): ``count`` says how many were, always a prefix, every one whole.
         """
         n = len(batch)
+        self.append_error = ""
         queue_offsets = self._queue_offsets(batch, queue_ids)
         physical: list[int] = []
         small = n < record_batch.SMALL_BATCH      # plain ints: numpy costs more here
@@ -345,8 +373,10 @@ class CommitLog:
                     self._write_blank(mf)
                     mf = mfq.get_or_create_last_mapped_file(0)
                     continue
+                sink = self._sink(mf)
             except StoreFileError as e:
                 log.error("create mapped file failed: %s", e)
+                self.append_error = str(e)
                 break
             pos = mf.wrote_position
             first, last = int(starts[done]), int(ends[k - 1])
@@ -356,7 +386,7 @@ class CommitLog:
             physical += run
             record_batch.stamp(batch, done, k, queue_ids[done:k], queue_offsets[done:k],
                                run, store_timestamp, self._store_host_bytes)
-            mf.buf[pos:pos + last - first] = memoryview(batch.data)[first:last]
+            sink[pos:pos + last - first] = memoryview(batch.data)[first:last]
             mf.appended(last - first)
             mf.store_timestamp = store_timestamp
             done = k
@@ -413,10 +443,9 @@ class CommitLog:
             if takes:
                 table[(topic, queue_id)] = offset + 1
 
-    @staticmethod
-    def _write_blank(mf: MappedFile) -> None:
+    def _write_blank(self, mf: MappedFile) -> None:
         remain = mf.file_size - mf.wrote_position
-        mf.buf[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
+        self._sink(mf)[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
             record.encode_blank(remain)
         mf.appended(remain)
 

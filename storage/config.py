@@ -211,6 +211,14 @@ class StoreConfig:
                 raise StoreConfigError(
                     f"tcp_listen_address {self.tcp_listen_address} is not a loopback address: "
                     "listening beyond this host needs CURVE authentication, not built yet")
+        if self.transient_store_pool_enable:
+            if self.sync_flush or self.broker_role == "SLAVE":
+                raise StoreConfigError(
+                    "transient_store_pool_enable needs ASYNC_FLUSH on a master, as in "
+                    "RocketMQ (isTransientStorePoolEnable): a SYNC_FLUSH ack waits for the "
+                    "disk, which the pool's commit step would only delay")
+            if not 1 <= self.transient_store_pool_size <= 64:
+                raise StoreConfigError("transient_store_pool_size must be in 1..64")
         if not 0 <= self.metrics_port <= 65535:
             raise StoreConfigError("metrics_port must be in 0..65535 (0: no metrics endpoint)")
         try:

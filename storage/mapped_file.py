@@ -102,6 +102,7 @@ class MappedFile:
         self.flushed_position = 0
         self.store_timestamp = 0
         self.first_create_in_queue = False
+        self.write_buffer = None    # a TransientStorePool buffer the appender writes in
         self._ref_count = 1
         self.available = True
         self.cleanup_over = False

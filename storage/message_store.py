@@ -44,7 +44,7 @@ from storage.commit_log import CommitLog, PutMessageResult
 from storage.config import StoreConfig, check_geometry, record_geometry
 from storage.consume_queue import ConsumeQueue
 from storage.logic_queues import LogicQueues
-from storage.errors import StoreClosedError, StoreError, StoreFileError
+from storage.errors import StoreClosedError, StoreConfigError, StoreError, StoreFileError
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt
@@ -80,7 +80,15 @@ class MessageStore:
         """``take_lock=False`` is for a caller that holds the store's ``lock`` file
         itself (the supervisor, which recovers the store before its processes start).
         ``background=False`` runs no service threads (``storage.store_services``): the
-        caller drives flush, dispatch, expiry and delivery by hand."""
+        caller drives flush, dispatch, expiry and delivery by hand.
+
+        Raises ``StoreConfigError`` for ``transient_store_pool_enable``: the pool lives
+        in shared memory between the multiprocess store's writer and flusher
+        (``rocketstore up``); the embedded store writes through its mappings."""
+        if config.transient_store_pool_enable:
+            raise StoreConfigError(
+                "transient_store_pool_enable is a setting of the multiprocess store "
+                "(rocketstore up): the embedded store writes through its mappings")
         self.config = config
         self.background = background
         self.services: StoreServices | None = None
