@@ -60,13 +60,17 @@ def store_status(store_dir: str) -> dict:
             beat = table.get_process(name, HEARTBEAT_MS)
             proc["heartbeat_age_ms"] = now - beat if beat else None
         usage = shutil.disk_usage(store_dir)
+        positions = {"min_offset": snap["min_offset"], "written": written,
+                     "flushed": snap["flushed"], "dispatched": snap["dispatched"],
+                     "confirm": table.confirm_offset()}
+        if snap["transient_pool"]:
+            positions["committed"] = snap["committed"]
         return {
             "store": os.path.abspath(store_dir),
             "state": StoreState(snap["state"]).name,
             "writeable": not snap["flush_error"] and not snap["disk_full"],
-            "positions": {"min_offset": snap["min_offset"], "written": written,
-                          "flushed": snap["flushed"], "dispatched": snap["dispatched"],
-                          "confirm": table.confirm_offset()},
+            "positions": positions,
+            "transient_pool_buffers": snap["transient_pool"],
             "dispatch_lag_bytes": written - snap["dispatched"],
             "flush_lag_bytes": written - snap["flushed"],
             "errors": {"flush": snap["flush_error"], "dispatch": snap["dispatch_error"],

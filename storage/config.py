@@ -7,10 +7,12 @@ store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
 ``long_polling_enable``) sit here too, under their BrokerConfig names.
 
 Warm-up (``warm_maped_file_enable``, ``flush_least_pages_when_warm_maped_file``) acts
-on the files the appender's allocation thread makes ahead (``storage.allocate``).
-Accepted for compatibility with RocketMQ configurations but not acted on (yet):
-the TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
-``fast_fail_if_no_buffer_in_store_pool``), ``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
+on the files the appender's allocation thread makes ahead (``storage.allocate``). The
+TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
+``fast_fail_if_no_buffer_in_store_pool``) is the multiprocess store's
+(``shm.transient_pool``): ASYNC_FLUSH on a master only, as in RocketMQ; the embedded
+store refuses it. Accepted for compatibility with RocketMQ configurations but not acted
+on (yet): ``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
 ``use_reentrant_lock_when_put_message``, ``debug_lock_enable`` and
 ``long_polling_enable`` (long polling is always on). Two that would change what is
 stored are refused when switched on: ``duplication_enable`` and

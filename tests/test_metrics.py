@@ -107,8 +107,9 @@ def test_puts_gets_and_positions_are_counted(store):
 
 
 def test_every_documented_metric_is_served(store):
-    documented = set(re.findall(r"`(rocketstore_[a-z_]+)`", open(
-        os.path.join(ROOT, "docs", "OPERATIONS.md")).read()))
+    rows = [line for line in open(os.path.join(ROOT, "docs", "OPERATIONS.md"))
+            if line.startswith("| `rocketstore_") and "served only with the pool" not in line]
+    documented = {re.match(r"\| `(rocketstore_[a-z_]+)`", row).group(1) for row in rows}
     assert len(documented) > 20
     with Producer(store.store_dir) as p:
         p.send("Lagging", b"one", queue_id=0)
