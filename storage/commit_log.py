@@ -444,9 +444,14 @@ class CommitLog:
                 table[(topic, queue_id)] = offset + 1
 
     def _write_blank(self, mf: MappedFile) -> None:
+        """The BLANK that ends a file: its 8-byte head; the rest stays zero (a pool
+        buffer, which still holds an older file's bytes there, is zeroed first, so a
+        commit copies zeros into the file as the mapping would have them)."""
         remain = mf.file_size - mf.wrote_position
-        self._sink(mf)[mf.wrote_position:mf.wrote_position + record.END_FILE_MIN_BLANK_LENGTH] = \
-            record.encode_blank(remain)
+        sink, pos = self._sink(mf), mf.wrote_position
+        if sink is not mf.buf:
+            sink[pos:mf.file_size] = bytes(remain)
+        sink[pos:pos + record.END_FILE_MIN_BLANK_LENGTH] = record.encode_blank(remain)
         mf.appended(remain)
 
     # ================================================================== offsets

@@ -17,6 +17,7 @@ from procs.client import Consumer, Producer
 from shm.positions import Slot
 from shm.transient_pool import TransientStorePool, buffer_name
 from storage import Message, MessageStore
+from storage.dispatch_batch import walk
 from storage.errors import StoreConfigError
 from store_processes import RunningStore, cli, wait_for
 
@@ -64,6 +65,11 @@ def test_messages_pass_through_the_pool_across_many_files(tmp_path):
                  what="everything committed")
         assert store.stop() == 0
     _check(store)
+    commit_dir = os.path.join(store.store_dir, "commitlog")
+    for name in sorted(os.listdir(commit_dir))[:-1]:    # buffers reused: the fillers zero
+        data = open(os.path.join(commit_dir, name), "rb").read()
+        starts, end = walk(data, 0, len(data), 10_000)
+        assert data[end + 8:] == bytes(len(data) - end - 8), name
     for i in range(3):      # a clean stop removes the buffers
         with pytest.raises(posix_ipc.ExistentialError):
             posix_ipc.SharedMemory(buffer_name(store.store_dir, i))
