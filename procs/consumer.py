@@ -131,16 +131,22 @@ class Consumer:
                                        tags=self.tags)
 
     def _views(self, got, queue_id: int) -> list[MessageView]:
-        """The checked messages of ``read_queue_records``' units and records."""
+        """The checked messages of ``read_queue_records``' units and records. A piece
+        holds the records of one or more units back to back (records that touch in the
+        CommitLog share a piece): each unit's record is cut from it by the unit's size."""
         units = _UNITS.iter_unpack(got.units)
         pieces = iter(got.data)
+        piece, at = b"", 0
         out = []
         topic, first = self.topic, got.first
         for i, (phy, size, _tags_code) in enumerate(units):
             if size == BLANK_UNIT_SIZE:
                 continue
-            out.append(check_unit_view(bytes(next(pieces)), topic, queue_id, first + i, phy,
-                                       size, ("consume queue", first + i)))
+            if at >= len(piece):
+                piece, at = next(pieces), 0
+            out.append(check_unit_view(bytes(piece[at:at + size]), topic, queue_id,
+                                       first + i, phy, size, ("consume queue", first + i)))
+            at += size
         return out
 
     def _offset(self, queue_id: int, dispatched: int) -> int:

@@ -226,6 +226,28 @@ def test_consumers_of_one_group_share_the_queues(tmp_path):
             b.close()
 
 
+def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path):
+    """Records of one queue stored back to back share a piece of the bulk read: every
+    one comes back, in order, without the unit-by-unit fallback."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            for start in range(0, 300, 50):
+                results = p.send_batch([Message(topic="Adjacent", body=b"adj-%03d" % i,
+                                                queue_id=0) for i in range(start, start + 50)])
+                assert all(r.status.name == "PUT_OK" for r in results)
+        with Consumer(rs.store_dir, "touching", "Adjacent") as c:
+            fallbacks = []
+            slow = c.reader.get_message
+            c.reader.get_message = lambda *a, **kw: fallbacks.append(a) or slow(*a, **kw)
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 300 and time.monotonic() < deadline:
+                got += c.poll(128, 500)
+        assert [m.body for m in got] == [b"adj-%03d" % i for i in range(300)]
+        assert [m.queue_offset for m in got] == list(range(300))
+        assert not fallbacks
+
+
 def test_cli_send_consume_query_status(tmp_path):
     with RunningStore(tmp_path) as rs:
         c = rs.config_path
