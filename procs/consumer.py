@@ -34,10 +34,9 @@ from shm import bus
 from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT as _UNITS
 from storage.errors import CorruptRecordError
 from storage.message_view import MessageView
-from storage.read_path import GetMessageResult, check_unit_view
+from storage.read_path import GetMessageResult, check_unit_views
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
 
@@ -131,23 +130,9 @@ class Consumer:
                                        tags=self.tags)
 
     def _views(self, got, queue_id: int) -> list[MessageView]:
-        """The checked messages of ``read_queue_records``' units and records. A piece
-        holds the records of one or more units back to back (records that touch in the
-        CommitLog share a piece): each unit's record is cut from it by the unit's size."""
-        units = _UNITS.iter_unpack(got.units)
-        pieces = iter(got.data)
-        piece, at = b"", 0
-        out = []
-        topic, first = self.topic, got.first
-        for i, (phy, size, _tags_code) in enumerate(units):
-            if size == BLANK_UNIT_SIZE:
-                continue
-            if at >= len(piece):
-                piece, at = next(pieces), 0
-            out.append(check_unit_view(bytes(piece[at:at + size]), topic, queue_id,
-                                       first + i, phy, size, ("consume queue", first + i)))
-            at += size
-        return out
+        """The checked messages of ``read_queue_records``' units and records (a piece
+        holds the records of one or more units back to back)."""
+        return check_unit_views(got.units, got.data, self.topic, queue_id, got.first)
 
     def _offset(self, queue_id: int, dispatched: int) -> int:
         if queue_id not in self._offsets:

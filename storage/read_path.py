@@ -21,13 +21,15 @@ import dataclasses
 import os
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from storage import record
 from storage.config import StoreConfig
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
 from storage.errors import CorruptRecordError
 from storage.index_service import query_offset
 from storage.message import MessageExt, decode_message_id
-from storage.message_view import MessageView, view_at
+from storage.message_view import MessageView, view_at, views_at
 from storage.record import RecordFormatError, decode_at
 from storage.status import GetMessageStatus
 
@@ -140,6 +142,67 @@ def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int
     """``check_unit_record`` for a reader that decodes the rest on demand
     (``storage.message_view``): the same checks, a ``MessageView``."""
     return check_unit_record(data, topic, queue_id, index, phy, size, where, decode=view_at)
+
+
+_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+BULK_VIEWS_MIN = 96     # fewer records are checked one by one: numpy's fixed cost is more
+
+
+def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
+                     first: int) -> list[MessageView]:
+    """``check_unit_view`` for every unit of ``units`` (logical offsets from ``first``)
+    and the records ``pieces`` hold back to back (``bulk_read.read_records``; blank
+    units have no record), checked together with numpy (``message_view.views_at``)
+    when there are at least ``BULK_VIEWS_MIN``, else one by one.
+    Raises ``CorruptRecordError`` as ``check_unit_view`` would for the first unit whose
+    record is bad or another message."""
+    if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
+        return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
+    table = np.frombuffer(units, _UNIT_DTYPE)
+    real = np.flatnonzero(table["size"] != BLANK_UNIT_SIZE)
+    phys = table["phy"][real].astype(np.int64)
+    sizes = table["size"][real].astype(np.int64)
+    offsets = real + first
+    data = b"".join(pieces)
+    if int(sizes.sum()) != len(data):
+        raise CorruptRecordError("consume queue", first, "the records read do not match "
+                                 "their units' sizes")
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    try:
+        views, got = views_at(data, starts, sizes, topic)
+    except RecordFormatError as e:
+        i = e.index
+        raise CorruptRecordError("consume queue", int(offsets[i]),
+                                 f"unit {int(offsets[i])} points at a bad record: {e}") from None
+    wrong = ~(got.topic_matches & (got.queue_ids == queue_id) & (got.queue_offsets == offsets)
+              & (got.commit_log_offsets == phys))
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        s = int(starts[i])
+        check_unit_view(data[s:s + int(sizes[i])], topic, queue_id, int(offsets[i]),
+                        int(phys[i]), int(sizes[i]), ("consume queue", int(offsets[i])))
+        raise AssertionError(f"unit {int(offsets[i])}: the bulk check and the unit check "
+                             "disagree")
+    return views
+
+
+def _check_unit_views_one_by_one(units: bytes, pieces: Iterable, topic: str, queue_id: int,
+                                 first: int) -> list[MessageView]:
+    """``check_unit_views`` record by record: each unit's record is cut from its piece
+    by the unit's size."""
+    pieces = iter(pieces)
+    piece, at = b"", 0
+    out = []
+    for i, (phy, size, _tags_code) in enumerate(CQ_UNIT.iter_unpack(units)):
+        if size == BLANK_UNIT_SIZE:
+            continue
+        if at >= len(piece):
+            piece, at = next(pieces), 0
+        out.append(check_unit_view(bytes(piece[at:at + size]), topic, queue_id, first + i,
+                                   phy, size, ("consume queue", first + i)))
+        at += size
+    return out
 
 
 def check_unit_raw(data, topic: str, queue_id: int, index: int, phy: int, size: int,

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from storage import record
 from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, encode_host
-from storage.message_view import MessageView, view_at
+from storage.consume_queue import CQ_UNIT
+from storage.errors import CorruptRecordError
+from storage.message_view import MessageView, view_at, views_at
+from storage.read_path import check_unit_views
 
 HOSTS = [("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 9876), ("fe80::1", 65535)]
 
@@ -68,3 +72,59 @@ def test_a_view_keeps_its_own_bytes():
     data[:] = bytes(len(data))                          # the source is gone or reused
     assert view.body == b"body" and view.topic == "TopicA"
     assert isinstance(view, MessageView)
+
+
+record_args = st.tuples(st.binary(max_size=60), st.sampled_from(["T", "Other", "x" * 130]),
+                        st.sampled_from(["", "TAGS\x01t\x02", "KEYS\x01a b\x02W\x01x\x02"]),
+                        st.sampled_from(HOSTS), st.sampled_from(HOSTS))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(record_args, min_size=1, max_size=10), st.data())
+def test_views_at_checks_as_view_at_does(records, data):
+    """The bulk ``views_at`` against ``view_at`` record by record, with damage: the same
+    views, or the same refusal of the first bad record (its index)."""
+    raws = [make(*args, po=i) for i, args in enumerate(records)]
+    buf = bytearray(b"".join(raws))
+    if data.draw(st.booleans(), "damage"):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.sampled_from([0, 0x80, 0xFF]))
+    buf = bytes(buf)
+    sizes = np.array([len(r) for r in raws], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    expected = []
+    for s, n in zip(starts.tolist(), sizes.tolist()):
+        try:
+            expected.append(view_at(buf[s:s + n]))
+        except record.RecordFormatError as e:
+            expected.append(e)
+            break
+    try:
+        views, columns = views_at(buf, starts, sizes, "T")
+    except record.RecordFormatError as e:
+        assert isinstance(expected[-1], record.RecordFormatError)
+        assert e.index == len(expected) - 1 and str(e) == str(expected[-1])
+        return
+    assert views == expected
+    assert columns.topic_matches.tolist() == [v.topic == "T" for v in views]
+    assert columns.commit_log_offsets.tolist() == [v.commit_log_offset for v in views]
+    assert columns.queue_offsets.tolist() == [v.queue_offset for v in views]
+
+
+def test_check_unit_views_in_bulk_agrees_with_one_by_one():
+    """``read_path.check_unit_views`` over 120 units (the numpy path) and 20 (one by
+    one): the same views, and the same CorruptRecordError for a unit that points at
+    another message."""
+    raws = [make(b"b%d" % i, "T", "TAGS\x01t\x02", HOSTS[0], HOSTS[2], q=1, qo=i,
+                 po=1000 + 200 * i) for i in range(120)]
+    units = b"".join(CQ_UNIT.pack(1000 + 200 * i, len(r), 0) for i, r in enumerate(raws))
+    pieces = [memoryview(b"".join(raws[:50])), memoryview(b"".join(raws[50:]))]
+    bulk = check_unit_views(units, pieces, "T", 1, 0)
+    small = check_unit_views(units[:20 * 20], [b"".join(raws[:20])], "T", 1, 0)
+    assert bulk == [view_at(r) for r in raws] and small == bulk[:20]
+    wrong = units[:20 * 7] + CQ_UNIT.pack(999, len(raws[7]), 0) + units[20 * 8:]
+    errors = []
+    for n in (120, 20):
+        with pytest.raises(CorruptRecordError) as e:
+            check_unit_views(wrong[:n * 20], [b"".join(raws[:n])], "T", 1, 0)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "unit 7" in errors[0]

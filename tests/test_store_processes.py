@@ -226,16 +226,21 @@ def test_consumers_of_one_group_share_the_queues(tmp_path):
             b.close()
 
 
-def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path):
-    """Records of one queue stored back to back share a piece of the bulk read: every
-    one comes back, in order, without the unit-by-unit fallback."""
+@pytest.mark.parametrize("per_read", [32, 512])
+def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path, per_read):
+    """Records of one queue stored back to back share a piece of the bulk read, and
+    reads of many records are checked with numpy (``read_path.check_unit_views``):
+    every one comes back, in order, without the unit-by-unit fallback."""
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir) as p:
             for start in range(0, 300, 50):
                 results = p.send_batch([Message(topic="Adjacent", body=b"adj-%03d" % i,
                                                 queue_id=0) for i in range(start, start + 50)])
                 assert all(r.status.name == "PUT_OK" for r in results)
-        with Consumer(rs.store_dir, "touching", "Adjacent") as c:
+        config = StoreConfig(**{**recorded_geometry(rs.store_dir),
+                                "store_path_root_dir": rs.store_dir,
+                                "max_transfer_count_on_message_in_memory": per_read})
+        with Consumer(rs.store_dir, "touching", "Adjacent", config=config) as c:
             fallbacks = []
             slow = c.reader.get_message
             c.reader.get_message = lambda *a, **kw: fallbacks.append(a) or slow(*a, **kw)
