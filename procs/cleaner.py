@@ -61,11 +61,12 @@ from storage.consume_queue import CQ_PHY_OFFSET, CQ_STORE_UNIT_SIZE
 from storage.index_file import INDEX_HEADER_SIZE, decode_header
 from storage.logic_queues import queue_dirs
 from storage.mapped_file import MappedFile, fsync_dir, unlink_quietly
-from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX
+from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, gaps_between
 
 log = logging.getLogger(__name__)
 
 CLEAN_NOW_FILE = "clean-now"
+CHECK_SELF_INTERVAL_MS = 10 * 60 * 1000   # RocketMQ checks its file queues every 10 minutes
 
 # Fault-injection seam: path -> used fraction of its partition (-1 on error). A real
 # disk cannot be filled on demand, so tests replace it, in their own process only.
@@ -99,6 +100,7 @@ class Cleaner(Service):
         self.commit_log = CommitLog(self.config, read_only=True)
         self._last_logics_min_offset = -1
         self._next_run_ms = now_ms()
+        self._next_check_ms = now_ms() + CHECK_SELF_INTERVAL_MS
         self._refresh()
         self._publish_min_offset()
 
@@ -117,6 +119,22 @@ class Cleaner(Service):
         if forced:
             unlink_quietly(clean_now)
             log.info("manual clean done: %s", report)
+        if now >= self._next_check_ms:
+            self._next_check_ms = now + CHECK_SELF_INTERVAL_MS
+            self.stats.add("check_self_problems_total", len(self.check_self()))
+
+    def check_self(self) -> list[str]:
+        """RocketMQ's periodic ``checkSelf``: the CommitLog's files and every consume
+        queue's follow each other without a gap (each break logged as an error)."""
+        self._refresh()
+        problems = self.commit_log.mapped_file_queue.check_self()
+        cfg = self.config
+        for _, _, queue_dir in queue_dirs(cfg.consume_queue_dir):
+            offsets = sorted(int(n) for n in _list(queue_dir) if n.isdigit())
+            for problem in gaps_between(offsets, cfg.consume_queue_file_size, queue_dir):
+                log.error("[BUG] a consume queue's files are damaged: %s", problem)
+                problems.append(problem)
+        return problems
 
     def teardown(self) -> None:
         self.commit_log.close()
@@ -145,7 +163,8 @@ class Cleaner(Service):
         report.min_offset = self._publish_min_offset()
         if report.min_offset > self._last_logics_min_offset:
             report.consume_queue_files = delete_consume_queue_files(
-                cfg.consume_queue_dir, cfg.consume_queue_file_size, report.min_offset)
+                cfg.consume_queue_dir, cfg.consume_queue_file_size, report.min_offset,
+                cfg.delete_consume_queue_files_interval)
             report.index_files = delete_index_files(cfg.index_dir, report.min_offset)
             self._last_logics_min_offset = report.min_offset
         return report
@@ -200,11 +219,19 @@ class Cleaner(Service):
 
 
 # ====================================================================== the logics files
-def delete_consume_queue_files(root: str, file_size: int, min_offset: int) -> int:
+def delete_consume_queue_files(root: str, file_size: int, min_offset: int,
+                               interval_ms: int = 0) -> int:
     """Unlink, in every queue under ``root``, the leading files whose last unit points
-    below ``min_offset``; never a queue's last file. Returns how many went."""
-    return sum(_delete_queue_files(queue_dir, file_size, min_offset)
-               for _, _, queue_dir in queue_dirs(root))
+    below ``min_offset``; never a queue's last file. After a queue that lost files,
+    pause ``interval_ms`` (``delete_consume_queue_files_interval``, as RocketMQ's
+    CleanConsumeQueueService spreads the unlink I/O). Returns how many went."""
+    deleted = 0
+    for _, _, queue_dir in queue_dirs(root):
+        n = _delete_queue_files(queue_dir, file_size, min_offset)
+        if n and interval_ms > 0:
+            time.sleep(interval_ms / 1000)
+        deleted += n
+    return deleted
 
 
 def _delete_queue_files(queue_dir: str, file_size: int, min_offset: int) -> int:

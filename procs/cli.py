@@ -31,7 +31,7 @@ from typing import Iterable
 
 from storage import MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
-from storage.config import recorded_geometry
+from storage.config import recorded_geometry, setting_mark
 from procs import demo, running_commands
 from procs.client import ClientError
 from shm.positions import PositionTableError
@@ -148,12 +148,18 @@ def cmd_pipeline_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    """The settings in force; beside each that does not simply act as RocketMQ's, why
+    (``storage.config.setting_mark``): ``--json --marks`` gives both per setting."""
     cfg = load_config(args)
-    if args.json:
-        print(json.dumps(cfg.to_dict()))
+    settings = cfg.to_dict()
+    if args.json and args.marks:
+        print(json.dumps({k: {"value": v, "mark": setting_mark(k)} for k, v in settings.items()}))
+    elif args.json:
+        print(json.dumps(settings))
     else:
-        for k, v in cfg.to_dict().items():
-            print(f"{k} = {v!r}")
+        for k, v in settings.items():
+            mark = setting_mark(k)
+            print(f"{k} = {v!r}" + (f"    # {mark}" if mark else ""))
     return EXIT_OK
 
 
@@ -179,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", parents=[common], help="open a store and check consistency")
     c.set_defaults(func=cmd_check)
     cf = sub.add_parser("config", parents=[common], help="print the settings in force")
+    cf.add_argument("--marks", action="store_true",
+                    help="with --json: each setting's value and what it does here")
     cf.set_defaults(func=cmd_config)
     pl = sub.add_parser("pipeline", help="data pipelines on Spark")
     what = pl.add_subparsers(dest="pipeline_command", required=True)

@@ -244,7 +244,10 @@ class FlusherService(Service):
         except OSError as e:
             self._fail(e, f"fdatasync of the commitlog [{flushed}, {written})")
             return False
-        self.stats.observe("flush_latency_seconds", time.monotonic() - began)
+        elapsed = time.monotonic() - began
+        self.stats.observe("flush_latency_seconds", elapsed)
+        if elapsed > SLOW_MS / 1000:
+            log.warning("Flush data to disk costs %d ms", elapsed * 1000)
         self.stats.add("flushed_bytes_total", written - flushed)
         table.set(Slot.FLUSHED, written)
         self.publisher.publish(bus.FLUSHED, bus.encode_offset(written))

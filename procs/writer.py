@@ -122,8 +122,10 @@ WINDOW = 64                      # unanswered requests per client identity
 MAX_BATCH_RECORDS = 16384        # records drained into one append (bounds a turn)
 ROUTER_SNDHWM = 100_000          # replies queued per peer before they are dropped
 MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
-TEARDOWN_LINGER_MS = 2000
-MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers        # time the last replies get to leave at close
+TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
+SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock longer
+BUSY_QUEUE_S = 0.005             # what is drained this soon after a slow append waited on it
+MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
@@ -158,6 +160,8 @@ class WriterService(Service):
     producers: ProducerStateTable | None = None   # loaded by the first _open_commit_log
     last_record: LastRecord | None = None         # the record that ends at WRITTEN
     pool: TransientStorePool | None = None        # with transient_store_pool_enable
+    page_cache_busy_ms = 0.0      # the last append's time when it was over the busy limit
+    page_cache_busy_until = 0.0   # requests drained before this waited behind it
 
     # ================================================================== life
     def setup(self) -> None:
@@ -247,6 +251,8 @@ class WriterService(Service):
             self.flushed_sub.wait(0)  # wake-ups only: FLUSHED is read from the table
         if self.router in events:
             self._serve(self._drain())
+            if self.page_cache_busy_ms:
+                self.page_cache_busy_until = time.monotonic() + BUSY_QUEUE_S
         if self.parked:
             self._release_parked()
         if monotonic_ms() >= self.next_snapshot_ms:
@@ -298,7 +304,7 @@ class WriterService(Service):
     def _serve(self, frames: list[tuple[list, bytes]]) -> None:
         """One batch: validate and encode every request, one append, then WRITTEN and
         LAST_STORE_TS (``publish_written``: the writer process only), APPENDED, replies."""
-        refusal = self._refusal()
+        refusal = self._refusal() or self._page_cache_busy()
         now = max(now_ms(), self.last_store_ts)
         accepted: list[_Request] = []
         claims: BatchClaims | None = None   # made for the first record with a producer id
@@ -342,7 +348,9 @@ class WriterService(Service):
             accepted.append(req)
         if not accepted:
             return
+        began = time.monotonic()
         end = self._append([r for r in accepted if r.batch is not None], now)
+        self._note_append_time(time.monotonic() - began)
         if claims is not None:
             claims.settle(accepted)
         if end:
@@ -354,6 +362,32 @@ class WriterService(Service):
                 self.publisher.publish(bus.PAGES, bus.encode_offset(end))
             self.commit_log.unmap_all_but_last()
         self._answer(accepted)
+
+    def _note_append_time(self, seconds: float) -> None:
+        """RocketMQ's slow-put warning, and its isOSPageCacheBusy: an append that held the
+        CommitLog longer than ``os_page_cache_busy_time_out_mills`` makes the requests
+        that waited behind it refused (``_page_cache_busy``)."""
+        ms = seconds * 1000
+        if ms > SLOW_APPEND_MS:
+            log.warning("putMessage in lock cost time(ms)=%d", ms)
+        if ms > self.config.os_page_cache_busy_time_out_mills:
+            self.page_cache_busy_ms = ms      # armed once this turn's replies are out
+
+    def _page_cache_busy(self) -> PutMessageResult | None:
+        """The refusal of every request that waited behind a too slow append, drained
+        right after it (RocketMQ's BrokerFastFailure PCBUSY_CLEAN_QUEUE): they waited on
+        a busy page cache; their producers may send again (elsewhere)."""
+        if not self.page_cache_busy_ms:
+            return None
+        if time.monotonic() > self.page_cache_busy_until:
+            self.page_cache_busy_ms = 0
+            return None
+        ms, self.page_cache_busy_ms = self.page_cache_busy_ms, 0
+        return PutMessageResult.refused(
+            PutMessageStatus.OS_PAGECACHE_BUSY,
+            f"[PCBUSY_CLEAN_QUEUE] broker busy: the last append held the commitlog for "
+            f"{ms:.0f} ms (os_page_cache_busy_time_out_mills "
+            f"{self.config.os_page_cache_busy_time_out_mills})")
 
     def _prepare(self, req: _Request, send: protocol.SendRequest, now: int,
                  claims: "BatchClaims | None") -> None:

@@ -11,12 +11,13 @@ on the files the appender's allocation thread makes ahead (``storage.allocate``)
 TransientStorePool (``transient_store_pool_*``, ``commit_*_commit_log``,
 ``fast_fail_if_no_buffer_in_store_pool``) is the multiprocess store's
 (``shm.transient_pool``): ASYNC_FLUSH on a master only, as in RocketMQ; the embedded
-store refuses it. Accepted for compatibility with RocketMQ configurations but not acted
-on (yet): ``redelete_hanged_file_interval``, ``os_page_cache_busy_time_out_mills``,
-``use_reentrant_lock_when_put_message``, ``debug_lock_enable`` and
-``long_polling_enable`` (long polling is always on). Two that would change what is
-stored are refused when switched on: ``duplication_enable`` and
-``enable_consume_queue_ext``.
+store refuses it. ``os_page_cache_busy_time_out_mills`` is the writer's: requests that
+waited behind an append that held the CommitLog longer are refused with
+OS_PAGECACHE_BUSY (RocketMQ's PCBUSY_CLEAN_QUEUE).
+
+Every setting acts as RocketMQ's does, or is refused with the reason when set to what
+this store cannot do (``REFUSED_WHEN_SET``), or works as ``NOTES`` says where processes
+change its meaning; ``rocketstore config`` prints each mark beside its setting.
 
 Some settings are rocketstore's own: ``tcp_listen_address`` (TCP sockets beside the
 Unix ones, loopback only for now), ``producer_id_expiration_ms`` (Kafka's
@@ -184,6 +185,10 @@ class StoreConfig:
     # ---------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ``StoreConfigError`` naming the first setting that cannot work."""
+        for name, why in REFUSED_WHEN_SET.items():
+            if getattr(self, name) != _DEFAULTS[name]:
+                raise StoreConfigError(f"{name} = {getattr(self, name)!r} is not supported: "
+                                       f"{why}")
         if self.mapped_file_size_commit_log < MIN_COMMIT_LOG_FILE_SIZE:
             raise StoreConfigError(
                 f"mapped_file_size_commit_log={self.mapped_file_size_commit_log} is below "
@@ -200,9 +205,6 @@ class StoreConfig:
                      "producer_id_expiration_ms"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
-        for name in ("duplication_enable", "enable_consume_queue_ext"):
-            if getattr(self, name):
-                raise StoreConfigError(f"{name} is not supported by this store")
         if self.tcp_listen_address:
             try:
                 loopback = ipaddress.ip_address(self.tcp_listen_address).is_loopback
@@ -302,3 +304,41 @@ def check_geometry(config: StoreConfig) -> bool:
 def record_geometry(config: StoreConfig) -> None:
     from storage import json_file
     json_file.persist(config.geometry_path(), config.geometry())
+
+
+# ------------------------------------------------------------------ what each setting does
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StoreConfig)}
+
+REFUSED_WHEN_SET: dict[str, str] = {
+    "duplication_enable": "it would change what is stored",
+    "enable_consume_queue_ext": "it would change what is stored",
+    "use_reentrant_lock_when_put_message": "the writer is one single-threaded process: no "
+                                           "lock is taken around a put",
+    "debug_lock_enable": "the writer takes no put lock; an append that holds the CommitLog "
+                         "over 500 ms is always logged",
+    "long_polling_enable": "PULL and Consumer.poll always wait for new messages (long "
+                           "polling); short polling is not built",
+    "redelete_hanged_file_interval": "files are unlinked at once and every process unmaps "
+                                     "them itself (following MIN_OFFSET): no file can hang",
+}
+
+NOTES: dict[str, str] = {
+    "destroy_maped_file_interval_forcibly": "the embedded store's; the multiprocess cleaner "
+                                            "unlinks at once, readers keep their mappings "
+                                            "until they follow MIN_OFFSET",
+    "transient_store_pool_enable": "the multiprocess store's, ASYNC_FLUSH only",
+    "os_page_cache_busy_time_out_mills": "the writer refuses what waited behind a longer "
+                                         "append (OS_PAGECACHE_BUSY)",
+    "tcp_listen_address": "rocketstore's",
+    "producer_id_expiration_ms": "rocketstore's",
+    "metrics_port": "rocketstore's",
+    "metrics_address": "rocketstore's",
+}
+
+
+def setting_mark(name: str) -> str:
+    """What ``rocketstore config`` says beside a setting: empty when it acts as
+    RocketMQ's does."""
+    if name in REFUSED_WHEN_SET:
+        return f"refused unless {_DEFAULTS[name]!r}: {REFUSED_WHEN_SET[name]}"
+    return NOTES.get(name, "")

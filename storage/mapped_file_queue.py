@@ -178,6 +178,15 @@ class MappedFileQueue:
     def get_last_mapped_file(self) -> MappedFile | None:
         return self.mapped_files[-1] if self.mapped_files else None
 
+    def check_self(self) -> list[str]:
+        """RocketMQ's ``checkSelf``: adjacent files must start exactly one file size
+        apart; each break is described (and logged as an error)."""
+        problems = gaps_between([mf.file_from_offset for mf in self.mapped_files],
+                                self.mapped_file_size, self.store_path)
+        for problem in problems:
+            log.error("[BUG] the mapped file queue's data is damaged: %s", problem)
+        return problems
+
     def get_or_create_last_mapped_file(self, start_offset: int = 0) -> MappedFile:
         """``getLastMappedFile(startOffset, true)``: the last file, or a new one when the
         queue is empty (at the window holding ``start_offset``) or its last file is full.
@@ -494,3 +503,10 @@ def _path_may_hold_data(path: str, size: int) -> bool:
         return file_may_hold_data(fd, size)
     finally:
         os.close(fd)
+
+
+def gaps_between(offsets: list[int], file_size: int, where: str) -> list[str]:
+    """The places where files starting at ``offsets`` (in order) do not follow each
+    other one ``file_size`` apart."""
+    return [f"{where}: the file after {prev} starts at {cur}, not {prev + file_size}"
+            for prev, cur in zip(offsets, offsets[1:]) if cur - prev != file_size]
