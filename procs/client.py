@@ -43,6 +43,7 @@ from procs.consumer import Consumer
 from shm import bus
 from storage import record_batch
 from storage.message import Message, now_ms
+from storage.read_path import subscription_tags
 
 __all__ = ["ClientError", "Consumer", "PendingSend", "Producer", "ReaderClient", "RequestTimeout"]
 
@@ -316,10 +317,17 @@ class ReaderClient:
         return reply
 
     def pull(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-             timeout_ms: int = 0) -> protocol.PullReply:
+             timeout_ms: int = 0, tags: str | Sequence[str] = "*") -> protocol.PullReply:
+        """Up to ``max_msgs`` messages of a queue from ``offset`` whose tags ``tags``
+        takes (RocketMQ's expression, ``"TagA || TagB"``, or a list; ``"*"``: all), the
+        filter applied in the reader as a local Consumer applies it: ``next_begin_offset``
+        passes the messages it skipped. Raises ``ValueError`` for a filter that is not
+        text."""
         rid = self._dealer.next_id()
+        expression = " || ".join(sorted(subscription_tags(tags))) or "*"
         return protocol.decode_pull_reply(self._ask(
-            protocol.encode_pull(rid, topic, queue_id, offset, max_msgs, timeout_ms), rid))
+            protocol.encode_pull(rid, topic, queue_id, offset, max_msgs, timeout_ms,
+                                 expression), rid))
 
     def query_by_key(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
                      end_ms: int = protocol.INT64_MAX) -> list:
@@ -337,26 +345,31 @@ class ReaderClient:
         return protocol.decode_query_reply(self._ask(
             protocol.encode_query_by_offset(rid, commit_log_offset), rid))[1]
 
-    def offsets(self, topics: Iterable[str] | None = None,
-                timestamp_ms: int | None = None) -> list[protocol.QueueOffsets]:
+    def offsets(self, topics: Iterable[str] | None = None, timestamp_ms: int | None = None,
+                *, nearest: bool = False) -> list[protocol.QueueOffsets]:
         """``QueueOffsets(topic, queue_id, min_offset, max_offset, time_offset)`` of every
         queue of ``topics`` (None or empty: every topic the store has, less the reserved
         ones; a topic without queues yet has no entry). With ``timestamp_ms``,
         ``time_offset`` is each queue's first offset stored at or after it (``max_offset``
-        when none was), else -1. Sets ``dispatched`` and ``generation``.
+        when none was; Kafka's offsetsForTimes), or with ``nearest`` the offset of the
+        message stored nearest it, as ``Consumer.seek_to_time`` finds it locally
+        (RocketMQ's getOffsetInQueueByTime); else -1. Sets ``dispatched`` and
+        ``generation``.
 
         Raises ``ClientError`` (BAD_REQUEST) for a topic name outside the rule.
         """
-        return self.offsets_reply(topics, timestamp_ms).queues
+        return self.offsets_reply(topics, timestamp_ms, nearest=nearest).queues
 
     def offsets_reply(self, topics: Iterable[str] | None = None,
-                      timestamp_ms: int | None = None) -> protocol.OffsetsReply:
+                      timestamp_ms: int | None = None, *,
+                      nearest: bool = False) -> protocol.OffsetsReply:
         """``offsets`` with the reply's ``dispatched`` and ``generation`` beside the
         queues."""
         rid = self._dealer.next_id()
         ts = protocol.NO_TIMESTAMP if timestamp_ms is None else timestamp_ms
+        rule = protocol.TIME_NEAREST if nearest else protocol.TIME_FIRST_AT_OR_AFTER
         reply = protocol.decode_offsets_reply(self._ask(
-            protocol.encode_offsets(rid, list(topics or ()), ts), rid))
+            protocol.encode_offsets(rid, list(topics or ()), ts, rule), rid))
         self.dispatched, self.generation = reply.dispatched, reply.generation
         return reply
 

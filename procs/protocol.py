@@ -63,6 +63,8 @@ INT64_MAX = (1 << 63) - 1
 MAX_FETCH_MSGS = MAX_RECORDS_PER_FRAME
 MAX_FETCH_BYTES = 16 * 1024 * 1024  # a FETCH's records; the reply stays far under a frame
 NO_TIMESTAMP = -1                   # OFFSETS without a time lookup
+TIME_FIRST_AT_OR_AFTER = 0          # OFFSETS: the first offset stored at or after the time
+TIME_NEAREST = 1                    # OFFSETS: RocketMQ's getOffsetInQueueByTime, the nearest
 
 
 class Kind(enum.IntEnum):
@@ -195,6 +197,7 @@ class PullRequest(NamedTuple):
     offset: int
     max_msgs: int
     timeout_ms: int
+    subscription: str = "*"   # RocketMQ's tag expression: "*", "TagA || TagB"
 
 
 class PullReply(NamedTuple):
@@ -255,6 +258,7 @@ class OffsetsRequest(NamedTuple):
     request_id: int
     topics: list[str]       # empty: every topic the store has
     timestamp_ms: int       # < 0: no time lookup
+    time_rule: int = 0      # TIME_FIRST_AT_OR_AFTER or TIME_NEAREST
 
 
 class QueueOffsets(NamedTuple):
@@ -264,7 +268,7 @@ class QueueOffsets(NamedTuple):
     queue_id: int
     min_offset: int         # first offset still stored
     max_offset: int         # the next offset to be dispatched (one past the last visible)
-    time_offset: int        # first offset stored at or after the timestamp; -1 without one
+    time_offset: int        # the offset the timestamp names (the request's rule); -1 without
 
 
 class OffsetsReply(NamedTuple):
@@ -663,11 +667,15 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
 
 # ---------------------------------------------------------------- PULL (PROTOCOL.md §4.3)
 def encode_pull(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
-                timeout_ms: int = 0) -> bytes:
-    """A PULL frame: up to ``max_msgs`` messages of one queue from ``offset``, waiting up
-    to ``timeout_ms`` for the first one when none is there yet."""
+                timeout_ms: int = 0, subscription: str = "*") -> bytes:
+    """A PULL frame: up to ``max_msgs`` messages of one queue from ``offset`` whose tags
+    the ``subscription`` expression takes ("*": all), waiting up to ``timeout_ms`` for
+    the first one when none is there yet. Without a filter the frame is the one without
+    the trailing subscription (older readers take it)."""
     try:
         body = _str16(topic, "topic") + PULL_FIXED.pack(queue_id, offset, max_msgs, timeout_ms)
+        if subscription not in ("*", ""):
+            body += _str16(subscription, "subscription")
     except struct.error as e:
         raise ValueError(f"PULL request does not fit the wire: {e}") from None
     return _header(Kind.PULL, request_id, 0) + body
@@ -677,13 +685,18 @@ def decode_pull(frame) -> PullRequest:
     """Raises ``ProtocolError``."""
     buf, request_id, count = _open(frame, Kind.PULL)
     _no_records(count, request_id, Kind.PULL)
+    subscription = "*"
     try:
         topic, p = _read_str16(buf, HEADER_SIZE)
         queue_id, offset, max_msgs, timeout_ms = PULL_FIXED.unpack_from(buf, p)
+        p += PULL_FIXED.size
+        if p < len(buf):
+            subscription, p = _read_str16(buf, p)
     except _DECODE_FAULTS as e:
         raise _malformed(request_id, f"PULL body: {e}") from None
-    _check_end(buf, p + PULL_FIXED.size, request_id, "the PULL body")
-    return PullRequest(request_id, topic, queue_id, offset, max_msgs, timeout_ms)
+    _check_end(buf, p, request_id, "the PULL body")
+    return PullRequest(request_id, topic, queue_id, offset, max_msgs, timeout_ms,
+                       subscription)
 
 
 def _no_records(count: int, request_id: int, kind: Kind) -> None:
@@ -832,15 +845,22 @@ def decode_query_reply(frame) -> tuple[int, list[MessageExt]]:
 
 # --------------------------------------------------------- OFFSETS (PROTOCOL.md §4.8-4.9)
 def encode_offsets(request_id: int, topics: Sequence[str] = (),
-                   timestamp_ms: int = NO_TIMESTAMP) -> bytes:
+                   timestamp_ms: int = NO_TIMESTAMP,
+                   time_rule: int = TIME_FIRST_AT_OR_AFTER) -> bytes:
     """An OFFSETS frame: the offsets of every queue of ``topics`` (none: every topic
-    the store has), and with ``timestamp_ms`` >= 0 each queue's first offset stored at
-    or after it."""
+    the store has), and with ``timestamp_ms`` >= 0 the offset it names in each queue:
+    the first stored at or after it (Kafka's offsetsForTimes), or with ``TIME_NEAREST``
+    RocketMQ's getOffsetInQueueByTime (the message stored nearest it)."""
+    if time_rule not in (TIME_FIRST_AT_OR_AFTER, TIME_NEAREST):
+        raise ValueError(f"time_rule {time_rule!r} is neither TIME_FIRST_AT_OR_AFTER nor "
+                         "TIME_NEAREST")
     try:
         parts = [_header(Kind.OFFSETS, request_id, len(topics)), I64.pack(timestamp_ms)]
     except struct.error as e:
         raise ValueError(f"OFFSETS request does not fit the wire: {e}") from None
     parts += [_str16(t, "topic") for t in topics]
+    if time_rule != TIME_FIRST_AT_OR_AFTER:
+        parts.append(bytes((time_rule,)))
     return _finish(parts, request_id)
 
 
@@ -859,8 +879,15 @@ def decode_offsets(frame) -> OffsetsRequest:
             topics.append(topic)
     except _DECODE_FAULTS as e:
         raise _malformed(request_id, f"OFFSETS topic {i} at byte {p}: {e}") from None
+    time_rule = TIME_FIRST_AT_OR_AFTER
+    if p < len(buf):           # present only for TIME_NEAREST: the default is its absence
+        time_rule = buf[p]
+        p += 1
+        if time_rule != TIME_NEAREST:
+            raise _malformed(request_id, f"OFFSETS time rule {time_rule} is not 1 (nearest); "
+                                         "first at or after is the rule without the byte")
     _check_end(buf, p, request_id, "the OFFSETS topics")
-    return OffsetsRequest(request_id, topics, timestamp_ms)
+    return OffsetsRequest(request_id, topics, timestamp_ms, time_rule)
 
 
 def encode_offsets_reply(request_id: int, dispatched: int, generation: int,

@@ -155,7 +155,7 @@ class ReaderService(Service):
     def _try_pull(self, identity: bytes, req: protocol.PullRequest, final: bool) -> bool:
         """Answer ``req`` unless it finds nothing new and may still wait."""
         r = self.reader.get_raw_messages(req.topic, req.queue_id, req.offset, req.max_msgs,
-                                         self.table.get(Slot.DISPATCHED),
+                                         self.table.get(Slot.DISPATCHED), req.subscription,
                                          min_commit_log_offset=self.table.get(Slot.MIN_OFFSET))
         if not final and r.status in _NOTHING_YET:
             return False
@@ -209,7 +209,11 @@ class ReaderService(Service):
                                                          min_commit_log_offset=min_phy)
                 hi = self.reader.get_max_offset_in_queue(topic, queue_id, dispatched)
                 at_time = -1
-                if req.timestamp_ms >= 0:
+                if req.timestamp_ms >= 0 and req.time_rule == protocol.TIME_NEAREST:
+                    at_time = self.reader.get_offset_in_queue_by_time(
+                        topic, queue_id, req.timestamp_ms, dispatched,
+                        min_commit_log_offset=min_phy)
+                elif req.timestamp_ms >= 0:
                     at_time = self.reader.first_offset_stored_since(
                         topic, queue_id, req.timestamp_ms, dispatched,
                         min_commit_log_offset=min_phy)

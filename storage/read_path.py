@@ -282,14 +282,27 @@ def get_from_queue(cq: ConsumeQueue, offset: int, max_msgs: int,
                    tags: Iterable[str] | None, lo: int, hi: int, read_unit: ReadUnit,
                    **kw) -> GetMessageResult:
     """MessageStore's ``get_message`` once the queue and its ``[lo, hi)`` are known;
-    ``kw`` are ``read_queue``'s keyword arguments. ``tags`` "*" or "" (or none) is every
-    message, as RocketMQ's subscription reads them; an empty tag is no tag."""
+    ``kw`` are ``read_queue``'s keyword arguments. ``tags`` is a subscription
+    (``subscription_tags``)."""
     early = offset_status(offset, lo, hi)
     if early is not None:
         return early
-    wanted = {tags} if isinstance(tags, str) else set(tags or ())
-    return read_queue(cq, offset, max(1, max_msgs), wanted - {"*", ""}, lo, hi,
+    return read_queue(cq, offset, max(1, max_msgs), subscription_tags(tags), lo, hi,
                       read_unit, **kw)
+
+
+def subscription_tags(expression: str | Iterable[str] | None) -> set[str]:
+    """The tags a subscription takes, as RocketMQ's FilterAPI reads its expression:
+    ``"TagA || TagB"`` (or a list of tags); ``"*"``, ``""`` or None is every message
+    (the empty set); pieces are trimmed and empty ones dropped. Raises ``ValueError``
+    for an expression that is neither text nor a collection of text."""
+    if expression is None:
+        return set()
+    pieces = expression.split("||") if isinstance(expression, str) else list(expression)
+    if not all(isinstance(p, str) for p in pieces):
+        raise ValueError(f"a subscription is text or a list of tags, not {expression!r}")
+    tags = {p.strip() for p in pieces} - {""}
+    return set() if "*" in tags else tags
 
 
 def look_message_by_id(look: Callable[[int], MessageExt | None],

@@ -325,7 +325,8 @@ def expiring_store(tmp_path):
     """``(config, store, dispatched)``: 300 messages over queues 0 and 1, dispatched,
     in CommitLog files that may be deleted one right after another."""
     config = small_config(tmp_path / "store", delete_commit_log_files_interval=0)
-    store = opened(config)
+    store = MessageStore(config, background=False)   # expiry by hand only: no clean service
+    store.load()
     fill(store, 300)
     store.dispatch()
     yield config, store, store.reput_from_offset
