@@ -25,6 +25,9 @@
                                         at most 16 MiB of records); writing: messages per
                                         SEND frame (default 500)
     timeoutMs                    yes    how long a send waits for the store (default 30000)
+    tags                   yes          RocketMQ's subscription, ``TagA || TagB`` (``*``, the
+                                        default: every message): only rows with one of
+                                        these tags leave the source, as a Consumer filters
 
 Unknown options are refused with the list of known ones, as a misspelt option would
 otherwise be silently ignored.
@@ -36,12 +39,13 @@ import dataclasses
 import re
 from typing import Mapping
 
+from storage.read_path import subscription_tags
 from storage.validation import check_topic
 
 DEFAULT_GROUP = "spark-rocketstore"
 KNOWN = {"store", "endpoint", "topic", "topics", "topicpattern", "startingoffsets",
          "endingoffsets", "startingtimestamp", "maxoffsetspertrigger", "minpartitions",
-         "failondataloss", "group", "batchsize", "timeoutms"}
+         "failondataloss", "group", "batchsize", "timeoutms", "tags"}
 SPARKS_OWN = {"path", "checkpointlocation", "queryname"}  # options Spark itself passes on
 
 
@@ -62,6 +66,7 @@ class Options:
     group: str
     batch_size: int | None
     timeout_ms: int
+    tags: tuple[str, ...] = ()       # the subscription's tags; empty: every message
 
     def matches(self, topic: str) -> bool:
         """Whether ``topic`` is one this query reads."""
@@ -105,6 +110,9 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
                              f"{e}") from None
     elif reading and not topics:
         raise ValueError("name what to read with the option topic, topics or topicPattern")
+    tags = tuple(sorted(subscription_tags(opts.get("tags"))))
+    if tags and not reading:
+        raise ValueError("tags is for reading; a write gives each row's tags in its tags column")
     group = opts.get("group") or DEFAULT_GROUP
     if check_topic(group, internal=True):
         raise ValueError(f"option group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
@@ -119,6 +127,7 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
         group=group,
         batch_size=_int(opts, "batchsize", "batchSize", minimum=1),
         timeout_ms=_int(opts, "timeoutms", "timeoutMs", minimum=1) or 30_000,
+        tags=tags,
     )
 
 

@@ -55,6 +55,14 @@ def test_bad_read_options_are_named(options, words):
         parse(options, reading=True)
 
 
+def test_the_tags_option_is_a_subscription_for_reading_only():
+    assert parse({"store": "s", "topic": "T", "tags": " b ||a|| "}, reading=True).tags == ("a", "b")
+    assert parse({"store": "s", "topic": "T", "tags": "*"}, reading=True).tags == ()
+    assert parse({"store": "s", "topic": "T"}, reading=True).tags == ()
+    with pytest.raises(ValueError, match="tags is for reading"):
+        parse({"store": "s", "topic": "T", "tags": "a"}, reading=False)
+
+
 def test_write_options_refuse_a_pattern():
     with pytest.raises(ValueError, match="for reading"):
         parse({"store": "s", "topicPattern": "A"}, reading=False)

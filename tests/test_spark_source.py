@@ -105,6 +105,22 @@ def test_a_schema_naming_some_columns_reads_only_those(spark, running, path):
         assert row.body == running.expected[(row.queue_id, row.queue_offset)][0].body
 
 
+@pytest.mark.parametrize("path", ["local", "remote"])
+def test_the_tags_option_reads_only_the_subscribed_tags(spark, running, path):
+    """``tags`` = RocketMQ's subscription: only rows with one of its tags leave the
+    source, also when the query's schema leaves the tags column out."""
+    where = {"store": running.store_dir} if path == "local" else \
+        {"endpoint": f"ipc://{running.store_dir}"}
+    rows = read(spark, topic=ORDERS, tags="tag0 || tag2", **where).collect()
+    wanted = {k for k, (m, _) in running.expected.items() if m.tags in ("tag0", "tag2")}
+    assert offsets_of(rows) == wanted and len(rows) == len(wanted)
+    df = (spark.read.format("rocketstore").schema("queue_offset long, queue_id int")
+          .options(topic=ORDERS, tags="tag1", **where).load())
+    assert df.columns == ["queue_offset", "queue_id"]
+    assert offsets_of(df.collect()) == {k for k, (m, _) in running.expected.items()
+                                        if m.tags == "tag1"}
+
+
 @pytest.mark.parametrize("schema, words", [
     ("body binary, partition int", "'partition' is not one of"),
     ("queue_offset int", "'queue_offset' is long, not int"),
