@@ -68,12 +68,17 @@ IDENTITY = ("topic", "queue_id")
 
 
 def _rows(buf, starts, rng: QueueRange, columns: tuple[str, ...] | None,
-          **expect) -> pa.RecordBatch:
+          tags: tuple[str, ...] = (), **expect) -> pa.RecordBatch:
     """The records at ``buf[starts]`` as a batch of ``columns`` (None: all), each checked
     against its unit (``expect``: sizes, queue and CommitLog offsets) and to be a message
-    of the range's topic and queue."""
-    wanted = None if columns is None else tuple(dict.fromkeys(IDENTITY + tuple(columns)))
+    of the range's topic and queue; with ``tags``, only the rows with one of them."""
+    extra = ("tags",) if tags else ()
+    wanted = None if columns is None else tuple(dict.fromkeys(IDENTITY + tuple(columns)
+                                                              + extra))
     batch = records_to_batch(buf, starts, columns=wanted, **expect)
+    if tags:
+        batch = batch.filter(pc.is_in(batch.column("tags"),
+                                      value_set=pa.array(tags, pa.string())))
     if batch.num_rows and not (
             pc.all(pc.equal(batch.column("topic"), rng.topic)).as_py()
             and pc.all(pc.equal(batch.column("queue_id"), rng.queue_id)).as_py()):
@@ -118,8 +123,8 @@ class LocalStore:
         return out
 
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
-             batch_rows: int = DEFAULT_BATCH_ROWS,
-             columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = DEFAULT_BATCH_ROWS, columns: tuple[str, ...] | None = None,
+             tags: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
         pos = rng.start
         while pos < rng.end:
             dispatched, min_phy = self._positions()
@@ -142,12 +147,12 @@ class LocalStore:
                                     f"{got.max_offset}, before offset {pos} of the range "
                                     f"{rng.start}..{rng.end} (a recovery took messages back?)")
             yield from self._decode(rng, *_real_units(got.units, got.first), dispatched,
-                                    fail_on_data_loss, columns)
+                                    fail_on_data_loss, columns, tags)
             pos = got.first + got.count
 
     def _decode(self, rng: QueueRange, offsets: np.ndarray, phy: np.ndarray, size: np.ndarray,
-                dispatched: int, fail_on_data_loss: bool,
-                columns: tuple[str, ...] | None) -> Iterator[pa.RecordBatch]:
+                dispatched: int, fail_on_data_loss: bool, columns: tuple[str, ...] | None,
+                tags: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
         file_size = self.config.mapped_file_size_commit_log
         # one copy and one batch per span, as storage.bulk_read plans them for the
         # reader: records in one CommitLog file and MAX_SPAN_BYTES stretch of it, without
@@ -165,7 +170,7 @@ class LocalStore:
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {offsets[a]}..{offsets[b - 1]} "
                       "expired while being read", fail_on_data_loss)
                 continue
-            yield _rows(data, phy[a:b] - begin, rng, columns, expect_sizes=size[a:b],
+            yield _rows(data, phy[a:b] - begin, rng, columns, tags, expect_sizes=size[a:b],
                         expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
                         source="CommitLog", buf_offset=begin)
 
@@ -203,12 +208,13 @@ class RemoteStore:
                             o.time_offset) for o in found]
 
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
-             batch_rows: int = DEFAULT_BATCH_ROWS,
-             columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
+             batch_rows: int = DEFAULT_BATCH_ROWS, columns: tuple[str, ...] | None = None,
+             tags: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
         pos = rng.start
         while pos < rng.end:
             reply = self.client.fetch(rng.topic, rng.queue_id, pos,
-                                      min(batch_rows, rng.end - pos), BATCH_MAX_BYTES)
+                                      min(batch_rows, rng.end - pos), BATCH_MAX_BYTES,
+                                      tags=tags or "*")
             if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
                     reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
@@ -225,7 +231,7 @@ class RemoteStore:
                       f"{min(rng.end, reply.next_begin_offset) - 1} expired while being read",
                       fail_on_data_loss)
             elif reply.status is GetMessageStatus.FOUND:
-                batch = _remote_batch(reply, rng, pos, columns)
+                batch = _remote_batch(reply, rng, pos, columns, tags)
                 if batch.num_rows:
                     yield batch
             if reply.next_begin_offset <= pos:
@@ -257,10 +263,11 @@ def _real_units(raw, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return offsets, units["phy"].astype(np.int64), units["size"].astype(np.int64)
 
 
-def _remote_batch(reply, rng: QueueRange, pos: int,
-                  columns: tuple[str, ...] | None) -> pa.RecordBatch:
+def _remote_batch(reply, rng: QueueRange, pos: int, columns: tuple[str, ...] | None,
+                  tags: tuple[str, ...]) -> pa.RecordBatch:
     """The rows of a FETCH_REPLY for a read from ``pos``: every record checked against
-    its unit, as the local path does."""
+    its unit, as the local path does (the reader already left out other tags' records;
+    ``tags`` checks it)."""
     count = len(reply.units) // CQ_UNITS.itemsize
     if count == 0 or reply.first_offset != pos or reply.next_begin_offset != pos + count:
         raise DataLossError(f"the reader answered units {reply.first_offset}.."
@@ -269,6 +276,6 @@ def _remote_batch(reply, rng: QueueRange, pos: int,
     offsets, phy, size = _real_units(reply.units, pos)
     starts = np.zeros(len(size), np.int64)
     np.cumsum(size[:-1], out=starts[1:])
-    return _rows(reply.data, starts, rng, columns, expect_sizes=size,
+    return _rows(reply.data, starts, rng, columns, tags, expect_sizes=size,
                  expect_queue_offsets=offsets, expect_commit_log_offsets=phy,
                  source="FETCH_REPLY")

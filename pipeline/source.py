@@ -45,9 +45,6 @@ from __future__ import annotations
 
 import logging
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from pyspark.sql.datasource import (
     DataSource, DataSourceReader, DataSourceStreamReader, InputPartition)
 from pyspark.sql.streaming.datasource import (
@@ -135,19 +132,10 @@ def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]
 def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | None):
     if not isinstance(partition, RangePartition):
         return  # Spark reads one InputPartition(None) when partitions() planned none
-    wanted = columns
-    if opts.tags and columns is not None and "tags" not in columns:
-        wanted = (*columns, "tags")          # the filter reads them; they do not go out
     with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
-        for batch in store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
-                                batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS,
-                                columns=wanted):
-            if opts.tags:
-                batch = batch.filter(pc.is_in(batch.column("tags"),
-                                              value_set=pa.array(opts.tags, pa.string())))
-                if wanted is not columns:
-                    batch = batch.drop_columns(["tags"])
-            yield batch
+        yield from store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
+                              batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS, columns=columns,
+                              tags=opts.tags)
 
 
 def _starting(opts: Options, bounds: list[off.QueueBounds], default: str) -> dict:

@@ -375,7 +375,8 @@ class ReaderClient:
 
     def fetch(self, topic: str, queue_id: int, offset: int,
               max_msgs: int = protocol.MAX_FETCH_MSGS,
-              max_bytes: int = protocol.MAX_FETCH_BYTES) -> protocol.FetchReply:
+              max_bytes: int = protocol.MAX_FETCH_BYTES,
+              tags: str | Sequence[str] = "*") -> protocol.FetchReply:
         """A bulk read from ``offset``: up to ``max_msgs`` consume queue units (the
         reader takes at most 65536) and their records, no more than ``max_bytes`` of
         them (at most 16 MiB) except that a first record larger than that still comes.
@@ -385,11 +386,14 @@ class ReaderClient:
         and the records' raw CommitLog bytes back to back, unchecked: ``r.records``
         slices one memoryview per record, ``storage.record.decode_at(x, 0,
         check_crc=True)`` decodes and checks one, ``pipeline.access`` checks a whole
-        reply against its units in bulk.
+        reply against its units in bulk. With ``tags`` (a subscription, as ``pull``'s),
+        the units of messages with other tags come back blank, without their records.
         """
         rid = self._dealer.next_id()
+        expression = " || ".join(sorted(subscription_tags(tags))) or "*"
         return protocol.decode_fetch_reply(self._ask(
-            protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes), rid))
+            protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes,
+                                  expression), rid))
 
     def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         """Record consumer ``group``'s next offset per queue of ``topic`` in the store's

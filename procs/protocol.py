@@ -285,6 +285,7 @@ class FetchRequest(NamedTuple):
     offset: int
     max_msgs: int
     max_bytes: int
+    subscription: str = "*"   # RocketMQ's tag expression, as PULL's
 
 
 class CommitRequest(NamedTuple):
@@ -929,11 +930,14 @@ def decode_offsets_reply(frame) -> OffsetsReply:
 
 # ------------------------------------------------------- FETCH (PROTOCOL.md §4.10, §4.13)
 def encode_fetch(request_id: int, topic: str, queue_id: int, offset: int, max_msgs: int,
-                 max_bytes: int) -> bytes:
+                 max_bytes: int, subscription: str = "*") -> bytes:
     """A FETCH frame: a bulk read of one queue from ``offset``, answered at once with a
-    PULL_REPLY of at most ``max_msgs`` records and about ``max_bytes`` bytes of them."""
+    FETCH_REPLY of at most ``max_msgs`` units and about ``max_bytes`` bytes of records;
+    with a ``subscription`` the units of other tags come back blank, without records."""
     try:
         body = _str16(topic, "topic") + FETCH_FIXED.pack(queue_id, offset, max_msgs, max_bytes)
+        if subscription not in ("*", ""):
+            body += _str16(subscription, "subscription")
     except struct.error as e:
         raise ValueError(f"FETCH request does not fit the wire: {e}") from None
     return _header(Kind.FETCH, request_id, 0) + body
@@ -943,13 +947,18 @@ def decode_fetch(frame) -> FetchRequest:
     """Raises ``ProtocolError``."""
     buf, request_id, count = _open(frame, Kind.FETCH)
     _no_records(count, request_id, Kind.FETCH)
+    subscription = "*"
     try:
         topic, p = _read_str16(buf, HEADER_SIZE)
         queue_id, offset, max_msgs, max_bytes = FETCH_FIXED.unpack_from(buf, p)
+        p += FETCH_FIXED.size
+        if p < len(buf):
+            subscription, p = _read_str16(buf, p)
     except _DECODE_FAULTS as e:
         raise _malformed(request_id, f"FETCH body: {e}") from None
-    _check_end(buf, p + FETCH_FIXED.size, request_id, "the FETCH body")
-    return FetchRequest(request_id, topic, queue_id, offset, max_msgs, max_bytes)
+    _check_end(buf, p, request_id, "the FETCH body")
+    return FetchRequest(request_id, topic, queue_id, offset, max_msgs, max_bytes,
+                        subscription)
 
 
 def encode_fetch_reply(request_id: int, status: GetMessageStatus, next_begin_offset: int,

@@ -47,7 +47,9 @@ from procs.consumer import update_offsets
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot
+from storage.bulk_read import keep_tags
 from storage.errors import StoreError
+from storage.read_path import subscription_tags
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
 from storage.validation import TOPIC_PATTERN, check_topic
@@ -230,6 +232,7 @@ class ReaderService(Service):
         if req.max_msgs <= 0 or req.max_bytes <= 0:
             _refuse_if(f"max_msgs {req.max_msgs} and max_bytes {req.max_bytes} must be "
                        "positive", req.request_id)
+        wanted = subscription_tags(req.subscription)
         max_msgs = min(req.max_msgs, protocol.MAX_FETCH_MSGS)
         max_bytes = min(req.max_bytes, protocol.MAX_FETCH_BYTES)
         dispatched = self.table.get(Slot.DISPATCHED)
@@ -246,8 +249,13 @@ class ReaderService(Service):
             first = first or r
             if r.status is not GetMessageStatus.FOUND or r.count == 0:
                 break
-            units.append(r.units)
-            data += r.data
+            if wanted:
+                kept_units, kept = keep_tags(r.units, r.data, wanted)
+                units.append(kept_units)
+                data += kept
+            else:
+                units.append(r.units)
+                data += r.data
             count, nbytes, last = count + r.count, nbytes + r.nbytes, r
             if r.next_begin_offset >= r.max_offset:
                 break

@@ -32,8 +32,14 @@ import functools
 import struct
 from typing import Callable, NamedTuple
 
+import numpy as np
+
+from storage import record
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE
+from storage.hashing import tags_code
 from storage.status import GetMessageStatus
+
+_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 
 SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span
 MAX_SPAN_BYTES = 16 << 20   # a record starting in the next aligned stretch starts one too
@@ -153,3 +159,28 @@ def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
 @functools.lru_cache(maxsize=8)
 def _units_struct(n: int) -> struct.Struct:
     return struct.Struct(">" + "qiq" * n)
+
+
+def keep_tags(units: bytes, data: list, tags: set[str]) -> tuple[bytes, list]:
+    """``units`` and their records (``data``, pieces back to back) with every unit whose
+    message has none of ``tags`` made a blank unit and its record left out: offsets
+    stay where they are, and a reader of the reply skips the blanks as it skips the
+    consume queue's own. The unit's tagsCode picks the candidates, the record's TAGS
+    decides (hash codes collide)."""
+    table = np.frombuffer(units, _UNIT_DTYPE).copy()
+    real = table["size"] != BLANK_UNIT_SIZE
+    sizes = table["size"][real].astype(np.int64)
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    joined = b"".join(data)
+    codes = np.array(sorted({tags_code(t) for t in tags}), np.int64)
+    candidate = np.isin(table["tags_code"][real], codes)
+    keep = np.zeros(len(sizes), bool)
+    for i in np.flatnonzero(candidate).tolist():
+        s = int(starts[i])
+        keep[i] = record.decode_at(joined[s:s + int(sizes[i])], 0).tags in tags
+    dropped = np.flatnonzero(real)[~keep]
+    table["phy"][dropped], table["size"][dropped], table["tags_code"][dropped] = \
+        0, BLANK_UNIT_SIZE, 0
+    kept = [joined[int(starts[i]):int(starts[i] + sizes[i])] for i in np.flatnonzero(keep)]
+    return table.tobytes(), kept

@@ -13,7 +13,9 @@ from procs import protocol
 from procs.client import ClientError, Consumer, Producer, ReaderClient
 from shm.positions import Slot
 from storage import Message
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
 from storage.read_path import subscription_tags
+from storage.record import decode_at
 from storage.store_reader import StoreReader
 from storage.config import StoreConfig, recorded_geometry
 from store_processes import RunningStore, wait_for
@@ -114,3 +116,19 @@ def test_offsets_by_time_follow_either_rule_as_local_reads_do(store):
                 assert c.position(0) == nearest[0]
             first_after = next((i for i, s in enumerate(stamps) if s >= ts), 48)
             assert after[0] == first_after
+
+
+def test_a_filtered_fetch_blanks_the_units_of_other_tags(store):
+    """FETCH with a subscription: every unit in place, those of other tags blank and
+    without a record; the records it does carry are exactly a filtered PULL's."""
+    with ReaderClient(store.store_dir) as reader:
+        whole = reader.fetch("Orders", 0, 0, 48)
+        some = reader.fetch("Orders", 0, 0, 48, tags="paid || refunded")
+        pulled = reader.pull("Orders", 0, 0, 48, tags="paid || refunded")
+    assert len(some.units) == len(whole.units) == 48 * 20
+    assert some.next_begin_offset == whole.next_begin_offset == 48
+    units = [CQ_UNIT.unpack_from(some.units, i * 20) for i in range(48)]
+    blank = [u[1] == BLANK_UNIT_SIZE for u in units]
+    assert blank == [TAGS[i % len(TAGS)] not in ("paid", "refunded") for i in range(48)]
+    assert [decode_at(bytes(r), 0).body for r in some.records] == [m.body for m in
+                                                                   pulled.messages]
