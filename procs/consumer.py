@@ -39,6 +39,7 @@ from storage.message_view import MessageView
 from storage.read_path import GetMessageResult, check_unit_views
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
+from storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"
 
@@ -51,6 +52,7 @@ class Consumer:
             raise ValueError("from_where is 'earliest' or 'latest'")
         self.store_dir, self.group, self.topic = store_dir, group, topic
         self.config = config or store_config(store_dir)
+        file_modes.use_umask(self.config.data_umask)
         self.from_where = from_where
         self.tags = tags
         self.rebalance_interval_ms = rebalance_interval_ms
@@ -236,9 +238,9 @@ def store_config(store_dir: str) -> StoreConfig:
 
 def update_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
     """Merge ``offsets`` into ``consumerOffset.json`` under an exclusive flock."""
-    os.makedirs(config_dir, exist_ok=True)
+    file_modes.make_dirs(config_dir)
     path = os.path.join(config_dir, OFFSET_FILE)
-    with open(path + ".lock", "a") as lock:
+    with os.fdopen(file_modes.create(path + ".lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         doc = json_file.load(path) or {}
         table = doc.setdefault("offsetTable", {})

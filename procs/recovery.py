@@ -33,6 +33,7 @@ from storage import MessageStore, StoreConfig
 from storage import recovery_plan
 from storage.recovery_plan import TableState
 from storage.store_lock import StoreLock
+from storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     ``StoreError`` recovery raises (the lock is released again).
     """
     root = config.store_path_root_dir
-    os.makedirs(root, exist_ok=True)
+    file_modes.use_umask(config.data_umask)
+    file_modes.make_dirs(root)
     lock = StoreLock(root)
     lock.acquire()
     pool = None

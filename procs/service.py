@@ -41,6 +41,7 @@ import zmq
 
 from procs.stats import ProcessStats
 from shm.positions import PROC_STATE, PositionTable, ProcessState
+from storage import file_modes
 from storage.config import StoreConfig
 
 MAX_TURN_MS = 200
@@ -131,5 +132,6 @@ def run_service(module: str, store_dir: str, config: dict) -> None:
     service_class = importlib.import_module(module).SERVICE
     configure_logging(store_dir, service_class.name)
     service = service_class(store_dir, StoreConfig(**config))
+    file_modes.use_umask(service.config.data_umask)
     service.supervised = True
     service.serve()

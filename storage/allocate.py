@@ -36,6 +36,7 @@ import os
 import threading
 
 from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, fsync_dir, offset_to_file_name
+from storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,8 @@ class AllocateMappedFileService:
                      "one another)", offset_to_file_name(offset))
             return None
         tmp = os.path.join(self.directory, f".{offset_to_file_name(offset)}{SUFFIX}")
-        os.makedirs(self.directory, exist_ok=True)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        file_modes.make_dirs(self.directory)
+        fd = file_modes.create(tmp, os.O_RDWR | os.O_TRUNC)
         try:
             FILE_OPS.fallocate(fd, 0, self.file_size)
             if self.warm:

@@ -23,6 +23,7 @@ import os
 import struct
 
 from storage.mapped_file import FILE_OPS
+from storage import file_modes
 
 CHECKPOINT_FILE_SIZE = 4096
 PHYSIC_POS = 0
@@ -52,8 +53,8 @@ class StoreCheckpoint:
                     decode(f.read(TIMESTAMPS.size).ljust(TIMESTAMPS.size, b"\0"))
             self.fd, self.buf = -1, None
             return
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        file_modes.make_dirs(os.path.dirname(path) or ".")
+        self.fd = file_modes.create(path, os.O_RDWR)
         if os.fstat(self.fd).st_size < CHECKPOINT_FILE_SIZE:
             FILE_OPS.fallocate(self.fd, 0, CHECKPOINT_FILE_SIZE)
         self.buf = mmap.mmap(self.fd, CHECKPOINT_FILE_SIZE)

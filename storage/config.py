@@ -147,6 +147,9 @@ class StoreConfig:
     # rocketstore's: the Prometheus endpoint (procs.metrics) on this port; 0 = off
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
+    # rocketstore's: the store's files are 0666 & ~data_umask, its directories
+    # 0777 & ~data_umask (storage.file_modes): owner and group by default
+    data_umask: int = 0o027
 
     def __post_init__(self) -> None:
         self.validate()
@@ -223,6 +226,9 @@ class StoreConfig:
                     "disk, which the pool's commit step would only delay")
             if not 1 <= self.transient_store_pool_size <= 64:
                 raise StoreConfigError("transient_store_pool_size must be in 1..64")
+        if not 0 <= self.data_umask <= 0o777 or self.data_umask & 0o700:
+            raise StoreConfigError(f"data_umask {self.data_umask:#o} must be in 0..0o077: "
+                                   "the store's own processes must read and write its files")
         if not 0 <= self.metrics_port <= 65535:
             raise StoreConfigError("metrics_port must be in 0..65535 (0: no metrics endpoint)")
         try:
@@ -333,6 +339,7 @@ NOTES: dict[str, str] = {
     "producer_id_expiration_ms": "rocketstore's",
     "metrics_port": "rocketstore's",
     "metrics_address": "rocketstore's",
+    "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
 }
 
 

@@ -73,6 +73,7 @@ import numpy as np
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
 from storage.mapped_file import FILE_OPS, fsync_dir, unlink_quietly
+from storage import file_modes
 
 # --------------------------------------------------------------------- IndexHeader
 BEGIN_TIMESTAMP_POS = 0
@@ -269,9 +270,9 @@ class IndexFile:
     # ----------------------------------------------------------------- open / create
     def _create(self) -> int:
         directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
+        file_modes.make_dirs(directory)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = file_modes.create(self.path, os.O_RDWR | os.O_EXCL)
         except OSError as e:
             raise StoreFileError(self.path, f"cannot create: {os.strerror(e.errno)}") from e
         try:

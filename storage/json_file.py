@@ -17,6 +17,7 @@ import os
 import shutil
 
 from storage.mapped_file import fsync_dir
+from storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,9 @@ def persist(path: str, document: dict, *, compact: bool = False) -> None:
     """Atomically replace ``path`` with ``document`` as JSON (indented; on one line
     when ``compact``, for large documents). Raises ``OSError``."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    file_modes.make_dirs(directory)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with os.fdopen(file_modes.create(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as f:
         if compact:
             json.dump(document, f, separators=(",", ":"), sort_keys=True)
         else:
@@ -36,6 +37,7 @@ def persist(path: str, document: dict, *, compact: bool = False) -> None:
         os.fsync(f.fileno())
     if os.path.exists(path):
         shutil.copyfile(path, path + ".bak")
+        os.chmod(path + ".bak", file_modes.file_mode())
     os.replace(tmp, path)
     fsync_dir(directory)
 

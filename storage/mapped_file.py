@@ -44,6 +44,7 @@ import types
 
 from storage.errors import StoreFileError
 from storage.clock import now_ms  # noqa: F401  (re-exported)
+from storage import file_modes
 
 OS_PAGE_SIZE = 4096
 _INSPECT_LIMIT = 4 << 20
@@ -114,8 +115,8 @@ class MappedFile:
         if not exists and (not create or self.read_only):
             raise StoreFileError(self.path, "file does not exist")
         if not exists:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, flags | (0 if exists else os.O_CREAT), 0o644)
+            file_modes.make_dirs(os.path.dirname(self.path) or ".")
+        fd = os.open(self.path, flags) if exists else file_modes.create(self.path, flags)
         try:
             size = os.fstat(fd).st_size
             if not exists or size == 0:

@@ -38,6 +38,7 @@ from typing import Callable
 from storage.errors import StoreFileError
 from storage.mapped_file import (
     MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms, offset_to_file_name)
+from storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -478,9 +479,9 @@ def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:
         data = mf.buf[start:end]
         if data.count(0) == len(data):
             continue
-        os.makedirs(quarantine_dir, exist_ok=True)
+        file_modes.make_dirs(quarantine_dir)
         dest = os.path.join(quarantine_dir, f"{mf.file_name}.from-{start}")
-        with open(dest, "wb") as f:
+        with os.fdopen(file_modes.create(dest, os.O_WRONLY | os.O_TRUNC), "wb") as f:
             f.write(data.rstrip(b"\0"))
             os.fsync(f.fileno())
         log.warning("recovery cut %s at %d; the bytes from %d are kept in %s",
@@ -489,7 +490,7 @@ def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:
 
 def _quarantine_file(mf: MappedFile, quarantine_dir: str) -> None:
     """Move a cut-away file that holds data into ``quarantine_dir`` (never unlinked)."""
-    os.makedirs(quarantine_dir, exist_ok=True)
+    file_modes.make_dirs(quarantine_dir)
     mf.close()
     dest = os.path.join(quarantine_dir, mf.file_name)
     os.replace(mf.path, dest)

@@ -60,6 +60,7 @@ from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refus
 from storage.store_services import StoreServices
 from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
+from storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class MessageStore:
                 "transient_store_pool_enable is a setting of the multiprocess store "
                 "(rocketstore up): the embedded store writes through its mappings")
         self.config = config
+        file_modes.use_umask(config.data_umask)
         self.background = background
         self.services: StoreServices | None = None
         self._take_lock = take_lock
@@ -127,7 +129,7 @@ class MessageStore:
         with self._mutex:
             if self._state != "new":
                 raise StoreClosedError("load() may be called once per MessageStore")
-            os.makedirs(self.root_dir, exist_ok=True)
+            file_modes.make_dirs(self.root_dir)
             if self._take_lock:
                 self._lock_file.acquire()
             try:

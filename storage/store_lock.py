@@ -16,6 +16,7 @@ import os
 
 from storage.errors import StoreError
 from storage.mapped_file import fsync_dir
+from storage import file_modes
 
 
 class StoreLockedError(StoreError):
@@ -29,8 +30,8 @@ class StoreLock:
 
     def acquire(self) -> None:
         """Take the lock or raise ``StoreLockedError`` naming the directory."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        file_modes.make_dirs(os.path.dirname(self.path))
+        fd = file_modes.create(self.path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

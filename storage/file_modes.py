@@ -1,0 +1,66 @@
+"""Who may read the store's files: the owner reads and writes, the group reads.
+
+Every directory the store makes is ``0777 & ~data_umask`` and every file
+``0666 & ~data_umask``: with the default ``data_umask`` 0o027, directories 0750 and
+files 0640, so a reader group (consumers, backup, Spark executors on this host) can map
+the files and nobody else can. The modes are set exactly (``fchmod``/``chmod`` after
+creation), whatever the process's own umask; the socket directory ``run/`` stays 0700
+and a consumer group's membership files 0600 (they grant access to the writer and to a
+group's place).
+
+``data_umask`` is a store setting; ``use_umask`` makes it the one this process applies
+(the store's processes, the supervisor and an embedded store call it as they open the
+store), so one process serves one store's modes at a time.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_UMASK = 0o027
+_umask = DEFAULT_UMASK
+
+
+def use_umask(mask: int) -> None:
+    global _umask
+    _umask = mask
+
+
+def file_mode() -> int:
+    return 0o666 & ~_umask
+
+
+def dir_mode() -> int:
+    return 0o777 & ~_umask
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` with every directory it makes set to
+    ``dir_mode()``; directories that exist keep their mode."""
+    path = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, dir_mode())
+        except FileExistsError:
+            continue
+        os.chmod(directory, dir_mode())
+
+
+def create(path: str, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT)`` with the file made ``file_mode()`` when this
+    call created it (an existing file keeps its mode)."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, file_mode())
+    except FileExistsError:
+        if flags & os.O_EXCL:
+            raise
+        return os.open(path, flags & ~os.O_CREAT)
+    os.fchmod(fd, file_mode())
+    return fd
