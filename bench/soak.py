@@ -1,0 +1,198 @@
+"""A long soak: mixed load on a running store while its processes are SIGKILLed.
+
+Not part of the test suite (minutes long); it checks correctness and prints a table, and
+exits non-zero when a check fails. Run from the project root:
+
+    python bench/soak.py [--minutes 3] [--quick] [--seed N]
+
+For the whole run, in separate processes:
+
+* producers: batches through ``send_async`` and single ``send``s, one of them idempotent,
+  some messages delayed (delay level 1-3: the scheduler delivers them to their topic);
+* a consumer group reading everything (committing as it goes) and a reader-socket
+  client querying keys;
+* every 2-5 s (seeded) one store process (writer, flusher, dispatcher, cleaner,
+  scheduler or reader) is SIGKILLed; the supervisor restarts it.
+
+At the end, once every delayed message is due and dispatched: every acknowledged
+message is read back exactly once (delayed ones in their real topic), the consumers saw
+no message twice within a process life, and ``rocketstore check`` is clean. The table:
+messages acknowledged, kills and restarts per process, throughput, the longest pause
+between acknowledgements, and every anomaly found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from procs.client import ClientError, Consumer, Producer, ReaderClient, RequestTimeout  # noqa: E402
+from shm.positions import PROCESS_NAMES, Slot  # noqa: E402
+from storage import Message  # noqa: E402
+from store_processes import RunningStore, cli, wait_for  # noqa: E402
+
+TOPIC = "Soak"
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _message(worker: int, n: int, rng: random.Random) -> Message:
+    delay = rng.choice((0, 0, 0, 0, 1, 2, 3))
+    return Message(topic=TOPIC, body=b"%02d-%08d-" % (worker, n) + bytes(rng.randrange(200)),
+                   tags=f"t{n % 4}", keys=[f"w{worker}-{n}"], delay_level=delay,
+                   queue_id=None)
+
+
+def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> None:
+    """Send for ``seconds``; report every acknowledged body and the longest wait."""
+    rng = random.Random(seed)
+    acked, longest, n = [], 0.0, 0
+    deadline = time.monotonic() + seconds
+    with Producer(store_dir, idempotent=worker == 0, timeout_ms=10_000) as p:
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = [_message(worker, n + i, rng) for i in range(rng.choice((1, 1, 20, 100)))]
+            n += len(batch)
+            try:
+                results = p.send_batch(batch)
+            except (RequestTimeout, ClientError):
+                continue                   # the writer was away: unacknowledged
+            now = time.monotonic()
+            for m, r in zip(batch, results):
+                if r.ok:
+                    acked.append(m.body[:12])
+                    longest = max(longest, now - last)
+                    last = now
+    out.put(("producer", worker, acked, longest))
+
+
+def consumer(store_dir: str, seconds: float, out) -> None:
+    """Read the topic as a group for ``seconds``, committing; report duplicates seen."""
+    seen, twice = set(), 0
+    deadline = time.monotonic() + seconds
+    with Consumer(store_dir, "soak-readers", TOPIC) as c:
+        while time.monotonic() < deadline:
+            try:
+                for m in c.poll(256, timeout_ms=200):
+                    key = m.body[:12]
+                    twice += key in seen
+                    seen.add(key)
+                c.commit()
+            except Exception:  # noqa: BLE001 - a store process restarting: read on
+                time.sleep(0.1)
+    out.put(("consumer", 0, len(seen), twice))
+
+
+def querier(store_dir: str, seconds: float, out) -> None:
+    asked = found = 0
+    deadline = time.monotonic() + seconds
+    rng = random.Random(7)
+    with ReaderClient(store_dir, timeout_ms=5000) as r:
+        while time.monotonic() < deadline:
+            try:
+                asked += 1
+                found += bool(r.query_by_key(TOPIC, f"w1-{rng.randrange(2000)}"))
+            except (RequestTimeout, ClientError):
+                pass
+            time.sleep(0.05)
+    out.put(("querier", 0, asked, found))
+
+
+def run(minutes: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    seconds = minutes * 60
+    root = tempfile.mkdtemp(prefix="rssoak-", dir=".")
+    store = RunningStore(root, mapped_file_size_commit_log=8 << 20,
+                         message_delay_level="1s 2s 3s")
+    store.start()
+    out = SPAWN.Queue()
+    workers = [SPAWN.Process(target=producer, args=(store.store_dir, w, seconds, seed + w, out))
+               for w in range(3)]
+    workers.append(SPAWN.Process(target=consumer, args=(store.store_dir, seconds, out)))
+    workers.append(SPAWN.Process(target=querier, args=(store.store_dir, seconds, out)))
+    for w in workers:
+        w.start()
+    kills = {name: 0 for name in PROCESS_NAMES}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        time.sleep(rng.uniform(2, 5))
+        victim = rng.choice(PROCESS_NAMES)
+        pid = store.child_pid(victim)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                kills[victim] += 1
+            except ProcessLookupError:
+                pass
+    reports = [out.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(30)
+    elapsed = time.monotonic() - t0
+    time.sleep(4)                                        # every delayed message due
+    wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN), timeout=60,
+             what="dispatch to catch up")
+    acked = [b for r in reports if r[0] == "producer" for b in r[2]]
+    stored: dict[bytes, int] = {}
+    with Consumer(store.store_dir, "soak-final", TOPIC) as c:
+        while True:
+            got = c.poll(1024, timeout_ms=1000)
+            if not got:
+                break
+            for m in got:
+                stored[m.body[:12]] = stored.get(m.body[:12], 0) + 1
+    restarts = {name: store.restarts(name) for name in PROCESS_NAMES}
+    store.stop()
+    check = cli("check", "--store", store.store_dir)
+    anomalies = []
+    missing = [b for b in acked if b not in stored]
+    doubled = [b for b, k in stored.items() if k > 1]
+    if missing:
+        anomalies.append(f"{len(missing)} acknowledged messages missing, e.g. {missing[:3]}")
+    if doubled:
+        anomalies.append(f"{len(doubled)} messages stored twice, e.g. {doubled[:3]}")
+    if "consistent" not in check.stdout:
+        anomalies.append(f"check: {check.stdout.strip()[:300]}")
+    if not anomalies:
+        shutil.rmtree(root, ignore_errors=True)      # kept for a look when something failed
+    consumer_report = next(r for r in reports if r[0] == "consumer")
+    querier_report = next(r for r in reports if r[0] == "querier")
+    return {
+        "minutes": round(elapsed / 60, 2), "acknowledged": len(acked),
+        "stored": sum(stored.values()), "acks_per_s": round(len(acked) / elapsed),
+        "longest_ack_pause_s": round(max(r[3] for r in reports if r[0] == "producer"), 2),
+        "kills": kills, "restarts": restarts,
+        "consumer_seen": consumer_report[2], "consumer_duplicates": consumer_report[3],
+        "queries": querier_report[2], "queries_found": querier_report[3],
+        "anomalies": anomalies, "store": store.store_dir,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="45 seconds")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    result = run(0.75 if args.quick else args.minutes, args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for name, value in result.items():
+            print(f"{name:>22} | {value}")
+    return 1 if result["anomalies"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

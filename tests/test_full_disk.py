@@ -1,0 +1,121 @@
+"""A real full disk: a running store on a 48 MiB tmpfs, filled.
+
+Needs root (to mount the tmpfs); skipped otherwise, with the reason. The ENOSPC
+injections of the other tests stay for the cases a real disk cannot produce on demand.
+
+1. With the cleaner stopped (SIGSTOP), the store fills the file system: the next
+   CommitLog file cannot be allocated, and sends get CREATE_MAPEDFILE_FAILED naming it;
+   no process crashes (no SIGBUS: files are allocated before they are mapped).
+2. The cleaner runs again: past 90 % it marks the disk full (sends refused with
+   SERVICE_NOT_AVAILABLE naming DISK_FULL), past 85 % it deletes the oldest CommitLog
+   files at once (RocketMQ's forced clean), and once usage is back under the ratios
+   writes resume on their own.
+3. Nothing still stored is harmed: every acknowledged message at or above MIN_OFFSET
+   reads back intact, and ``rocketstore check`` is clean.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from procs.client import Consumer, Producer
+from shm.positions import Slot
+from storage import Message
+from store_processes import RunningStore, cli, wait_for
+
+MIB = 1 << 20
+
+
+def _mount(path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root: the real full disk is not tried here")
+    os.makedirs(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    path = tmp_path / "disk"
+    _mount(path)
+    yield path
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _batch(first: int) -> list[Message]:
+    return [Message(topic="Full", body=b"full-%06d-" % i + bytes(4000), keys=[f"k{i}"],
+                    queue_id=i % 2) for i in range(first, first + 25)]
+
+
+def test_a_full_disk_refuses_by_name_keeps_what_is_stored_and_recovers(small_disk):
+    store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
+                         clean_resource_interval=100, delete_commit_log_files_interval=0)
+    store.start()
+    acked: dict[bytes, tuple[int, int, int]] = {}
+    refusals: list[tuple[str, str]] = []
+    cleaner = store.child_pid("cleaner")
+    try:
+        os.kill(cleaner, signal.SIGSTOP)
+        n = 0
+        with Producer(store.store_dir) as p:
+            while not refusals and n < 40_000:            # 48 MiB hold about 11,000
+                batch = _batch(n)
+                for m, r in zip(batch, p.send_batch(batch)):
+                    if r.status.name == "PUT_OK":
+                        acked[m.body[:12]] = (r.queue_id, r.queue_offset, r.commit_log_offset)
+                    else:
+                        refusals.append((r.status.name, r.reason))
+                n += len(batch)
+            assert refusals, "the file system never filled"
+            assert refusals[0][0] == "CREATE_MAPEDFILE_FAILED", refusals[0]
+            assert "commitlog file" in refusals[0][1]
+            for name in ("writer", "flusher", "dispatcher", "reader"):
+                assert store.restarts(name) == 0, f"{name} died on a full disk"
+            os.kill(cleaner, signal.SIGCONT)
+            wait_for(lambda: store.slot(Slot.MIN_OFFSET) > 0, timeout=30,
+                     what="the forced clean")
+            resumed, deadline = False, time.monotonic() + 30
+            while not resumed and time.monotonic() < deadline:
+                results = p.send_batch(_batch(n))
+                resumed = all(r.status.name == "PUT_OK" for r in results)
+                if not resumed:
+                    refused = [r for r in results if r.status.name != "PUT_OK"][0]
+                    assert refused.status.name in ("SERVICE_NOT_AVAILABLE",
+                                                   "CREATE_MAPEDFILE_FAILED"), refused
+                    time.sleep(0.2)
+                else:
+                    for m, r in zip(_batch(n), results):
+                        acked[m.body[:12]] = (r.queue_id, r.queue_offset, r.commit_log_offset)
+                n += 25
+            assert resumed, "writes did not resume after the clean"
+        min_offset = store.slot(Slot.MIN_OFFSET)
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                 what="dispatch")
+        seen = {}
+        with Consumer(store.store_dir, "after-full", "Full") as c:
+            while True:
+                got = c.poll(256, timeout_ms=500)
+                if not got:
+                    break
+                for m in got:
+                    seen[m.body[:12]] = (m.queue_id, m.queue_offset, m.commit_log_offset,
+                                         m.body)
+        kept = {b: a for b, a in acked.items() if a[2] >= min_offset}
+        assert kept and all(seen.get(b, (None,) * 3)[:3] == a for b, a in kept.items())
+        assert all(v[3] == k + bytes(4000) for k, v in seen.items())
+        assert store.stop() == 0
+    finally:
+        try:
+            os.kill(cleaner, signal.SIGCONT)       # never left stopped, whatever failed
+        except ProcessLookupError:
+            pass
+        store.kill_all()
+    r = cli("check", "--config", store.config_path)
+    assert r.returncode == 0 and "consistent" in r.stdout, r.stdout + r.stderr
