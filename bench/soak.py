@@ -153,7 +153,7 @@ def run(minutes: float, seed: int) -> dict:
                 stored[m.body[:12]] = stored.get(m.body[:12], 0) + 1
     restarts = {name: store.restarts(name) for name in PROCESS_NAMES}
     store.stop()
-    check = cli("check", "--store", store.store_dir)
+    check = cli("check", "--config", store.config_path)
     anomalies = []
     missing = [b for b in acked if b not in stored]
     doubled = [b for b, k in stored.items() if k > 1]

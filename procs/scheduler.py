@@ -14,9 +14,10 @@ Restart decision table:
     what is due           the SCHEDULE_TOPIC_XXXX consume queues (their units hold the
                           delivery time)
 
-A crash between a re-put and the offset write delivers those messages again on restart
-(at least once, never lost). A re-put that times out is retried later, for the same
-reason. Delivered messages keep ``reconsume_times`` and ``prepared_transaction_offset``:
+A crash between a re-put and the offset write delivers that batch again on restart
+(at least once, never lost: at most one batch of ``schedule_message.BATCH`` twice). A
+re-put that times out is retried later, for the same reason. Each turn delivers for at
+most ``MAX_TURN_MS``, so a backlog never stops the heartbeat. Delivered messages keep ``reconsume_times`` and ``prepared_transaction_offset``:
 the producer sends a message carrying either as a SEND_RECORDS record, which holds every
 field.
 """
@@ -24,6 +25,7 @@ field.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterator
 
 from procs.client import ClientError, Producer
@@ -60,8 +62,8 @@ class SchedulerService(Service):
         due = self.service.next_due_ms()
         wait_ms = MAX_TURN_MS if due is None else max(0, min(MAX_TURN_MS, due - now_ms()))
         self.arrivals.wait(wait_ms)
-        if due is not None and due <= now_ms():
-            self.service.deliver_due()
+        if due is not None and due <= now_ms():       # a bounded turn: the loop keeps turning
+            self.service.deliver_due(deadline=time.monotonic() + MAX_TURN_MS / 1000)
         self.held.clear()
 
     def teardown(self) -> None:
@@ -91,12 +93,12 @@ class SchedulerService(Service):
     def look_message(self, commit_log_offset: int) -> MessageExt | None:
         return self.held.get(commit_log_offset)
 
-    def put_again(self, msg: Message) -> tuple[bool, str]:
+    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
         try:
-            result = self.producer.send_batch([msg])[0]
+            results = self.producer.send_batch(msgs)
         except ClientError as e:
-            return False, str(e)
-        return result.ok, f"{result.status.name} {result.reason}".strip()
+            return [(False, str(e))] * len(msgs)
+        return [(r.ok, f"{r.status.name} {r.reason}".strip()) for r in results]
 
 
 SERVICE = SchedulerService

@@ -711,6 +711,5 @@ class _EmbeddedDelayQueues:
     def look_message(self, commit_log_offset: int) -> MessageExt | None:
         return self.store.commit_log.look_message_by_offset(commit_log_offset)
 
-    def put_again(self, msg: Message) -> tuple[bool, str]:
-        result = self.store.put(msg)
-        return result.ok, f"{result.status.name} {result.reason}".strip()
+    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
+        return [(r.ok, f"{r.status.name} {r.reason}".strip()) for r in self.store.put_batch(msgs)]

@@ -13,16 +13,23 @@ are in delivery-time order, since every message of a level waits the same time. 
 delivery time further away than the level's delay (a clock that went backwards) is
 treated as due now, as RocketMQ's ``correctDeliverTimestamp`` does.
 
+Due messages go out in batches of up to ``BATCH`` (one ``put_again_batch``), and the
+offset table is written after every batch that delivered something; a call stops at
+its ``deadline`` (a monotonic time) so a process's loop keeps turning however large the
+backlog, and the next call goes on where it stopped.
+
 Crash story: the offset table is written after the re-puts (``persist``), so a crash
-between the two delivers those messages again on restart: at least once, never lost.
-A put refused because the store is not writeable leaves the offset where it is and is
-retried on the next call.
+between the two delivers that batch again on restart: at least once, never lost, and
+never more than one batch twice. A put refused because the store is not writeable
+leaves the offset at the first message not stored, and is retried on the next call.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import time
 from typing import Iterator, Protocol
 
 from storage import json_file
@@ -33,6 +40,7 @@ from storage.message import Message, MessageExt
 log = logging.getLogger(__name__)
 
 DELAY_OFFSET_FILE = "delayOffset.json"
+BATCH = 64                 # due messages put again in one batch
 
 
 class DelayQueues(Protocol):
@@ -46,8 +54,8 @@ class DelayQueues(Protocol):
 
     def look_message(self, commit_log_offset: int) -> MessageExt | None: ...
 
-    def put_again(self, msg: Message) -> tuple[bool, str]:
-        """Put ``msg``; (stored, a reason when not)."""
+    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
+        """Put ``msgs`` in order; per message (stored, a reason when not)."""
 
 
 class ScheduleMessageService:
@@ -75,39 +83,58 @@ class ScheduleMessageService:
                                                       sorted(self.offset_table.items())}})
         self._persisted = dict(self.offset_table)
 
-    def deliver_due(self, now: int | None = None) -> int:
-        """Re-put every delayed message due at ``now``; returns how many went out."""
+    def deliver_due(self, now: int | None = None, deadline: float | None = None) -> int:
+        """Re-put the delayed messages due at ``now`` (all of them, or as many as fit
+        before the monotonic ``deadline``); returns how many went out."""
         now = now_ms() if now is None else now
         delivered = 0
         for level in range(1, self.max_delay_level + 1):
-            delivered += self._deliver_level(level, now)
-        if delivered:
-            self.persist()
+            delivered += self._deliver_level(level, now, deadline)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
         return delivered
 
-    def _deliver_level(self, level: int, now: int) -> int:
-        offset = self.offset_table.get(level, 0)
+    def _deliver_level(self, level: int, now: int, deadline: float | None) -> int:
+        """Deliver level ``level``'s due messages batch by batch, each batch's progress
+        written before the next."""
         delivered = 0
+        due = self._due(level, now)
+        while True:
+            batch = list(itertools.islice(due, BATCH))
+            if not batch:
+                return delivered
+            done = self._redeliver(batch)
+            if done:
+                self.offset_table[level] = batch[done - 1][0] + 1
+                delivered += done
+                self.persist()
+            if done < len(batch) or (deadline is not None and time.monotonic() >= deadline):
+                return delivered
+
+    def _due(self, level: int, now: int) -> Iterator[tuple[int, int]]:
+        """``(queue offset, commit log offset)`` of the level's due units, in order."""
         for index, phy, _, deliver_at in self.queues.delay_units(
-                delay_level_to_queue_id(level), offset):
+                delay_level_to_queue_id(level), self.offset_table.get(level, 0)):
             if deliver_at > now + self.delay_level_ms[level]:
                 deliver_at = now
-            if deliver_at > now or not self._redeliver(phy):
-                break
-            offset = index + 1
-            delivered += 1
-        if delivered or level in self.offset_table:
-            self.offset_table[level] = offset
-        return delivered
+            if deliver_at > now:
+                return
+            yield index, phy
 
-    def _redeliver(self, phy: int) -> bool:
-        held = self.queues.look_message(phy)
-        if held is None:  # expired with its CommitLog file: nothing left to deliver
-            return True
-        stored, reason = self.queues.put_again(restore_real_destination(held))
-        if not stored:
-            log.warning("delayed message at %d not delivered: %s", phy, reason)
-        return stored
+    def _redeliver(self, batch: list[tuple[int, int]]) -> int:
+        """Put the batch's messages again; how many from its start are done (stored, or
+        expired with their CommitLog file: nothing left to deliver)."""
+        held = [self.queues.look_message(phy) for _, phy in batch]
+        msgs = [restore_real_destination(m) for m in held if m is not None]
+        results = iter(self.queues.put_again_batch(msgs) if msgs else [])
+        for done, ((_, phy), message) in enumerate(zip(batch, held)):
+            if message is None:
+                continue
+            stored, reason = next(results)
+            if not stored:
+                log.warning("delayed message at %d not delivered: %s", phy, reason)
+                return done
+        return len(batch)
 
     def next_due_ms(self) -> int | None:
         """When the earliest waiting message falls due (None when none waits)."""

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from conftest import msg, refuse_next_commit_log_file, reopen, small_config
+from storage import json_file
 from storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreClosedError,
     StoreLockedError)
@@ -404,6 +405,25 @@ def test_delayed_messages_are_delivered_when_due(config):
     assert s.deliver_delayed_messages(r.store_timestamp + 61_000) == 1
     assert [m.body for m in pull_all(s, "Orders", 3)] == [b"later", b"much later"]
     assert s.check() == []
+    s.close()
+
+
+def test_a_backlog_of_delayed_messages_goes_out_a_batch_at_a_time(config):
+    """With its deadline passed, a call delivers one batch and writes its progress, so
+    a crash re-delivers at most that batch and a process's loop keeps turning."""
+    from storage.schedule_message import BATCH
+    s = MessageStore(config, background=False)
+    s.load()
+    results = s.put_batch([Message(topic="Later", body=b"d%03d" % i, queue_id=0, delay_level=1)
+                           for i in range(BATCH * 2 + 5)])
+    s.dispatch()
+    service, due = s.schedule_message_service, results[-1].store_timestamp + 60_000
+    assert service.deliver_due(due, deadline=0) == BATCH                 # already past
+    assert json_file.load(service.path)["offsetTable"] == {"1": BATCH}   # written at once
+    assert service.deliver_due(due, deadline=0) == BATCH
+    assert service.deliver_due(due) == 5
+    s.dispatch()
+    assert [m.body for m in pull_all(s, "Later", 0)] == [b"d%03d" % i for i in range(BATCH * 2 + 5)]
     s.close()
 
 
