@@ -14,10 +14,11 @@ Restart decision table:
     what is due           the SCHEDULE_TOPIC_XXXX consume queues (their units hold the
                           delivery time)
 
-A crash between a re-put and the offset write delivers that batch again on restart
-(at least once, never lost: at most one batch of ``schedule_message.BATCH`` twice). A
-re-put that times out is retried later, for the same reason. Each turn delivers for at
-most ``MAX_TURN_MS``, so a backlog never stops the heartbeat. Delivered messages keep ``reconsume_times`` and ``prepared_transaction_offset``:
+A crash between a re-put and the offset write puts that batch again on restart, and a
+re-put that times out is put again later; both carry the identities of the first try
+(one idempotent producer per level, ``storage.schedule_message``), so the writer answers
+them as duplicates: never lost, never stored twice. Each turn delivers for at most
+``MAX_TURN_MS``, so a backlog never stops the heartbeat. Delivered messages keep ``reconsume_times`` and ``prepared_transaction_offset``:
 the producer sends a message carrying either as a SEND_RECORDS record, which holds every
 field.
 """
@@ -36,7 +37,7 @@ from storage.delay_level import parse_delay_levels, queue_id_to_delay_level
 from storage.message import Message, MessageExt
 from storage.record import SCHEDULE_TOPIC
 from storage.schedule_message import ScheduleMessageService
-from storage.status import GetMessageStatus
+from storage.status import GetMessageStatus, PutMessageStatus
 from storage.store_reader import StoreReader
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class SchedulerService(Service):
 
     def setup(self) -> None:
         self.reader = StoreReader(self.config)
-        self.producer = Producer(self.store_dir, timeout_ms=PUT_TIMEOUT_MS)
+        self.producers: dict[int, Producer] = {}    # one idempotent producer per level
         self.delay_level_ms = parse_delay_levels(self.config.message_delay_level)
         self.held: dict[int, MessageExt] = {}
         self.service = ScheduleMessageService(self, self.delay_level_ms, self.config.config_dir)
@@ -68,7 +69,8 @@ class SchedulerService(Service):
 
     def teardown(self) -> None:
         self.service.persist()
-        self.producer.close()
+        for producer in self.producers.values():
+            producer.close()
         self.reader.close()
 
     # ------------------------------------------------------------ DelayQueues
@@ -93,12 +95,19 @@ class SchedulerService(Service):
     def look_message(self, commit_log_offset: int) -> MessageExt | None:
         return self.held.get(commit_log_offset)
 
-    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
+    def put_again_batch(self, msgs: list[Message], identity: tuple[int, int]):
+        """Re-put as the level's idempotent producer (``identity``: its id and first
+        sequence): a batch put again after a lost answer is answered as a duplicate."""
+        producer_id, first_sequence = identity
+        producer = self.producers.get(producer_id)
+        if producer is None:
+            producer = self.producers[producer_id] = Producer(
+                self.store_dir, timeout_ms=PUT_TIMEOUT_MS, producer_id=producer_id)
         try:
-            results = self.producer.send_batch(msgs)
+            results = producer.send_batch(msgs, first_sequence=first_sequence)
         except ClientError as e:
-            return [(False, str(e))] * len(msgs)
-        return [(r.ok, f"{r.status.name} {r.reason}".strip()) for r in results]
+            return [(PutMessageStatus.SERVICE_NOT_AVAILABLE, str(e))] * len(msgs)
+        return [(r.status, r.reason) for r in results]
 
 
 SERVICE = SchedulerService

@@ -711,5 +711,6 @@ class _EmbeddedDelayQueues:
     def look_message(self, commit_log_offset: int) -> MessageExt | None:
         return self.store.commit_log.look_message_by_offset(commit_log_offset)
 
-    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
-        return [(r.ok, f"{r.status.name} {r.reason}".strip()) for r in self.store.put_batch(msgs)]
+    def put_again_batch(self, msgs: list[Message], identity: tuple[int, int]):
+        """In process: no answer can be lost, so ``identity`` is not needed."""
+        return [(r.status, r.reason) for r in self.store.put_batch(msgs)]

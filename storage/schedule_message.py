@@ -18,14 +18,27 @@ offset table is written after every batch that delivered something; a call stops
 its ``deadline`` (a monotonic time) so a process's loop keeps turning however large the
 backlog, and the next call goes on where it stopped.
 
+Exactly once: every level re-puts as an idempotent producer (``identity``): a producer
+id derived from the level and a generation, and a sequence that counts the level's
+deliveries. Both are written with the offset, under ``rocketstoreSequences`` beside
+RocketMQ's ``offsetTable`` (which RocketMQ's own reader ignores), so a batch put again
+after a crash (between the re-put and the offset write) or after a timeout (stored, but
+the answer lost) carries the same identities, and the writer answers it as the
+duplicate it is instead of storing it twice (``storage.idempotence``). When the writer
+no longer knows the producer (it expires after ``producer_id_expiration_ms`` idle) it
+answers OUT_OF_ORDER_SEQUENCE; the level then takes the next generation, whose
+sequences start at 0 (no re-put of the old one can still be in flight after that long).
+A store that puts in process (the embedded one) loses no answer and ignores identities.
+
 Crash story: the offset table is written after the re-puts (``persist``), so a crash
-between the two delivers that batch again on restart: at least once, never lost, and
-never more than one batch twice. A put refused because the store is not writeable
-leaves the offset at the first message not stored, and is retried on the next call.
+between the two puts that batch again on restart, with the same identities: never lost,
+never stored twice. A put refused because the store is not writeable leaves the offset
+at the first message not stored, and is retried on the next call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -36,6 +49,7 @@ from storage import json_file
 from storage.delay_level import delay_level_to_queue_id, restore_real_destination
 from storage.mapped_file import now_ms
 from storage.message import Message, MessageExt
+from storage.status import PutMessageStatus
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +68,10 @@ class DelayQueues(Protocol):
 
     def look_message(self, commit_log_offset: int) -> MessageExt | None: ...
 
-    def put_again_batch(self, msgs: list[Message]) -> list[tuple[bool, str]]:
-        """Put ``msgs`` in order; per message (stored, a reason when not)."""
+    def put_again_batch(self, msgs: list[Message],
+                        identity: tuple[int, int]) -> list[tuple[PutMessageStatus, str]]:
+        """Put ``msgs`` in order as producer ``identity[0]`` with sequences from
+        ``identity[1]``; per message its status and reason (a duplicate is PUT_OK)."""
 
 
 class ScheduleMessageService:
@@ -64,8 +80,10 @@ class ScheduleMessageService:
         self.delay_level_ms = delay_level_ms
         self.max_delay_level = len(delay_level_ms) - 1
         self.offset_table: dict[int, int] = {}
-        self._persisted: dict[int, int] = {}
+        self.sequences: dict[int, tuple[int, int]] = {}   # level -> (generation, next)
+        self._persisted: tuple = ({}, {})
         self.path = os.path.join(config_dir, DELAY_OFFSET_FILE)
+        self.identity_base = _identity_base(config_dir)
 
     def load(self) -> None:
         """Read the offset table; levels without an entry start at offset 0."""
@@ -73,15 +91,25 @@ class ScheduleMessageService:
         table = doc.get("offsetTable", {})
         self.offset_table = {int(level): int(offset) for level, offset in table.items()
                              if str(level).isdigit() and 1 <= int(level) <= self.max_delay_level}
-        self._persisted = dict(self.offset_table)
+        self.sequences = {int(level): (int(pair[0]), int(pair[1]))
+                          for level, pair in doc.get("rocketstoreSequences", {}).items()
+                          if str(level).isdigit() and isinstance(pair, list) and len(pair) == 2}
+        self._persisted = (dict(self.offset_table), dict(self.sequences))
 
     def persist(self) -> None:
-        """Write the offset table if it changed since it was last read or written."""
-        if self.offset_table == self._persisted:
+        """Write the offset table (and the levels' sequences) if it changed since it was
+        last read or written."""
+        if (self.offset_table, self.sequences) == self._persisted:
             return
-        json_file.persist(self.path, {"offsetTable": {str(k): v for k, v in
-                                                      sorted(self.offset_table.items())}})
-        self._persisted = dict(self.offset_table)
+        json_file.persist(self.path, {
+            "offsetTable": {str(k): v for k, v in sorted(self.offset_table.items())},
+            "rocketstoreSequences": {str(k): list(v) for k, v in sorted(self.sequences.items())}})
+        self._persisted = (dict(self.offset_table), dict(self.sequences))
+
+    def identity(self, level: int) -> tuple[int, int]:
+        """(producer id, next sequence) of level ``level``'s re-puts."""
+        generation, sequence = self.sequences.get(level, (0, 0))
+        return _producer_id(self.identity_base, level, generation), sequence
 
     def deliver_due(self, now: int | None = None, deadline: float | None = None) -> int:
         """Re-put the delayed messages due at ``now`` (all of them, or as many as fit
@@ -103,7 +131,7 @@ class ScheduleMessageService:
             batch = list(itertools.islice(due, BATCH))
             if not batch:
                 return delivered
-            done = self._redeliver(batch)
+            done = self._redeliver(level, batch)
             if done:
                 self.offset_table[level] = batch[done - 1][0] + 1
                 delivered += done
@@ -121,19 +149,29 @@ class ScheduleMessageService:
                 return
             yield index, phy
 
-    def _redeliver(self, batch: list[tuple[int, int]]) -> int:
+    def _redeliver(self, level: int, batch: list[tuple[int, int]]) -> int:
         """Put the batch's messages again; how many from its start are done (stored, or
-        expired with their CommitLog file: nothing left to deliver)."""
+        expired with their CommitLog file: nothing left to deliver). The level's
+        sequence moves past the messages stored."""
         held = [self.queues.look_message(phy) for _, phy in batch]
         msgs = [restore_real_destination(m) for m in held if m is not None]
-        results = iter(self.queues.put_again_batch(msgs) if msgs else [])
+        results = iter(self.queues.put_again_batch(msgs, self.identity(level)) if msgs else [])
+        generation, sequence = self.sequences.get(level, (0, 0))
         for done, ((_, phy), message) in enumerate(zip(batch, held)):
             if message is None:
                 continue
-            stored, reason = next(results)
-            if not stored:
-                log.warning("delayed message at %d not delivered: %s", phy, reason)
+            status, reason = next(results)
+            if status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE:
+                log.warning("level %d's producer is not the store's any more (%s): next "
+                            "generation", level, reason)
+                self.sequences[level] = (generation + 1, 0)
                 return done
+            if not status.ok:
+                log.warning("delayed message at %d not delivered: %s", phy, reason)
+                self.sequences[level] = (generation, sequence)
+                return done
+            sequence += 1
+        self.sequences[level] = (generation, sequence)
         return len(batch)
 
     def next_due_ms(self) -> int | None:
@@ -146,3 +184,13 @@ class ScheduleMessageService:
                     earliest = deliver_at
                 break
         return earliest
+
+
+def _identity_base(config_dir: str) -> bytes:
+    return os.path.realpath(config_dir).encode()
+
+
+def _producer_id(base: bytes, level: int, generation: int) -> int:
+    """A u64 other than 0, the same for a store's level and generation in every run."""
+    digest = hashlib.sha1(base + b"/scheduler/%d/%d" % (level, generation)).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1) or 1

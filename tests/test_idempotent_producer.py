@@ -501,9 +501,10 @@ def test_an_idle_producer_expires_and_starts_over_at_zero(store):
 
 
 def test_a_delayed_record_delivered_later_does_not_rewind_its_producer(store):
-    """The scheduler's re-put of a delayed record carries no identity: after a writer
-    restart (which rebuilds from the CommitLog, where the re-put lies after the
-    producer's later records) the producer continues where it was."""
+    """The scheduler's re-put of a delayed record carries the scheduler's own identity,
+    never the producer's: after a writer restart (which rebuilds from the CommitLog,
+    where the re-put lies after the producer's later records) the producer continues
+    where it was."""
     rs = store()
     pid = 5150
     with Producer(rs.store_dir, producer_id=pid) as p:
@@ -516,8 +517,8 @@ def test_a_delayed_record_delivered_later_does_not_rewind_its_producer(store):
         bodies = sorted(body_sequence(m.body)[1] for m in delivered)
         assert bodies == [0, 1, 2, 3, 4]
         copy = next(m for m in delivered if body_sequence(m.body)[1] == 0)
-        assert PROPERTY_PRODUCER_ID not in copy.properties
-        assert PROPERTY_PRODUCER_SEQUENCE not in copy.properties
+        assert copy.properties.get(PROPERTY_PRODUCER_ID) != str(pid)
+        assert copy.properties[PROPERTY_PRODUCER_SEQUENCE] == "0"   # the level's first
         writer = rs.child_pid("writer")
         os.kill(writer, signal.SIGKILL)
         wait_for(lambda: rs.child_pid("writer") not in (0, writer), 60, "writer restart")

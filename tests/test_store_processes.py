@@ -253,6 +253,45 @@ def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path, per_read):
         assert not fallbacks
 
 
+def test_delayed_messages_put_again_after_a_crash_are_stored_once(tmp_path):
+    """The scheduler dies after its re-puts, before it wrote its progress: its successor
+    puts the same batch again with the same identities, and the writer answers them as
+    duplicates, so every delayed message is in its topic once."""
+    with RunningStore(tmp_path, message_delay_level="1s 2s") as rs:
+        offsets = os.path.join(rs.store_dir, "config", "delayOffset.json")
+        with Producer(rs.store_dir) as p:
+            assert all(r.ok for r in p.send_batch([
+                Message(topic="LaterOnce", body=b"once-%02d" % i, queue_id=0, delay_level=1)
+                for i in range(10)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN)
+                 and os.path.exists(offsets), 30, "the delivery and its progress")
+        with Consumer(rs.store_dir, "once", "LaterOnce") as c:
+            got = []
+            deadline = time.monotonic() + 20
+            while len(got) < 10 and time.monotonic() < deadline:
+                got += c.poll(32, 500)
+        assert sorted(m.body for m in got) == [b"once-%02d" % i for i in range(10)]
+        scheduler = rs.child_pid("scheduler")
+        os.kill(scheduler, signal.SIGSTOP)
+        os.unlink(offsets)                               # the progress it never wrote
+        for leftover in (offsets + ".bak",):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        before = rs.restarts("scheduler")
+        os.kill(scheduler, signal.SIGKILL)
+        wait_for(lambda: rs.restarts("scheduler") > before and os.path.exists(offsets), 30,
+                 "the successor's deliveries")
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), 30, "dispatch")
+        with Consumer(rs.store_dir, "once-again", "LaterOnce") as c:
+            again = []
+            while True:
+                batch = c.poll(32, 500)
+                if not batch:
+                    break
+                again += batch
+        assert sorted(m.body for m in again) == [b"once-%02d" % i for i in range(10)]
+
+
 def test_cli_send_consume_query_status(tmp_path):
     with RunningStore(tmp_path) as rs:
         c = rs.config_path
