@@ -35,11 +35,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from storage import record
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT_DTYPE
 from storage.hashing import tags_code
 from storage.status import GetMessageStatus
 
-_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 
 SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span
 MAX_SPAN_BYTES = 16 << 20   # a record starting in the next aligned stretch starts one too
@@ -167,7 +166,7 @@ def keep_tags(units: bytes, data: list, tags: set[str]) -> tuple[bytes, list]:
     stay where they are, and a reader of the reply skips the blanks as it skips the
     consume queue's own. The unit's tagsCode picks the candidates, the record's TAGS
     decides (hash codes collide)."""
-    table = np.frombuffer(units, _UNIT_DTYPE).copy()
+    table = np.frombuffer(units, CQ_UNIT_DTYPE).copy()
     real = table["size"] != BLANK_UNIT_SIZE
     sizes = table["size"][real].astype(np.int64)
     starts = np.zeros(len(sizes), np.int64)

@@ -44,8 +44,8 @@ assert CQ_UNIT.size == CQ_STORE_UNIT_SIZE
 CQ_PHY_OFFSET = struct.Struct(">q")
 BLANK_UNIT_SIZE = 0x7FFFFFFF  # the size field of a pre-blank filler unit
 BLANK_UNIT = CQ_UNIT.pack(0, BLANK_UNIT_SIZE, 0)
-_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-assert _UNIT_DTYPE.itemsize == CQ_STORE_UNIT_SIZE
+CQ_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])  # numpy's CQ_UNIT
+assert CQ_UNIT_DTYPE.itemsize == CQ_STORE_UNIT_SIZE
 
 
 def encode_unit(commit_log_offset: int, size: int, tags_code: int) -> bytes:
@@ -156,8 +156,8 @@ class ConsumeQueue:
                 self.put_message_position_info(int(offsets[k]), int(sizes[k]),
                                                int(tags_codes[k]), int(cq_offsets[k]))
             return
-        units = np.empty(rest.stop - rest.start, _UNIT_DTYPE)
-        units["offset"], units["size"], units["tags_code"] = \
+        units = np.empty(rest.stop - rest.start, CQ_UNIT_DTYPE)
+        units["phy"], units["size"], units["tags_code"] = \
             offsets[rest], sizes[rest], tags_codes[rest]
         block = units.tobytes()
         done = 0

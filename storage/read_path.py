@@ -25,7 +25,8 @@ import numpy as np
 
 from storage import record
 from storage.config import StoreConfig
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue
+from storage.consume_queue import (
+    BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE, ConsumeQueue)
 from storage.errors import CorruptRecordError
 from storage.index_service import query_offset
 from storage.message import MessageExt, decode_message_id
@@ -144,7 +145,6 @@ def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int
     return check_unit_record(data, topic, queue_id, index, phy, size, where, decode=view_at)
 
 
-_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 BULK_VIEWS_MIN = 96     # fewer records are checked one by one: numpy's fixed cost is more
 
 
@@ -158,7 +158,7 @@ def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
     record is bad or another message."""
     if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
         return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
-    table = np.frombuffer(units, _UNIT_DTYPE)
+    table = np.frombuffer(units, CQ_UNIT_DTYPE)
     real = np.flatnonzero(table["size"] != BLANK_UNIT_SIZE)
     phys = table["phy"][real].astype(np.int64)
     sizes = table["size"][real].astype(np.int64)
