@@ -10,9 +10,8 @@ import time
 import pytest
 
 from procs import protocol
-from procs.client import ClientError, Consumer, Producer, ReaderClient
+from procs.client import Consumer, Producer, ReaderClient
 from shm.positions import Slot
-from storage import Message
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
 from storage.read_path import subscription_tags
 from storage.record import decode_at

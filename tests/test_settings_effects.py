@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 
 import pytest
 
 import procs.cleaner
-from conftest import small_config
 from procs.client import Producer
 from procs.cleaner import Cleaner, delete_consume_queue_files
 from procs.writer import MAX_BATCH_RECORDS
