@@ -71,6 +71,10 @@ from storage.validation import check_encoded_size
 
 log = logging.getLogger(__name__)
 
+QUEUE_COUNT_BULK = 256   # records of one topic from which queue offsets are counted in
+#                          numpy (below it a dict loop is cheaper: measured 10 us for 24
+#                          records against 50 us, equal near 300)
+
 _LONG = record.LONG
 SCAN_RECORDS = 4096  # records recovery checks together
 POOL_WAIT_MS = 3000  # how long an append waits for a pool buffer (without fast fail)
@@ -396,10 +400,10 @@ class CommitLog:
     def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> list[int]:
         """The QUEUEOFFSET of each record: the topic-queue table's next offsets, counted
         on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed.
-        A batch of one topic is counted queue by queue in bulk."""
+        A long batch of one topic is counted queue by queue in bulk."""
         table = self.topic_queue_table
         topics = batch.topics
-        if len(topics) >= record_batch.SMALL_BATCH and topics.count(topics[0]) == len(topics):
+        if len(topics) >= QUEUE_COUNT_BULK and topics.count(topics[0]) == len(topics):
             topic = topics[0]
             queues = np.asarray(queue_ids, np.int64)
             takes = np.asarray(batch.consumable, bool)
@@ -430,7 +434,7 @@ class CommitLog:
             return
         table = self.topic_queue_table
         topics = batch.topics
-        if count >= record_batch.SMALL_BATCH and topics.count(topics[0]) == len(topics):
+        if count >= QUEUE_COUNT_BULK and topics.count(topics[0]) == len(topics):
             takes = np.asarray(batch.consumable[:count], bool)
             queues = np.asarray(queue_ids[:count], np.int64)
             offsets = np.asarray(queue_offsets[:count], np.int64)

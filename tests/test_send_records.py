@@ -24,6 +24,7 @@ from hypothesis import given, settings, strategies as st
 from procs import protocol
 from procs.client import Producer
 from storage import Message, MessageStore, StoreConfig, record, record_batch
+from storage import commit_log as commit_log_module
 from storage.commit_log import CommitLog, EncodedMessage
 from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from storage.put_path import QueueSelector, prepare_batch
@@ -127,6 +128,25 @@ def test_both_paths_write_the_same_bytes(tmp_path):
     a, b = store_files(roots[0]), store_files(roots[1])
     assert len([k for k in a if k.startswith("commitlog")]) > 3      # files rolled
     assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def test_queue_offsets_counted_in_bulk_write_the_same_bytes(tmp_path, monkeypatch):
+    """Batches of one topic, queue offsets counted in numpy (what the appender does for
+    long batches) or record by record: the same files."""
+    msgs = [m for m in mixed_messages(2000) if not m.delay_level and m.topic == "Topic0"]
+    roots = []
+    for name, bulk_from in (("loop", 10 ** 9), ("bulk", 2)):
+        monkeypatch.setattr(commit_log_module, "QUEUE_COUNT_BULK", bulk_from)
+        root = tmp_path / name
+        with MessageStore(config(root), background=False) as store:
+            for lo in range(0, len(msgs), 64):
+                put_through_records_path(store, [_copy(m) for m in msgs[lo:lo + 64]])
+            store.dispatch()
+        roots.append(root)
+    a, b = store_files(roots[0]), store_files(roots[1])
+    assert sorted(a) == sorted(b) and any(k.startswith("consumequeue") for k in a)
     for name in a:
         assert a[name] == b[name], name
 
