@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from pipeline import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
 from procs.client import Producer  # noqa: E402
-from shm.positions import PositionTable, Slot  # noqa: E402
+from shm.positions import Slot  # noqa: E402
 
 BODY = os.urandom(128)
 GOALS = {"ingest ASYNC_FLUSH": 2.5, "ingest SYNC_FLUSH": 1.9, "consume": 2.5,
@@ -103,7 +103,7 @@ def flushed_everything(store: RunningStore, timeout: float = 120.0) -> float:
     CommitLog); the seconds it took. The ingest before leaves hundreds of MB for the
     flusher: measured right after, the latency row shows that write-back as much as the
     send->visible path (p99 25-140 ms against 4-6 ms once it is done)."""
-    table = PositionTable.attach(store.store_dir)
+    table = store.table()
     try:
         t0 = time.monotonic()
         while (table.get(Slot.FLUSHED) < table.read_written()[0]

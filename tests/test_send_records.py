@@ -115,40 +115,40 @@ def store_files(root) -> dict[str, bytes]:
     return out
 
 
-def test_both_paths_write_the_same_bytes(tmp_path):
-    msgs = mixed_messages(400)
-    roots = []
-    for name, put in (("send", put_through_send_path), ("records", put_through_records_path)):
-        root = tmp_path / name
-        with MessageStore(config(root), background=False) as store:   # one store time
-            for lo in range(0, len(msgs), 64):
-                put(store, [_copy(m) for m in msgs[lo:lo + 64]])
-            store.dispatch()
-        roots.append(root)
-    a, b = store_files(roots[0]), store_files(roots[1])
-    assert len([k for k in a if k.startswith("commitlog")]) > 3      # files rolled
+def stored_files(root, msgs: list[Message], put) -> dict[str, bytes]:
+    """``store_files`` of a fresh store given ``msgs`` by ``put``, 64 at a time, then
+    dispatched and closed (one store time for every put)."""
+    with MessageStore(config(root), background=False) as store:
+        for lo in range(0, len(msgs), 64):
+            put(store, [_copy(m) for m in msgs[lo:lo + 64]])
+        store.dispatch()
+    return store_files(root)
+
+
+def assert_same_files(a: dict[str, bytes], b: dict[str, bytes]) -> None:
     assert sorted(a) == sorted(b)
     for name in a:
         assert a[name] == b[name], name
+
+
+def test_both_paths_write_the_same_bytes(tmp_path):
+    msgs = mixed_messages(400)
+    a = stored_files(tmp_path / "send", msgs, put_through_send_path)
+    b = stored_files(tmp_path / "records", msgs, put_through_records_path)
+    assert len([k for k in a if k.startswith("commitlog")]) > 3      # files rolled
+    assert_same_files(a, b)
 
 
 def test_queue_offsets_counted_in_bulk_write_the_same_bytes(tmp_path, monkeypatch):
     """Batches of one topic, queue offsets counted in numpy (what the appender does for
     long batches) or record by record: the same files."""
     msgs = [m for m in mixed_messages(2000) if not m.delay_level and m.topic == "Topic0"]
-    roots = []
+    files = []
     for name, bulk_from in (("loop", 10 ** 9), ("bulk", 2)):
         monkeypatch.setattr(commit_log_module, "QUEUE_COUNT_BULK", bulk_from)
-        root = tmp_path / name
-        with MessageStore(config(root), background=False) as store:
-            for lo in range(0, len(msgs), 64):
-                put_through_records_path(store, [_copy(m) for m in msgs[lo:lo + 64]])
-            store.dispatch()
-        roots.append(root)
-    a, b = store_files(roots[0]), store_files(roots[1])
-    assert sorted(a) == sorted(b) and any(k.startswith("consumequeue") for k in a)
-    for name in a:
-        assert a[name] == b[name], name
+        files.append(stored_files(tmp_path / name, msgs, put_through_records_path))
+    assert any(k.startswith("consumequeue") for k in files[0])
+    assert_same_files(*files)
 
 
 def _copy(m: Message) -> Message:
