@@ -11,7 +11,7 @@ slot may move back, allowed to the supervisor's table before any process runs):
 
     WRITTEN = FLUSHED = COMMITTED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the
     checkpoint's physic time; MIN_OFFSET = the first CommitLog byte on disk;
-    FLUSH_DISK_TYPE and TRANSIENT_POOL from the configuration; STATE = STARTING;
+    FLUSH_DISK_TYPE, TRANSIENT_POOL and ROLE from the configuration; STATE = STARTING;
     GENERATION = the start time in ms (unique per start).
 
 Everything in the position table is rebuilt from the files. One thing in shared memory
@@ -30,6 +30,7 @@ from shm.positions import (
     PositionTable, Slot, StoreState, now_ms, segment_state)
 from shm.transient_pool import TransientStorePool, commit_left_behind
 from storage import MessageStore, StoreConfig
+from storage.config import BROKER_ROLES
 from storage import recovery_plan
 from storage.recovery_plan import TableState
 from storage.store_lock import StoreLock
@@ -60,8 +61,9 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     pool = None
     try:
         _commit_pool_left_behind(config)
-        store = MessageStore(dataclasses.replace(config, transient_store_pool_enable=False),
-                             take_lock=False)
+        store = MessageStore(dataclasses.replace(config, transient_store_pool_enable=False,
+                                                 broker_role="ASYNC_MASTER"),
+                             take_lock=False)   # recovery is the same for every role
         store.load()
         last_exit_ok = store.last_exit_ok
         written = store.commit_log.get_max_offset()
@@ -81,6 +83,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
                  Slot.GENERATION: now_ms(),  # unique per start: clients notice a restart
                  Slot.FLUSH_DISK_TYPE: 1 if config.sync_flush else 0,
                  Slot.TRANSIENT_POOL: pool.size if pool else 0,
+                 Slot.ROLE: BROKER_ROLES.index(config.broker_role),
                  Slot.WRITTEN: written, Slot.LAST_STORE_TS: physic_ts,
                  Slot.FLUSHED: written, Slot.COMMITTED: written, Slot.DISPATCHED: written,
                  Slot.MIN_OFFSET: min_offset, Slot.STATE: StoreState.STARTING})

@@ -19,7 +19,6 @@ from storage.status import PutMessageStatus
 _STATUS = {s.value: s for s in PutMessageStatus}
 _UNSET = 255
 _PUT_OK = PutMessageStatus.PUT_OK.value
-_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT.value
 
 
 class SendResults:
@@ -93,11 +92,13 @@ class SendResults:
         for i in np.asarray(slots, np.int64).tolist():
             self[i] = PutMessageResult.refused(status, reason)
 
-    def time_out(self, reason: str) -> None:
+    def time_out(self, reason: str,
+                 status: PutMessageStatus = PutMessageStatus.FLUSH_DISK_TIMEOUT) -> None:
         """Every PUT_OK (stored records and duplicates of stored ones) becomes
-        FLUSH_DISK_TIMEOUT: stored, but not known to be on disk."""
+        ``status``: FLUSH_DISK_TIMEOUT (stored, but not known to be on disk),
+        FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (stored, not known to be on a slave)."""
         ok = np.nonzero(self.status == _PUT_OK)[0]
-        self.status[ok] = _TIMEOUT
+        self.status[ok] = status.value
         for i in ok.tolist():
             self.reasons[i] = reason
 

@@ -65,6 +65,7 @@ class ProcessStats:
         self.labels: dict[str, tuple[str, ...]] = {}
         self.histograms: dict[str, Histogram] = {}
         self._next_publish = 0.0
+        self.extra: dict = {}        # a process's own state for status (the HA sessions)
 
     def add(self, name: str, value: int = 1, **labels: str) -> None:
         """Add ``value`` to counter ``name`` with ``labels`` (the same label names each
@@ -87,6 +88,7 @@ class ProcessStats:
                                 "values": [[list(k), v] for k, v in values.items()]}
                          for name, values in self.counters.items()},
             "histograms": {name: h.snapshot() for name, h in self.histograms.items()},
+            **self.extra,
         }
 
     def publish_if_due(self, store_dir: str) -> None:

@@ -81,7 +81,17 @@ DEFAULT_PROCESSES = {
     "cleaner": ProcessConfig(priority=40),
     "scheduler": ProcessConfig(priority=50),
     "reader": ProcessConfig(priority=60),
+    "ha": ProcessConfig(priority=35),
 }
+MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serves no slave
+
+
+def runs(name: str, config: StoreConfig) -> bool:
+    """Whether the store runs process ``name``: a SLAVE no delay scheduler and no HA
+    process; a master the HA process only with ``ha_listen_port`` set."""
+    if config.slave and name in MASTER_ONLY:
+        return False
+    return name != "ha" or bool(config.ha_listen_port)
 MODULES = {name: f"procs.{name}" for name in DEFAULT_PROCESSES}
 
 
@@ -115,11 +125,13 @@ class Child:
 
 class Supervisor:
     def __init__(self, config: StoreConfig, processes: dict[str, ProcessConfig] | None = None):
+        config.check_replication()
         self.config = config
         self.store_dir = config.store_path_root_dir
         self.children = {name: Child(name, cfg) for name, cfg in
                          sorted((processes or DEFAULT_PROCESSES).items(),
-                                key=lambda kv: kv[1].priority) if cfg.enabled}
+                                key=lambda kv: kv[1].priority)
+                         if cfg.enabled and runs(name, config)}
         self.table: PositionTable | None = None
         self._lock = None
         self._stopping = False

@@ -99,6 +99,7 @@ import zmq
 
 from procs import endpoints, protocol
 from procs.protocol import ErrorCode, ProtocolError
+from procs.replica import Replica
 from procs.send_results import SendResults
 from procs.service import MAX_TURN_MS, Service
 from procs.stats import count_puts, count_reply
@@ -107,6 +108,7 @@ from shm.positions import Slot, StoreState, now_ms
 from shm.transient_pool import TransientStorePool, copy_into_files
 from storage import producer_state, record_batch
 from storage.clock import monotonic_ms
+from storage.config import BROKER_ROLES
 from storage.commit_log import CommitLog, PutMessageResult
 from storage.errors import errno_text
 from storage.idempotence import BatchClaims, admission
@@ -136,7 +138,8 @@ class _Request:
     the records it hands to the append."""
 
     __slots__ = ("envelope", "client", "kind", "request_id", "results", "batch", "slots",
-                 "queue_ids", "wait", "end", "deadline_ms", "dup_end", "received")
+                 "queue_ids", "wait", "end", "deadline_ms", "dup_end", "received",
+                 "needs_slave")
 
     def __init__(self, envelope: list, kind: protocol.Kind, request_id: int, n: int,
                  msg_id_prefix: str):
@@ -151,6 +154,7 @@ class _Request:
         self.wait = False                # some stored message waits for the flush
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
+        self.needs_slave = False         # parked until SLAVE_ACKED covers ``end`` too
         self.dup_end = 0                 # end of the originals its duplicates stand for
         self.received = time.monotonic()  # for the put latency statistics
 
@@ -160,6 +164,7 @@ class WriterService(Service):
     producers: ProducerStateTable | None = None   # loaded by the first _open_commit_log
     last_record: LastRecord | None = None         # the record that ends at WRITTEN
     pool: TransientStorePool | None = None        # with transient_store_pool_enable
+    replica: Replica | None = None                # a SLAVE's follower of its master
     page_cache_busy_ms = 0.0      # the last append's time when it was over the busy limit
     page_cache_busy_until = 0.0   # requests drained before this waited behind it
 
@@ -167,6 +172,8 @@ class WriterService(Service):
     def setup(self) -> None:
         cfg = self.config
         self.sync_flush = cfg.sync_flush
+        self.role = BROKER_ROLES[self.table.get(Slot.ROLE)]
+        self.sync_master = self.role == "SYNC_MASTER"
         self.snapshot_path = producer_state.snapshot_path(cfg)
         self.next_snapshot_ms = monotonic_ms() + cfg.flush_delay_offset_interval
         pool_size = self.table.get(Slot.TRANSIENT_POOL)
@@ -189,12 +196,15 @@ class WriterService(Service):
                                                 cfg.tcp_listen_address, cfg.listen_port):
             self.router.bind(address)
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
-        self.flushed_sub = (bus.Subscriber(ctx, self.store_dir, ["flusher"], [bus.FLUSHED])
-                            if self.sync_flush else None)
+        waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
+            ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])
+        self.parked_wakeups = (bus.Subscriber(ctx, self.store_dir, [p for p, _ in waits_on],
+                                           [t for _, t in waits_on]) if waits_on else None)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
-        if self.flushed_sub is not None:
-            self.poller.register(self.flushed_sub.socket, zmq.POLLIN)
+        if self.parked_wakeups is not None:
+            self.poller.register(self.parked_wakeups.socket, zmq.POLLIN)
+        self.replica = Replica(self) if self.role == "SLAVE" else None
 
     def _open_commit_log(self) -> CommitLog:
         """Map the CommitLog, cut it at WRITTEN, rebuild the topic-queue table.
@@ -229,16 +239,18 @@ class WriterService(Service):
         deadline = monotonic_ms() + self.config.sync_flush_timeout
         self._refuse_queued("the writer is stopping")
         while self.parked and monotonic_ms() < deadline and not self.table.get(Slot.FLUSH_ERROR):
-            if self.flushed_sub is not None:
-                self.flushed_sub.wait(min(50, max(0, deadline - monotonic_ms())))
+            if self.parked_wakeups is not None:
+                self.parked_wakeups.wait(min(50, max(0, deadline - monotonic_ms())))
             self._release_parked()
             self._refuse_queued("the writer is stopping")
         self._release_parked(final=True)
         self._snapshot()
         self.router.close(linger=TEARDOWN_LINGER_MS)
+        if self.replica is not None:
+            self.replica.close()
         self.publisher.close()
-        if self.flushed_sub is not None:
-            self.flushed_sub.close()
+        if self.parked_wakeups is not None:
+            self.parked_wakeups.close()
         self.commit_log.close()
 
     # ================================================================== the loop
@@ -247,12 +259,16 @@ class WriterService(Service):
         if self.parked:
             timeout = max(0, min(timeout, self.parked[0].deadline_ms - monotonic_ms()))
         events = dict(self.poller.poll(timeout))
-        if self.flushed_sub is not None and self.flushed_sub.socket in events:
-            self.flushed_sub.wait(0)  # wake-ups only: FLUSHED is read from the table
+        if self.parked_wakeups is not None and self.parked_wakeups.socket in events:
+            self.parked_wakeups.wait(0)  # wake-ups only: FLUSHED is read from the table
         if self.router in events:
             self._serve(self._drain())
             if self.page_cache_busy_ms:
                 self.page_cache_busy_until = time.monotonic() + BUSY_QUEUE_S
+        if self.replica is not None:
+            if self.replica.socket in events:
+                self.replica.receive()
+            self.replica.tick()
         if self.parked:
             self._release_parked()
         if monotonic_ms() >= self.next_snapshot_ms:
@@ -263,6 +279,8 @@ class WriterService(Service):
         published WRITTEN (every record below it is in the table). A failed write is
         logged and tried again next time."""
         self.next_snapshot_ms = monotonic_ms() + self.config.flush_delay_offset_interval
+        if self.replica is not None:
+            return      # a slave takes no puts; a promoted one rebuilds from its CommitLog
         table = self.producers
         table.expire(max(now_ms(), self.last_store_ts))
         if not table.changed:
@@ -354,14 +372,19 @@ class WriterService(Service):
         if claims is not None:
             claims.settle(accepted)
         if end:
-            written = self.table.read_written()[0]
-            self.table.publish_written(end, now)
-            self.last_store_ts = now
-            self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
-            if self.pages_span and end // self.pages_span != written // self.pages_span:
-                self.publisher.publish(bus.PAGES, bus.encode_offset(end))
-            self.commit_log.unmap_all_but_last()
+            self.publish_written(end, now)
         self._answer(accepted)
+
+    def publish_written(self, end: int, store_ts: int) -> None:
+        """WRITTEN and LAST_STORE_TS (``publish_written``: the writer process only),
+        APPENDED, and PAGES when WRITTEN crossed the flusher's least pages."""
+        written = self.table.read_written()[0]
+        self.table.publish_written(end, store_ts)
+        self.last_store_ts = store_ts
+        self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
+        if self.pages_span and end // self.pages_span != written // self.pages_span:
+            self.publisher.publish(bus.PAGES, bus.encode_offset(end))
+        self.commit_log.unmap_all_but_last()
 
     def _note_append_time(self, seconds: float) -> None:
         """RocketMQ's slow-put warning, and its isOSPageCacheBusy: an append that held the
@@ -494,7 +517,7 @@ class WriterService(Service):
             count = done.count
         except Exception:  # noqa: BLE001 - whatever it was, the batch is refused whole
             log.exception("append of %d records failed; cutting back to WRITTEN", len(batch))
-            self._reset_to_written()
+            self.reset_to_written()
             done, count = None, 0
         k, end = 0, 0
         reason = ("cannot create or write a commitlog file: " + self.commit_log.append_error
@@ -521,37 +544,70 @@ class WriterService(Service):
             count_puts(self.stats, batch.topics[:count], batch.sizes[:count])
         return end
 
-    def _reset_to_written(self) -> None:
-        """After an append raised: forget everything past the published WRITTEN."""
+    def reset_to_written(self) -> None:
+        """After an append raised (or a slave's session restarts): forget everything
+        past the published WRITTEN."""
         self.commit_log.close()
         self.commit_log = self._open_commit_log()
 
     def _answer(self, accepted: list[_Request]) -> None:
-        """Reply now (ASYNC_FLUSH, or nothing waits) or park until FLUSHED covers it."""
+        """Reply now (ASYNC_FLUSH on an ASYNC_MASTER, or nothing waits) or park until
+        FLUSHED (SYNC_FLUSH) and SLAVE_ACKED (SYNC_MASTER) cover it. On a SYNC_MASTER
+        whose slave is not OK (RocketMQ's isSlaveOK: none connected, or more than
+        ``ha_slave_fallbehind_max`` bytes behind) the answer is SLAVE_NOT_AVAILABLE at
+        once, after the flush under SYNC_FLUSH."""
         deadline = monotonic_ms() + self.config.sync_flush_timeout
+        slave_ok = not self.sync_master or self._slave_ok(max(r.end for r in accepted))
         for req in accepted:
-            if self.sync_flush and req.wait and req.end:
+            if not (req.wait and req.end):
+                self._reply(req)
+                continue
+            if not slave_ok:
+                req.results.time_out(self._slave_not_ok_reason(),
+                                     PutMessageStatus.SLAVE_NOT_AVAILABLE)
+            if self.sync_flush or (self.sync_master and slave_ok):
                 req.deadline_ms = deadline
+                req.needs_slave = self.sync_master and slave_ok
                 self.parked.append(req)
             else:
                 self._reply(req)
 
+    def _slave_ok(self, put_where: int) -> bool:
+        table = self.table
+        return bool(table.get(Slot.SLAVES)) and \
+            put_where - table.get(Slot.SLAVE_ACKED) < self.config.ha_slave_fallbehind_max
+
+    def _slave_not_ok_reason(self) -> str:
+        if not self.table.get(Slot.SLAVES):
+            return "SYNC_MASTER: no slave is connected"
+        return (f"SYNC_MASTER: the slave is more than ha_slave_fallbehind_max "
+                f"{self.config.ha_slave_fallbehind_max} bytes behind")
+
     def _release_parked(self, final: bool = False) -> None:
         """Answer parked requests FLUSHED now covers; time out the expired ones (all of
         them when ``final``). Ends and deadlines grow along the queue."""
-        flushed = self.table.get(Slot.FLUSHED)
-        flush_error = self.table.get(Slot.FLUSH_ERROR)
+        table = self.table
+        flushed = table.get(Slot.FLUSHED) if self.sync_flush else 1 << 62
+        acked = table.get(Slot.SLAVE_ACKED) if self.sync_master else 1 << 62
+        flush_error = table.get(Slot.FLUSH_ERROR)
         now = monotonic_ms()
         parked = self.parked
         while parked:
             req = parked[0]
-            if req.end <= flushed:
+            on_disk = req.end <= flushed
+            on_slave = not req.needs_slave or req.end <= acked
+            if on_disk and on_slave:
                 pass
-            elif flush_error:
+            elif flush_error and not on_disk:
                 _time_out(req, f"commitlog flush failed: {errno_text(flush_error)}")
             elif final or req.deadline_ms <= now:
-                _time_out(req, f"not flushed within sync_flush_timeout "
-                               f"{self.config.sync_flush_timeout} ms")
+                if not on_slave:     # RocketMQ: a replica failure overwrites a flush failure
+                    req.results.time_out(f"not stored by a slave within sync_flush_timeout "
+                                         f"{self.config.sync_flush_timeout} ms",
+                                         PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+                else:
+                    _time_out(req, f"not flushed within sync_flush_timeout "
+                                   f"{self.config.sync_flush_timeout} ms")
             else:
                 break
             parked.popleft()
@@ -589,7 +645,7 @@ class WriterService(Service):
         state = table.get(Slot.STATE)
         return refusal(StoreCondition(
             not_running=None if state in _OK_STATES else _state_name(state),
-            slave=self.config.broker_role == "SLAVE",
+            slave=self.role == "SLAVE",
             flush_error=errno_text(flush_error) if flush_error else None,
             logics_error=f"the dispatcher stopped on {errno_text(dispatch_error)}"
             if dispatch_error else None,

@@ -12,6 +12,8 @@ listeners connect a SUB socket to the ones they care about. A message is two fra
                                                                 flusher's least pages)
     b"flushed"     flusher      int64 FLUSHED                   new bytes are durable
     b"dispatched"  dispatcher   int64 DISPATCHED                consume queues grew
+    b"slave_acked" ha           int64 SLAVE_ACKED               a slave stored more (a
+                                                                SYNC_MASTER's writer waits)
     b"arrival/T\0" dispatcher   topic, queue id, next offset    a queue of topic T has new
                                 (``encode_arrival``)            messages (``arrival_topic``)
 
@@ -39,6 +41,7 @@ PAGES = b"pages"
 FLUSHED = b"flushed"
 COMMITTED = b"committed"     # the flusher's commit step moved COMMITTED (transient pool)
 DISPATCHED = b"dispatched"
+SLAVE_ACKED = b"slave_acked"
 ARRIVAL = b"arrival"
 
 _OFFSET = struct.Struct(">q")

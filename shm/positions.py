@@ -17,6 +17,8 @@ and unlinks it at a clean stop.
     4      FLUSH_DISK_TYPE supervisor   enum   -          0 ASYNC_FLUSH, 1 SYNC_FLUSH
     5      TRANSIENT_POOL  supervisor   count  -          buffers of the TransientStorePool
                                                           (shm.transient_pool); 0: off
+    6      ROLE            supervisor   enum   -          BrokerRole: 0 ASYNC_MASTER,
+                                                          1 SYNC_MASTER, 2 SLAVE
     8      WRITTEN_SEQ     writer       count  yes        seqlock over WRITTEN + LAST_STORE_TS:
                                                           odd while the pair is being changed
     9      WRITTEN         writer       byte   yes        CommitLog end: every byte below it is
@@ -38,6 +40,18 @@ and unlinks it at a clean stop.
                                                           below it is copied from the pool
                                                           into its file; FLUSHED <= COMMITTED
                                                           <= WRITTEN
+    18     SLAVE_ACKED     ha           byte   yes        master: the highest CommitLog end a
+                                                          slave reported stored (RocketMQ's
+                                                          push2SlaveMaxOffset; kept after it
+                                                          leaves); <= WRITTEN
+    19     SLAVES          ha           count  -          master: slaves heard from within
+                                                          ha_housekeeping_interval
+    20     MASTER_END      writer       byte   -          slave: the master's CommitLog end
+                                                          as its last frame said
+    21     MASTER_HEARD_MS writer       ms     -          slave: when the master's last frame
+                                                          came (0: never)
+    22     REPLICA_ERROR   writer       enum   -          slave: != 0 (procs.ha_protocol
+                                                          HAError): replication stopped
     per process p (PROCESS_NAMES), block at PROCESS_BASE + p * PROCESS_SLOTS:
     +0     PID             supervisor   pid    -          0 when not running
     +1     PROC_STATE      supervisor   enum   -          ProcessState
@@ -122,6 +136,7 @@ class Slot(_SlotEnum):
     STATE = 3, SUPERVISOR, False
     FLUSH_DISK_TYPE = 4, SUPERVISOR, False
     TRANSIENT_POOL = 5, SUPERVISOR, False
+    ROLE = 6, SUPERVISOR, False
     WRITTEN_SEQ = 8, "writer", True
     WRITTEN = 9, "writer", True
     LAST_STORE_TS = 10, "writer", True
@@ -132,6 +147,11 @@ class Slot(_SlotEnum):
     MIN_OFFSET = 15, "cleaner", True
     DISK_FULL = 16, "cleaner", False
     COMMITTED = 17, "flusher", True
+    SLAVE_ACKED = 18, "ha", True
+    SLAVES = 19, "ha", False
+    MASTER_END = 20, "writer", False
+    MASTER_HEARD_MS = 21, "writer", False
+    REPLICA_ERROR = 22, "writer", False
 
 
 class ProcessField(_SlotEnum):
@@ -161,7 +181,7 @@ class ProcessState(enum.IntEnum):
     FATAL = 6
 
 
-PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader")
+PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader", "ha")
 PROCESS_BASE = 64
 PROCESS_SLOTS = 8
 PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS, WATCHDOG_KILLS = ProcessField
@@ -404,7 +424,9 @@ class PositionTable:
         self._store(_process_slot(name, HEARTBEAT_MS), now_ms())
 
     def snapshot(self) -> dict:
-        """Every slot by name, for ``rocketstore status``."""
+        """Every slot by name, for ``rocketstore status``; the processes this store
+        runs (one never started is not the store's: a SLAVE's scheduler, the HA
+        process of a master without ``ha_listen_port``)."""
         out = {s.name.lower(): self.get(s) for s in Slot if s is not Slot.MAGIC}
         out["processes"] = {
             name: {"pid": self.get_process(name, PID),
@@ -413,5 +435,5 @@ class PositionTable:
                    "watchdog_kills": self.get_process(name, WATCHDOG_KILLS),
                    "started_ms": self.get_process(name, STARTED_MS),
                    "heartbeat_ms": self.get_process(name, HEARTBEAT_MS)}
-            for name in PROCESS_NAMES}
+            for name in PROCESS_NAMES if self.get_process(name, STARTED_MS)}
         return out

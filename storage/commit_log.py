@@ -397,6 +397,28 @@ class CommitLog:
         self._advance_queues(batch, queue_ids, queue_offsets, done)
         return Appended(done, physical, queue_offsets[:done])
 
+    def append_verbatim(self, offset: int, data) -> None:
+        """A slave's append (RocketMQ's CommitLog.appendData): ``data`` are the master's
+        CommitLog bytes at ``offset``, which must be this CommitLog's end (an empty one
+        starts at the file holding ``offset``), all within one file. The bytes are not
+        parsed: what they hold is published by the caller (storage.replication).
+
+        Raises ``ValueError`` for an offset that is not the end, or bytes crossing the
+        file's end, and ``StoreFileError`` when the file cannot be created."""
+        mfq = self.mapped_file_queue
+        mf = mfq.get_last_mapped_file()
+        end = mfq.get_max_wrote_position() if mf is not None else offset
+        if offset != end:
+            raise ValueError(f"bytes for {offset} do not continue the CommitLog's end {end}")
+        if mf is None or mf.is_full():
+            mf = mfq.get_or_create_last_mapped_file(offset)
+        pos = offset - mf.file_from_offset
+        if not 0 <= pos <= mf.file_size - len(data):
+            raise ValueError(f"{len(data)} bytes at {offset} cross the end of file "
+                             f"{mf.file_from_offset}")
+        mf.buf[pos:pos + len(data)] = data
+        mf.appended(len(data))
+
     def _queue_offsets(self, batch: RecordBatch, queue_ids: Sequence[int]) -> list[int]:
         """The QUEUEOFFSET of each record: the topic-queue table's next offsets, counted
         on in batch order (0 for PREPARED/ROLLBACK records). The table is not changed.

@@ -47,7 +47,8 @@ MIN_COMMIT_LOG_FILE_SIZE = 4096
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
-BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+SLAVE = "SLAVE"
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", SLAVE)
 
 
 def _check_type(name: str, value: Any) -> None:
@@ -119,6 +120,15 @@ class StoreConfig:
     duplication_enable: bool = False
     enable_consume_queue_ext: bool = False
     broker_role: str = "ASYNC_MASTER"
+    # --- replication (procs.ha, procs.replica; docs/OPERATIONS.md) ------------------------
+    # the master's HA socket (TCP, on tcp_listen_address or loopback); 0: none, the store
+    # serves no slave (RocketMQ's default is 10912; a TCP port is opt-in here, as ingest's)
+    ha_listen_port: int = 0
+    ha_master_address: str = ""             # a SLAVE's master, "host:port"
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    ha_send_heartbeat_interval: int = 5000
+    ha_housekeeping_interval: int = 20_000
+    ha_transfer_batch_size: int = 32 * 1024
     # --- delayed messages ---------------------------------------------------------
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     flush_delay_offset_interval: int = 10_000
@@ -185,6 +195,18 @@ class StoreConfig:
     def sync_flush(self) -> bool:
         return self.flush_disk_type == SYNC_FLUSH
 
+    @property
+    def slave(self) -> bool:
+        return self.broker_role == SLAVE
+
+    def ha_master_endpoint(self) -> tuple[str, int]:
+        """``ha_master_address`` as (host, port). Raises ``StoreConfigError``."""
+        host, sep, port = self.ha_master_address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise StoreConfigError(f"ha_master_address {self.ha_master_address!r} is not "
+                                   '"host:port"')
+        return host.strip("[]"), int(port)
+
     # ---------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ``StoreConfigError`` naming the first setting that cannot work."""
@@ -203,6 +225,7 @@ class StoreConfig:
                                    f"not {self.flush_disk_type!r}")
         if self.broker_role not in BROKER_ROLES:
             raise StoreConfigError(f"broker_role must be one of {BROKER_ROLES}")
+        self._validate_replication()
         for name in ("max_hash_slot_num", "max_index_num", "max_message_size",
                      "default_topic_queue_nums", "sync_flush_timeout",
                      "producer_id_expiration_ms"):
@@ -274,6 +297,34 @@ class StoreConfig:
         return dataclasses.asdict(self)
 
     # ---------------------------------------------------------------------------------
+    def check_replication(self) -> None:
+        """What a replicating store (the multiprocess one) needs on top of ``validate``:
+        a SLAVE its master's address, a SYNC_MASTER an HA socket for its slave."""
+        if self.slave and not self.ha_master_address:
+            raise StoreConfigError('broker_role = "SLAVE" needs ha_master_address '
+                                   '("host:port" of its master\'s HA socket)')
+        if self.broker_role == "SYNC_MASTER" and not self.ha_listen_port:
+            raise StoreConfigError('broker_role = "SYNC_MASTER" needs ha_listen_port: its '
+                                   "acknowledgements wait for a slave")
+
+    def _validate_replication(self) -> None:
+        if self.ha_master_address:
+            self.ha_master_endpoint()
+        if not 0 <= self.ha_listen_port < 65536:
+            raise StoreConfigError("ha_listen_port must be in 0..65535 (0: no HA socket)")
+        if self.tcp_listen_address and self.ha_listen_port in (self.listen_port,
+                                                               self.listen_port + 1):
+            raise StoreConfigError(f"ha_listen_port {self.ha_listen_port} is taken by ingest "
+                                   "(listen_port) or the reader (listen_port + 1)")
+        for name in ("ha_slave_fallbehind_max", "ha_send_heartbeat_interval",
+                     "ha_housekeeping_interval", "ha_transfer_batch_size"):
+            if getattr(self, name) <= 0:
+                raise StoreConfigError(f"{name} must be positive")
+        if self.ha_housekeeping_interval <= self.ha_send_heartbeat_interval:
+            raise StoreConfigError("ha_housekeeping_interval must exceed "
+                                   "ha_send_heartbeat_interval: a quiet but live peer "
+                                   "would be dropped between heartbeats")
+
     def geometry(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in GEOMETRY_FIELDS}
 
@@ -336,6 +387,9 @@ NOTES: dict[str, str] = {
     "os_page_cache_busy_time_out_mills": "the writer refuses what waited behind a longer "
                                          "append (OS_PAGECACHE_BUSY)",
     "tcp_listen_address": "rocketstore's",
+    "ha_listen_port": "0 (the default): no HA socket, no slave; RocketMQ listens on 10912",
+    "ha_transfer_batch_size": "the largest block the HA process sends; blocks end at a "
+                              "file's end, never cross it",
     "producer_id_expiration_ms": "rocketstore's",
     "metrics_port": "rocketstore's",
     "metrics_address": "rocketstore's",

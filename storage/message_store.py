@@ -85,11 +85,17 @@ class MessageStore:
 
         Raises ``StoreConfigError`` for ``transient_store_pool_enable``: the pool lives
         in shared memory between the multiprocess store's writer and flusher
-        (``rocketstore up``); the embedded store writes through its mappings."""
+        (``rocketstore up``); the embedded store writes through its mappings. And for
+        ``broker_role = "SYNC_MASTER"``: replication is the multiprocess store's (its HA
+        process); an embedded SYNC_MASTER would acknowledge what no slave holds."""
         if config.transient_store_pool_enable:
             raise StoreConfigError(
                 "transient_store_pool_enable is a setting of the multiprocess store "
                 "(rocketstore up): the embedded store writes through its mappings")
+        if config.broker_role == "SYNC_MASTER":
+            raise StoreConfigError(
+                'broker_role = "SYNC_MASTER" needs the multiprocess store (rocketstore up), '
+                "whose HA process serves the slave its acknowledgements wait for")
         self.config = config
         file_modes.use_umask(config.data_umask)
         self.background = background

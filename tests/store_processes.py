@@ -41,7 +41,7 @@ def write_config(path: str, store_dir: str, processes: dict | None = None,
     for k, v in settings.items():
         lines.append(f"{k} = " + ("true" if v is True else "false" if v is False else
                                   f'"{v}"' if isinstance(v, str) else repr(v)))
-    for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader"):
+    for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader", "ha"):
         lines += [f"[process.{name}]", "backoff_s = 0.1", "backoff_max_s = 1.0",
                   "startsecs = 0.5", "startretries = 5", "stopwaitsecs = 20.0"]
         lines += [f"{k} = {v!r}" for k, v in (processes or {}).get(name, {}).items()]

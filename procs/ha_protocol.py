@@ -1,0 +1,153 @@
+"""The HA socket's frames: how a slave store follows its master's CommitLog.
+
+RocketMQ's classic HA (HAService, HAConnection, HAClient) speaks raw TCP: the slave
+writes its CommitLog end as 8 bytes, the master answers with ``{offset i64, size i32}``
+and that many CommitLog bytes. rocketstore keeps the meaning and carries it over ZeroMQ
+(slave DEALER, master ROUTER at ``ha_listen_port``), one frame per ZeroMQ message, each
+opening with the 4-byte head ``b"RH", version, kind`` (big-endian throughout;
+docs/PROTOCOL.md §5):
+
+    kind  name    from    body after the head
+    ----  ------  ------  ----------------------------------------------------------------
+    1     HELLO   slave   session u32, file_size u64, offset u64, tail_len u32,
+                          tail_crc u32: opens session ``session`` (the slave numbers
+                          them); ``offset`` is the slave's CommitLog end (0: empty), the
+                          tail the crc32 of its ``tail_len`` bytes before ``offset`` (at
+                          most 4 KiB, within one file: storage.replication)
+    2     REPORT  slave   offset u64: the slave's CommitLog end, every whole record below
+                          it stored (RocketMQ's 8-byte report; the ack SYNC_MASTER waits on)
+    3     DATA    master  session u32, offset u64, master_end u64, then the CommitLog
+                          bytes from ``offset`` (none: a heartbeat); never across a
+                          file's end; a slave drops DATA of another session than its
+                          last HELLO's (frames already on the way when it said HELLO)
+    4     ERROR   either  code u16 (``HAError``), then a UTF-8 text saying why
+
+A session starts with HELLO: the master checks the slave's file size and tail against
+its own bytes and streams from the slave's end (an empty slave from the master's first
+file), so a reconnect, a restarted master or a restarted slave always begins from what
+the slave really holds. A frame the master cannot read, or a REPORT outside a session,
+gets ERROR; the bytes the slave holds decide every later step, never the master's
+memory of them.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+MAGIC = b"RH"
+VERSION = 1
+HEAD = struct.Struct(">2sBB")
+HELLO = struct.Struct(">IQQII")
+REPORT = struct.Struct(">Q")
+DATA = struct.Struct(">IQQ")
+ERROR = struct.Struct(">H")
+MAX_FRAME = 64 * 1024 * 1024      # a DATA frame's bound (ha_transfer_batch_size is below)
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    REPORT = 2
+    DATA = 3
+    ERROR = 4
+
+
+class HAError(enum.IntEnum):
+    """Why a side refused the other. The slave's ``REPLICA_ERROR`` slot holds the code
+    while its replication is stopped by one (the ones ``STOPPING`` lists)."""
+    MALFORMED = 1             # a frame that is not one of the above
+    UNSUPPORTED_VERSION = 2
+    NO_SESSION = 3            # a REPORT before HELLO (a restarted master): say HELLO again
+    FILE_SIZE_MISMATCH = 4    # the two stores' mapped_file_size_commit_log differ
+    DIVERGED = 5              # the slave holds bytes the master does not (see procs.replica)
+    OFFSET_UNAVAILABLE = 6    # the slave's end is below the master's first file
+    ACK_BEYOND_END = 7        # a REPORT past the master's end (RocketMQ issue #3015)
+    NOT_A_MASTER = 8          # HELLO to a store that is a SLAVE itself
+
+
+STOPPING = frozenset({HAError.FILE_SIZE_MISMATCH, HAError.OFFSET_UNAVAILABLE,
+                      HAError.NOT_A_MASTER, HAError.UNSUPPORTED_VERSION})
+
+
+class HAProtocolError(Exception):
+    """A frame that cannot be read; ``code`` is what the answer says."""
+
+    def __init__(self, code: HAError, detail: str):
+        super().__init__(f"{code.name}: {detail}")
+        self.code, self.detail = code, detail
+
+
+class Hello(NamedTuple):
+    session: int
+    file_size: int
+    offset: int
+    tail_len: int
+    tail_crc: int
+
+
+class Data(NamedTuple):
+    session: int
+    offset: int
+    master_end: int
+    payload: memoryview
+
+
+class Error(NamedTuple):
+    code: int
+    text: str
+
+
+def _head(kind: Kind) -> bytes:
+    return HEAD.pack(MAGIC, VERSION, kind)
+
+
+def encode_hello(session: int, file_size: int, offset: int, tail_len: int,
+                 tail_crc: int) -> bytes:
+    return _head(Kind.HELLO) + HELLO.pack(session, file_size, offset, tail_len, tail_crc)
+
+
+def encode_report(offset: int) -> bytes:
+    return _head(Kind.REPORT) + REPORT.pack(offset)
+
+
+def data_head(session: int, offset: int, master_end: int) -> bytes:
+    """A DATA frame up to its CommitLog bytes (alone: a heartbeat)."""
+    return _head(Kind.DATA) + DATA.pack(session, offset, master_end)
+
+
+def encode_error(code: HAError, text: str) -> bytes:
+    return _head(Kind.ERROR) + ERROR.pack(code) + text.encode()[:4000]
+
+
+def decode(frame) -> Hello | int | Data | Error:
+    """One frame: ``Hello``, a REPORT's offset (int), ``Data`` or ``Error``.
+
+    Raises ``HAProtocolError`` for anything else."""
+    mv = memoryview(frame)
+    if len(mv) < HEAD.size:
+        raise HAProtocolError(HAError.MALFORMED, f"a frame of {len(mv)} bytes has no head")
+    magic, version, kind = HEAD.unpack_from(mv)
+    if magic != MAGIC:
+        raise HAProtocolError(HAError.MALFORMED, f"bad magic {bytes(magic)!r} (not an HA frame)")
+    if version != VERSION:
+        raise HAProtocolError(HAError.UNSUPPORTED_VERSION,
+                              f"version {version}; this store speaks {VERSION}")
+    body = mv[HEAD.size:]
+    try:
+        if kind == Kind.HELLO and len(body) == HELLO.size:
+            return Hello(*HELLO.unpack_from(body))
+        if kind == Kind.REPORT and len(body) == REPORT.size:
+            return REPORT.unpack_from(body)[0]
+        if kind == Kind.DATA and len(body) >= DATA.size:
+            session, offset, end = DATA.unpack_from(body)
+            return Data(session, offset, end, body[DATA.size:])
+        if kind == Kind.ERROR and len(body) >= ERROR.size:
+            return Error(ERROR.unpack_from(body)[0], bytes(body[ERROR.size:]).decode("utf-8", "replace"))
+    except struct.error:
+        pass
+    raise HAProtocolError(HAError.MALFORMED, f"kind {kind} with a body of {len(body)} bytes")
+
+
+def error_name(code: int) -> str:
+    return HAError(code).name if code in HAError._value2member_map_ else f"error {code}"

@@ -1,0 +1,217 @@
+"""A SLAVE store's writer following its master's CommitLog (RocketMQ's HAClient).
+
+On a slave the CommitLog still has exactly one appender, the writer process: instead of
+producers' records it appends its master's bytes, verbatim, at the same offsets, so the
+slave's files are byte-identical to the master's. Its ingest socket stays bound and
+refuses every put with SERVICE_NOT_AVAILABLE (``storage.put_path``). Everything
+downstream runs as on a master: the flusher syncs, the dispatcher builds the consume
+queues and the index, readers and consumers read.
+
+The follower (``Replica``) holds a DEALER socket to ``tcp://{ha_master_address}`` and
+speaks ``procs.ha_protocol``:
+
+1. HELLO opens a session: the slave's end (WRITTEN) and the crc32 of its last bytes
+   (``storage.replication.tail_check``), so the master streams from exactly what this
+   store holds and notices when it holds something else. Each HELLO has a new session
+   number; DATA of an older session (frames already on the way) is dropped unseen.
+2. DATA is appended (``CommitLog.append_verbatim``) when it continues the received end;
+   anything else starts a new session from WRITTEN. After each drain the writer
+   publishes WRITTEN up to the last record that arrived whole
+   (``storage.replication.whole_records_end``: blocks are blind to message boundaries,
+   WRITTEN promises whole records) with its store time, announces APPENDED (and PAGES)
+   as a master's writer does, and REPORTs the new WRITTEN: the master's ack. Bytes of a
+   record still incomplete sit in the mapping past WRITTEN; a restart cuts them
+   (``CommitLog.reopen_at``) and asks for them again.
+3. A REPORT every ``ha_send_heartbeat_interval`` ms keeps the session alive; no frame
+   from the master for ``ha_housekeeping_interval`` ms closes the socket, opens a new
+   one and says HELLO (a restarted master, a network that dropped everything).
+4. ERROR from the master: NO_SESSION (a restarted master) says HELLO again; a refusal
+   (``ha_protocol.HAError``: DIVERGED, FILE_SIZE_MISMATCH, OFFSET_UNAVAILABLE, ...) is
+   logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO is tried
+   again every ``ha_housekeeping_interval`` ms; nothing is appended meanwhile.
+
+MASTER_END and MASTER_HEARD_MS (the master's end and when it last spoke) are what the
+slave's status shows as its lag.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from procs import ha_protocol as hp
+from shm.positions import Slot, now_ms
+from storage import replication
+from storage.clock import monotonic_ms
+from storage.errors import StoreFileError
+
+log = logging.getLogger(__name__)
+
+FRAMES_PER_TURN = 256        # DATA frames appended before WRITTEN is published (~8 MiB)
+
+
+class Replica:
+    """The follower inside a SLAVE's writer (``writer`` is the WriterService)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        cfg = writer.config
+        host, port = cfg.ha_master_endpoint()
+        self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        self.file_size = cfg.mapped_file_size_commit_log
+        self.socket: zmq.Socket | None = None
+        self.session = 0
+        self.received = writer.table.read_written()[0]   # bytes held, whole or not
+        self.retry_at = 0            # after a refusal: when to say HELLO again (0: not waiting)
+        self.heard = monotonic_ms()
+        self.next_report = 0
+        self.connect()
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.writer.poller.unregister(self.socket)
+            self.socket.close(0)
+            self.socket = None
+
+    def connect(self) -> None:
+        """A new socket to the master, and HELLO."""
+        self.close()
+        s = self.writer.context.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, hp.MAX_FRAME)
+        s.connect(self.address)
+        self.socket = s
+        self.writer.poller.register(s, zmq.POLLIN)
+        self.heard = monotonic_ms()
+        self.hello()
+
+    def hello(self) -> None:
+        """Open a new session from WRITTEN (a partial record past it is cut first)."""
+        w = self.writer
+        written = w.table.read_written()[0]
+        if self.received != written:
+            w.reset_to_written()
+            self.received = written
+        n, crc = replication.tail_check(w.config.commit_log_dir, self.file_size, written)
+        self.session = (self.session + 1) & 0xFFFFFFFF
+        self._send(hp.encode_hello(self.session, self.file_size, written, n, crc))
+        self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
+        self.retry_at = 0
+
+    # ================================================================== inbound
+    def receive(self) -> None:
+        """Drain the socket: append what continues the end, then publish and report."""
+        appended = False
+        for _ in range(FRAMES_PER_TURN):
+            try:
+                frame = self.socket.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.heard = monotonic_ms()
+            try:
+                message = hp.decode(frame.buffer)
+            except hp.HAProtocolError as e:
+                log.warning("frame from the master refused: %s", e)
+                self._send(hp.encode_error(e.code, e.detail))
+                continue
+            if isinstance(message, hp.Data):
+                appended = self._data(message) or appended
+            elif isinstance(message, hp.Error):
+                self._refused(message)
+            else:
+                self._send(hp.encode_error(hp.HAError.MALFORMED, "HELLO and REPORT go to "
+                                           "masters"))
+        if appended:
+            self._publish()
+
+    def _data(self, d: hp.Data) -> bool:
+        """Append one DATA frame; True when bytes were appended."""
+        if d.session != self.session or self.retry_at:
+            return False
+        table = self.writer.table
+        table.set(Slot.MASTER_END, d.master_end)
+        table.set(Slot.MASTER_HEARD_MS, now_ms())
+        if table.get(Slot.REPLICA_ERROR):
+            table.set(Slot.REPLICA_ERROR, 0)
+        if not len(d.payload):
+            return False
+        if d.offset != self.received:
+            log.warning("master sent %d, this slave holds up to %d: new session", d.offset,
+                        self.received)
+            self.hello()
+            return False
+        try:
+            self.writer.commit_log.append_verbatim(d.offset, d.payload)
+        except (ValueError, StoreFileError) as e:
+            log.error("cannot append the master's bytes at %d: %s", d.offset, e)
+            self._wait_and_retry()
+            return False
+        self.received += len(d.payload)
+        self.writer.stats.add("ha_received_bytes_total", len(d.payload))
+        return True
+
+    def _publish(self) -> None:
+        """WRITTEN up to the last whole record received; REPORT it."""
+        w = self.writer
+        written, ts = w.table.read_written()
+        try:
+            end, ts = self._whole_end(written, ts)
+        except ValueError as e:
+            log.error("the master's bytes are not records: %s; cut back to %d", e, written)
+            self._wait_and_retry()
+            return
+        if end > written:
+            w.publish_written(end, ts)
+        self._send(hp.encode_report(end))
+        self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
+
+    def _whole_end(self, written: int, ts: int) -> tuple[int, int]:
+        mfq = self.writer.commit_log.mapped_file_queue
+        pos = written
+        while pos < self.received:
+            mf = mfq.find_mapped_file_by_offset(pos)
+            if mf is None:
+                break
+            base = mf.file_from_offset
+            limit = min(self.received - base, mf.file_size)
+            end, ts = replication.whole_records_end(mf.buf, base, pos - base, limit, ts)
+            if base + end == pos:
+                break
+            pos = base + end
+        return pos, ts
+
+    def _refused(self, e: hp.Error) -> None:
+        if e.code == hp.HAError.NO_SESSION:
+            self.hello()
+            return
+        log.error("the master at %s refuses this slave: %s: %s", self.address,
+                  hp.error_name(e.code), e.text)
+        self.writer.table.set(Slot.REPLICA_ERROR, e.code)
+        self._wait_and_retry()
+
+    def _wait_and_retry(self) -> None:
+        self.retry_at = monotonic_ms() + self.writer.config.ha_housekeeping_interval
+
+    # ================================================================== timers
+    def tick(self) -> None:
+        """Heartbeat reports, silence and retries (once per writer turn)."""
+        now = monotonic_ms()
+        cfg = self.writer.config
+        if self.retry_at:
+            if now >= self.retry_at:
+                self.connect()
+            return
+        if now - self.heard > cfg.ha_housekeeping_interval:
+            log.warning("no frame from the master at %s for %d ms: reconnecting",
+                        self.address, now - self.heard)
+            self.connect()
+        elif now >= self.next_report:
+            self._send(hp.encode_report(self.writer.table.read_written()[0]))
+            self.next_report = now + cfg.ha_send_heartbeat_interval
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self.socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            pass        # not connected yet, or the master reads nothing: the timers retry

@@ -1,0 +1,88 @@
+"""CommitLog bytes as replication sees them: a tail to compare, whole records to publish.
+
+A slave's CommitLog is its master's, byte for byte, at the same offsets in the same
+files (RocketMQ's HAClient appends what it receives verbatim, never parsing it). Two
+questions about those bytes need answers of their own:
+
+- *Do two stores hold the same bytes before an offset?* ``tail_check`` is the crc32 of
+  the ``TAIL_CHECK_BYTES`` (or fewer: never before the file's start) bytes before it,
+  read from the file itself (``pread``: no mapping needed, the page cache is shared).
+  A slave sends it in HELLO; the master compares it with its own bytes there.
+- *Where do the whole records end?* The master streams blocks blind to message
+  boundaries; the slave appends each as it comes but publishes WRITTEN (which promises
+  whole records below it) only up to the last record that arrived whole:
+  ``whole_records_end`` walks the TOTALSIZE chain from there. A BLANK closes its file:
+  the walk goes on at the next file's start.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+from storage import record
+from storage.mapped_file import offset_to_file_name
+
+TAIL_CHECK_BYTES = 4096
+_SIZE_MAGIC = record.SIZE_MAGIC
+_LONG = record.LONG
+_SYSFLAG = record.INT
+_BLANK = record.BLANK_MAGIC_CODE
+_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
+
+
+def read_range(commit_log_dir: str, file_size: int, offset: int, length: int) -> bytes:
+    """``length`` CommitLog bytes from ``offset``, within one file (fewer when the file
+    is shorter). Raises ``FileNotFoundError`` when the file is not there."""
+    path = os.path.join(commit_log_dir, offset_to_file_name(offset - offset % file_size))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset % file_size)
+    finally:
+        os.close(fd)
+
+
+def tail_check(commit_log_dir: str, file_size: int, offset: int,
+               length: int = TAIL_CHECK_BYTES) -> tuple[int, int]:
+    """``(n, crc32)`` of the ``n`` bytes before ``offset``: ``n`` is at most ``length``
+    and never reaches before the start of the file holding byte ``offset - 1``.
+    ``(0, 0)`` at offset 0. Raises ``FileNotFoundError``, and ``ValueError`` when the
+    file ends before ``offset``."""
+    if offset <= 0:
+        return 0, 0
+    last = offset - 1
+    n = min(length, last % file_size + 1)
+    data = read_range(commit_log_dir, file_size, offset - n, n)
+    if len(data) != n:
+        raise ValueError(f"the CommitLog file holding {last} ends before it")
+    return n, zlib.crc32(data)
+
+
+def whole_records_end(buf, file_from: int, pos: int, limit: int,
+                      last_store_ts: int) -> tuple[int, int]:
+    """Walk the records of one file's bytes ``buf`` from ``pos`` (a record's start)
+    while each lies whole below ``limit``. Returns ``(end, store_ts)``: the file
+    position after the last whole record (a BLANK ends the file: its size), and the
+    store timestamp of the last message passed (``last_store_ts`` when none).
+
+    Raises ``ValueError`` at bytes that are no record (a slave must never publish
+    them): the offset is named."""
+    size_of_file = len(buf)
+    while pos + 8 <= limit:
+        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic == _BLANK:
+            if pos + size != size_of_file:
+                raise ValueError(f"a BLANK at {file_from + pos} of {size} bytes does not end "
+                                 "its file")
+            if limit < size_of_file:
+                break            # the file's zeros are still coming
+            return size_of_file, last_store_ts
+        if magic not in _MAGICS or size <= 0 or pos + size > size_of_file:
+            raise ValueError(f"no record at CommitLog offset {file_from + pos} "
+                             f"(size {size}, magic {magic:#x})")
+        if pos + size > limit:
+            break
+        sys_flag = _SYSFLAG.unpack_from(buf, pos + record.SYSFLAG_POS)[0]
+        last_store_ts = _LONG.unpack_from(buf, pos + record.store_timestamp_pos(sys_flag))[0]
+        pos += size
+    return pos, last_store_ts

@@ -1,0 +1,265 @@
+"""Replication: a master and a slave store on this machine, real processes, loopback TCP.
+
+Each test runs two stores (``RunningStore``: ``rocketstore up`` in its own process group)
+with small files, so that a few thousand messages roll many files, and quick HA timers
+(heartbeat 300 ms, housekeeping 1.5 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import zmq
+
+from procs import ha_protocol as hp
+from procs.client import Producer
+from procs.consumer import Consumer
+from procs.supervisor import Supervisor
+from shm.positions import Slot
+from storage import Message, StoreConfig
+from storage.errors import StoreConfigError
+from storage.status import PutMessageStatus
+from store_processes import RunningStore, wait_for
+
+HA_TIMERS = dict(ha_send_heartbeat_interval=300, ha_housekeeping_interval=1500)
+FILE_SIZE = 64 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pair:
+    """A master and its slave, started and stopped together."""
+
+    def __init__(self, tmp_path, role: str = "ASYNC_MASTER", **master: object):
+        self.port = free_port()
+        for side in ("master", "slave"):
+            (tmp_path / side).mkdir()
+        self.master = RunningStore(tmp_path / "master", ha_listen_port=self.port,
+                                   broker_role=role, listen_port=free_port(), **HA_TIMERS,
+                                   **master)
+        self.slave = RunningStore(tmp_path / "slave", broker_role="SLAVE",
+                                  ha_master_address=f"127.0.0.1:{self.port}",
+                                  listen_port=free_port(), **HA_TIMERS)
+
+    def __enter__(self) -> "Pair":
+        self.master.start()
+        self.slave.start()
+        wait_for(lambda: self.master.slot(Slot.SLAVES) == 1, what="the slave to connect")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for store in (self.slave, self.master):
+            store.__exit__(*exc)
+
+    def caught_up(self, timeout: float = 30) -> int:
+        """Wait until the slave holds and has dispatched all the master wrote."""
+        def done() -> bool:
+            end = self.master.slot(Slot.WRITTEN)
+            return self.slave.slot(Slot.WRITTEN) == end == self.slave.slot(Slot.DISPATCHED)
+        wait_for(done, timeout, what="the slave to catch up")
+        return self.master.slot(Slot.WRITTEN)
+
+
+def files(store: RunningStore, sub: str) -> dict[str, bytes]:
+    """Every file under the store's ``sub`` directory, by relative path."""
+    root = os.path.join(store.store_dir, sub)
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            path = os.path.join(d, n)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def assert_same_commit_log(pair: Pair) -> None:
+    master, slave = files(pair.master, "commitlog"), files(pair.slave, "commitlog")
+    assert sorted(master) == sorted(slave)
+    differing = [name for name in master if master[name] != slave[name]]
+    assert not differing, f"files differ: {differing}"
+
+
+def consume_all(store: RunningStore, topic: str) -> list[bytes]:
+    """Every message of ``topic``, read by a new consumer group from the start."""
+    out = []
+    group = f"check-{time.monotonic_ns()}"
+    with Consumer(store.store_dir, group, topic) as c:
+        while True:
+            batch = c.poll(512, timeout_ms=300)
+            if not batch:
+                return out
+            out += [m.body for m in batch]
+
+
+def test_slave_files_are_the_masters_after_a_mixed_load(tmp_path):
+    """Batches, one-at-a-time sends, delayed messages and large bodies over many file
+    rolls: the slave's CommitLog and consume queues are byte-identical to the master's,
+    and a consumer reads the same messages through both."""
+    with Pair(tmp_path) as pair, Producer(pair.master.store_dir) as p:
+        sent = []
+        for i in range(40):
+            batch = [Message("Mixed", f"batch {i} msg {k}".encode() * (1 + k % 7),
+                             keys=[f"b{i}-{k}"]) for k in range(50)]
+            sent += [m.body for m in batch]
+            assert all(r.status is PutMessageStatus.PUT_OK for r in p.send_batch(batch))
+        for i in range(30):
+            body = bytes([i]) * (20_000 + i * 97)        # large: a third of a file
+            assert p.send("Mixed", body).status is PutMessageStatus.PUT_OK
+            sent.append(body)
+        for i in range(5):
+            r = p.send_batch([Message("Mixed", f"delayed {i}".encode(), delay_level=1)])
+            assert r[0].status is PutMessageStatus.PUT_OK
+            sent.append(f"delayed {i}".encode())
+        wait_for(lambda: len(consume_all(pair.master, "Mixed")) == len(sent), 20,
+                 what="the delayed messages to be delivered on the master")
+        pair.caught_up()
+        assert len(files(pair.master, "commitlog")) > 10                 # rolled files
+        assert_same_commit_log(pair)
+        assert files(pair.master, "consumequeue") == files(pair.slave, "consumequeue")
+        assert sorted(consume_all(pair.slave, "Mixed")) == sorted(sent)
+
+
+def test_sync_master_acknowledges_what_the_slave_holds(tmp_path):
+    """SYNC_MASTER: a PUT_OK means the slave has the bytes; the master killed (SIGKILL,
+    every process) right after an acknowledgement: the slave holds that message."""
+    with Pair(tmp_path, "SYNC_MASTER", sync_flush_timeout=3000) as pair:
+        with Producer(pair.master.store_dir) as p:
+            for i in range(200):
+                r = p.send("Sync", f"m{i}".encode())
+                assert r.status is PutMessageStatus.PUT_OK, r
+            last = p.send("Sync", b"the last one")
+        assert last.status is PutMessageStatus.PUT_OK
+        pair.master.kill_all()
+        end = pair.slave.slot(Slot.WRITTEN)
+        assert end > last.commit_log_offset
+        wait_for(lambda: pair.slave.slot(Slot.DISPATCHED) == end, what="slave dispatch")
+        got = consume_all(pair.slave, "Sync")
+        assert sorted(got) == sorted([f"m{i}".encode() for i in range(200)] + [b"the last one"])
+
+
+def test_sync_master_with_a_stopped_slave(tmp_path):
+    """The slave stopped (SIGSTOP on its whole process group): sends get
+    FLUSH_SLAVE_TIMEOUT while its session lives, SLAVE_NOT_AVAILABLE once the master
+    dropped it; every message stays stored on the master. After SIGCONT the slave
+    catches up, and sends are PUT_OK again."""
+    with Pair(tmp_path, "SYNC_MASTER", sync_flush_timeout=500) as pair, \
+            Producer(pair.master.store_dir) as p:
+        assert p.send("Stop", b"before").status is PutMessageStatus.PUT_OK
+        os.killpg(pair.slave.proc.pid, signal.SIGSTOP)
+        try:
+            r = p.send("Stop", b"while stopped 1")
+            assert r.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT, r
+            wait_for(lambda: pair.master.slot(Slot.SLAVES) == 0, 10,
+                     what="the master to drop the silent slave")
+            r = p.send("Stop", b"while stopped 2")
+            assert r.status is PutMessageStatus.SLAVE_NOT_AVAILABLE, r
+            assert "no slave is connected" in r.reason
+        finally:
+            os.killpg(pair.slave.proc.pid, signal.SIGCONT)
+        wait_for(lambda: pair.master.slot(Slot.SLAVES) == 1, 15, what="the slave to return")
+        r = p.send("Stop", b"after")
+        assert r.status is PutMessageStatus.PUT_OK, r
+        pair.caught_up()
+        assert_same_commit_log(pair)
+        assert sorted(consume_all(pair.master, "Stop")) == sorted(consume_all(pair.slave, "Stop")) \
+            == sorted([b"before", b"while stopped 1", b"while stopped 2", b"after"])
+
+
+def test_killed_slave_and_master_catch_up_with_nothing_missing_or_doubled(tmp_path):
+    """Under load, the slave's writer (its CommitLog appender) SIGKILLed at random
+    moments, then the whole master killed and restarted: the slave reconnects, catches
+    up, and holds every acknowledged message exactly once."""
+    rng = __import__("random").Random(7)
+    with Pair(tmp_path) as pair:
+        acked = []
+
+        def load(n: int) -> None:
+            with Producer(pair.master.store_dir) as p:
+                for i in range(n):
+                    batch = [Message("Load", f"{len(acked)}-{k}".encode() * 3)
+                             for k in range(20)]
+                    if all(r.status is PutMessageStatus.PUT_OK for r in p.send_batch(batch)):
+                        acked.extend(m.body for m in batch)
+                    pid = pair.slave.child_pid("writer")     # 0 while it restarts
+                    if pid and rng.random() < 0.05:
+                        os.kill(pid, signal.SIGKILL)
+        load(300)
+        assert pair.slave.restarts("writer") > 0
+        pair.master.kill_all()
+        pair.master.start()
+        load(100)
+        pair.caught_up(60)
+        assert_same_commit_log(pair)
+        got = consume_all(pair.slave, "Load")
+        assert len(got) == len(set(got)) and sorted(got) == sorted(acked)
+
+
+def _dealer(port: int) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVTIMEO, 3000)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    return s
+
+
+def test_garbage_on_the_ha_socket_gets_named_errors_and_harms_nothing(tmp_path):
+    with Pair(tmp_path) as pair:
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("G", b"x" * 100) for _ in range(100)])
+        bad = _dealer(pair.port)
+        try:
+            bad.send(b"GET / HTTP/1.0\r\n\r\n")
+            assert hp.decode(bad.recv()).code == hp.HAError.MALFORMED
+            bad.send(hp.encode_report(10))
+            assert hp.decode(bad.recv()).code == hp.HAError.NO_SESSION
+            bad.send(hp.encode_hello(1, FILE_SIZE * 2, 0, 0, 0))
+            assert hp.decode(bad.recv()).code == hp.HAError.FILE_SIZE_MISMATCH
+            bad.send(b"RH\x09\x01" + bytes(28))
+            assert hp.decode(bad.recv()).code == hp.HAError.UNSUPPORTED_VERSION
+            bad.send(hp.encode_hello(2, FILE_SIZE, 1 << 40, 0, 0))
+            assert hp.decode(bad.recv()).code == hp.HAError.DIVERGED
+            bad.send(hp.encode_hello(3, FILE_SIZE, 0, 0, 0))   # a real session ...
+            first = hp.decode(bad.recv())
+            assert isinstance(first, hp.Data) and first.session == 3
+            bad.send(hp.encode_report(1 << 40))                # ... acking the impossible
+            while not isinstance(reply := hp.decode(bad.recv()), hp.Error):
+                pass
+            assert reply.code == hp.HAError.ACK_BEYOND_END
+        finally:
+            bad.close()
+        with socket.create_connection(("127.0.0.1", pair.port)) as raw:   # not ZeroMQ
+            raw.sendall(os.urandom(4096))
+        assert pair.master.slot(Slot.SLAVE_ACKED) <= pair.master.slot(Slot.WRITTEN)
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("G", b"y" * 100) for _ in range(100)])
+        pair.caught_up()
+        assert_same_commit_log(pair)
+        assert pair.master.restarts("ha") == 0
+        assert len(consume_all(pair.slave, "G")) == 200
+
+
+def test_a_slave_refuses_puts(tmp_path):
+    with Pair(tmp_path) as pair, Producer(pair.slave.store_dir, timeout_ms=5000) as p:
+        r = p.send("Nope", b"x")
+        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "SLAVE" in r.reason
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(broker_role="SLAVE"), "needs ha_master_address"),
+    (dict(broker_role="SLAVE", ha_master_address="nohost"), "is not \"host:port\""),
+    (dict(broker_role="SYNC_MASTER"), "needs ha_listen_port"),
+    (dict(ha_send_heartbeat_interval=5000, ha_housekeeping_interval=5000), "must exceed"),
+])
+def test_replication_settings_that_cannot_work_are_refused(settings, message):
+    """Refused when the settings load, or when a supervisor is made for them."""
+    with pytest.raises(StoreConfigError, match=message):
+        Supervisor(StoreConfig(**settings))
