@@ -163,11 +163,14 @@ class HAService(Service):
                     self._hello(peer, _address(parts[1]), frame)
                 elif isinstance(frame, int):
                     self._report(peer, frame)
+                elif isinstance(frame, hp.Probe):
+                    self._probe(peer, frame)
                 elif isinstance(frame, hp.Error):
                     log.warning("slave %s says %s: %s", peer.hex(), hp.error_name(frame.code),
                                 frame.text)
                 else:
-                    raise hp.HAProtocolError(hp.HAError.MALFORMED, "DATA goes to slaves")
+                    raise hp.HAProtocolError(hp.HAError.MALFORMED,
+                                             "DATA and RANGE go to slaves")
             except hp.HAProtocolError as e:
                 log.warning("HA frame from %s refused: %s", peer.hex(), e)
                 self.stats.add("ha_refused_total", 1, error=e.code.name)
@@ -221,6 +224,17 @@ class HAService(Service):
                 f"the slave's {hello.tail_len} bytes before {hello.offset} differ from the "
                 f"master's (master end {end})")
         return hello.offset
+
+    def _probe(self, peer: bytes, probe: hp.Probe) -> None:
+        """A diverged slave comparing: this store's bytes at ``probe.offset``."""
+        end = self._readable()
+        if probe.offset < self.table.get(Slot.MIN_OFFSET):
+            raise hp.HAProtocolError(hp.HAError.OFFSET_UNAVAILABLE,
+                                     f"a probe at {probe.offset}, below the master's first "
+                                     f"file ({self.table.get(Slot.MIN_OFFSET)})")
+        limit = min(end, probe.offset + min(probe.length, hp.MAX_PROBE))
+        block = self._block(probe.offset, limit) if limit > probe.offset else b""
+        self._send(peer, hp.range_head(probe.session, probe.offset, end) + (block or b""))
 
     def _report(self, peer: bytes, offset: int) -> None:
         s = self.sessions.get(peer)

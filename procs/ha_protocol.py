@@ -21,13 +21,19 @@ docs/PROTOCOL.md §5):
                           file's end; a slave drops DATA of another session than its
                           last HELLO's (frames already on the way when it said HELLO)
     4     ERROR   either  code u16 (``HAError``), then a UTF-8 text saying why
+    5     PROBE   slave   session u32, offset u64, length u32: after DIVERGED, asks for
+                          the master's bytes there (no session needed)
+    6     RANGE   master  session u32, offset u64, master_end u64, then the master's
+                          bytes from ``offset`` (at most ``length`` and ``MAX_PROBE``,
+                          fewer where its CommitLog or the file ends)
 
 A session starts with HELLO: the master checks the slave's file size and tail against
 its own bytes and streams from the slave's end (an empty slave from the master's first
 file), so a reconnect, a restarted master or a restarted slave always begins from what
 the slave really holds. A frame the master cannot read, or a REPORT outside a session,
 gets ERROR; the bytes the slave holds decide every later step, never the master's
-memory of them.
+memory of them. PROBE and RANGE let a diverged slave find, byte by byte, where its
+CommitLog and the master's part (procs.replica).
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ HELLO = struct.Struct(">IQQII")
 REPORT = struct.Struct(">Q")
 DATA = struct.Struct(">IQQ")
 ERROR = struct.Struct(">H")
+PROBE = struct.Struct(">IQI")
+RANGE = struct.Struct(">IQQ")
+MAX_PROBE = 1024 * 1024            # bytes a RANGE carries at most
 MAX_FRAME = 64 * 1024 * 1024      # a DATA frame's bound (ha_transfer_batch_size is below)
 
 
@@ -51,6 +60,8 @@ class Kind(enum.IntEnum):
     REPORT = 2
     DATA = 3
     ERROR = 4
+    PROBE = 5
+    RANGE = 6
 
 
 class HAError(enum.IntEnum):
@@ -93,6 +104,19 @@ class Data(NamedTuple):
     payload: memoryview
 
 
+class Probe(NamedTuple):
+    session: int
+    offset: int
+    length: int
+
+
+class Range(NamedTuple):
+    session: int
+    offset: int
+    master_end: int
+    payload: memoryview
+
+
 class Error(NamedTuple):
     code: int
     text: str
@@ -116,12 +140,22 @@ def data_head(session: int, offset: int, master_end: int) -> bytes:
     return _head(Kind.DATA) + DATA.pack(session, offset, master_end)
 
 
+def encode_probe(session: int, offset: int, length: int) -> bytes:
+    return _head(Kind.PROBE) + PROBE.pack(session, offset, length)
+
+
+def range_head(session: int, offset: int, master_end: int) -> bytes:
+    """A RANGE frame up to the master's bytes."""
+    return _head(Kind.RANGE) + RANGE.pack(session, offset, master_end)
+
+
 def encode_error(code: HAError, text: str) -> bytes:
     return _head(Kind.ERROR) + ERROR.pack(code) + text.encode()[:4000]
 
 
-def decode(frame) -> Hello | int | Data | Error:
-    """One frame: ``Hello``, a REPORT's offset (int), ``Data`` or ``Error``.
+def decode(frame) -> Hello | int | Data | Error | Probe | Range:
+    """One frame: ``Hello``, a REPORT's offset (int), ``Data``, ``Error``, ``Probe`` or
+    ``Range``.
 
     Raises ``HAProtocolError`` for anything else."""
     mv = memoryview(frame)
@@ -142,6 +176,11 @@ def decode(frame) -> Hello | int | Data | Error:
         if kind == Kind.DATA and len(body) >= DATA.size:
             session, offset, end = DATA.unpack_from(body)
             return Data(session, offset, end, body[DATA.size:])
+        if kind == Kind.PROBE and len(body) == PROBE.size:
+            return Probe(*PROBE.unpack_from(body))
+        if kind == Kind.RANGE and len(body) >= RANGE.size:
+            session, offset, end = RANGE.unpack_from(body)
+            return Range(session, offset, end, body[RANGE.size:])
         if kind == Kind.ERROR and len(body) >= ERROR.size:
             return Error(ERROR.unpack_from(body)[0], bytes(body[ERROR.size:]).decode("utf-8", "replace"))
     except struct.error:

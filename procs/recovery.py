@@ -14,6 +14,9 @@ slot may move back, allowed to the supervisor's table before any process runs):
     FLUSH_DISK_TYPE, TRANSIENT_POOL and ROLE from the configuration; STATE = STARTING;
     GENERATION = the start time in ms (unique per start).
 
+A cut a diverged slave asked for (``storage.replication.apply_requested_cut``) is made
+first, so recovery finds the CommitLog ending at the common prefix.
+
 Everything in the position table is rebuilt from the files. One thing in shared memory
 is worth more than the files: with the transient store pool, a run that died whole
 leaves acknowledged bytes in the pool's buffers past its COMMITTED; they are copied into
@@ -31,7 +34,7 @@ from shm.positions import (
 from shm.transient_pool import TransientStorePool, commit_left_behind
 from storage import MessageStore, StoreConfig
 from storage.config import BROKER_ROLES
-from storage import recovery_plan
+from storage import recovery_plan, replication
 from storage.recovery_plan import TableState
 from storage.store_lock import StoreLock
 from storage import file_modes
@@ -61,6 +64,12 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     pool = None
     try:
         _commit_pool_left_behind(config)
+        cut = replication.apply_requested_cut(config)
+        if cut is not None:
+            log.error("CommitLog cut back to %d as replication asked (%s); the cut bytes "
+                      "are in %s", cut["offset"],
+                      ", ".join(f"{k} {v}" for k, v in cut.items()
+                                if k not in ("offset", "quarantine")), cut["quarantine"])
         store = MessageStore(dataclasses.replace(config, transient_store_pool_enable=False,
                                                  broker_role="ASYNC_MASTER"),
                              take_lock=False)   # recovery is the same for every role

@@ -25,10 +25,20 @@ speaks ``procs.ha_protocol``:
 3. A REPORT every ``ha_send_heartbeat_interval`` ms keeps the session alive; no frame
    from the master for ``ha_housekeeping_interval`` ms closes the socket, opens a new
    one and says HELLO (a restarted master, a network that dropped everything).
-4. ERROR from the master: NO_SESSION (a restarted master) says HELLO again; a refusal
-   (``ha_protocol.HAError``: DIVERGED, FILE_SIZE_MISMATCH, OFFSET_UNAVAILABLE, ...) is
-   logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO is tried
-   again every ``ha_housekeeping_interval`` ms; nothing is appended meanwhile.
+4. ERROR from the master: NO_SESSION (a restarted master) says HELLO again; DIVERGED
+   starts the search below; any other refusal (FILE_SIZE_MISMATCH, OFFSET_UNAVAILABLE,
+   ...) is logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO
+   is tried again every ``ha_housekeeping_interval`` ms; nothing is appended meanwhile.
+5. Divergence (the master lost an unflushed tail in a crash and wrote other messages
+   there, or this slave runs past the master's end) is never mixed in. The follower
+   PROBEs the master's bytes window by window (``PROBE_WINDOW``, within one file)
+   backwards from its end until a window is the same on both sides; the first differing
+   byte after it (or the master's end) is where they part. It cuts at the last record
+   boundary at or before it (``storage.replication``): it asks the supervisor for the
+   cut (``request_cut``), which stops the processes, moves the cut bytes to
+   ``quarantine/``, recovers (consume queues and index follow the CommitLog) and starts
+   them again; the new writer says HELLO from the common prefix. The cut is logged and
+   listed in ``rocketstore status``.
 
 MASTER_END and MASTER_HEARD_MS (the master's end and when it last spoke) are what the
 slave's status shows as its lag.
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import zmq
 
 from procs import ha_protocol as hp
@@ -49,6 +60,19 @@ from storage.errors import StoreFileError
 log = logging.getLogger(__name__)
 
 FRAMES_PER_TURN = 256        # DATA frames appended before WRITTEN is published (~8 MiB)
+PROBE_WINDOW = hp.MAX_PROBE  # bytes compared per PROBE
+
+
+class _Search:
+    """A diverged slave looking, window by window backwards from its end, for where its
+    CommitLog and its master's part."""
+
+    __slots__ = ("end", "lo", "hi", "first_difference")
+
+    def __init__(self, end: int):
+        self.end = end                   # this slave's end when the search began
+        self.lo = self.hi = end          # the window being compared: [lo, hi)
+        self.first_difference: int | None = None
 
 
 class Replica:
@@ -66,6 +90,7 @@ class Replica:
         self.retry_at = 0            # after a refusal: when to say HELLO again (0: not waiting)
         self.heard = monotonic_ms()
         self.next_report = 0
+        self.search: _Search | None = None
         self.connect()
 
     def close(self) -> None:
@@ -98,6 +123,7 @@ class Replica:
         self._send(hp.encode_hello(self.session, self.file_size, written, n, crc))
         self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
         self.retry_at = 0
+        self.search = None
 
     # ================================================================== inbound
     def receive(self) -> None:
@@ -119,9 +145,11 @@ class Replica:
                 appended = self._data(message) or appended
             elif isinstance(message, hp.Error):
                 self._refused(message)
+            elif isinstance(message, hp.Range):
+                self._compare(message)
             else:
-                self._send(hp.encode_error(hp.HAError.MALFORMED, "HELLO and REPORT go to "
-                                           "masters"))
+                self._send(hp.encode_error(hp.HAError.MALFORMED, "HELLO, REPORT and PROBE "
+                                           "go to masters"))
         if appended:
             self._publish()
 
@@ -185,10 +213,68 @@ class Replica:
         if e.code == hp.HAError.NO_SESSION:
             self.hello()
             return
+        if e.code == hp.HAError.DIVERGED and self.search is None and not self.retry_at:
+            log.warning("the master says this slave diverged (%s): comparing the two "
+                        "CommitLogs backwards from %d", e.text, self.received)
+            self.search = _Search(self.received)
+            self._probe_next()
+            return
+        self.search = None
         log.error("the master at %s refuses this slave: %s: %s", self.address,
                   hp.error_name(e.code), e.text)
         self.writer.table.set(Slot.REPLICA_ERROR, e.code)
         self._wait_and_retry()
+
+    # ================================================================== divergence
+    def _probe_next(self) -> None:
+        """Ask for the master's bytes of the window before the last one compared."""
+        s = self.search
+        hi = s.lo
+        if hi <= 0:
+            self._found(s.first_difference or 0, s.end)
+            return
+        s.hi = hi
+        s.lo = max(hi - PROBE_WINDOW, hi - ((hi - 1) % self.file_size + 1))
+        self._send(hp.encode_probe(self.session, s.lo, s.hi - s.lo))
+
+    def _compare(self, r: hp.Range) -> None:
+        """One window compared: go on backwards while it differs."""
+        s = self.search
+        if s is None or r.session != self.session or r.offset != s.lo:
+            return
+        mine = np.frombuffer(replication.read_range(
+            self.writer.config.commit_log_dir, self.file_size, s.lo, s.hi - s.lo), np.uint8)
+        theirs = np.frombuffer(r.payload, np.uint8)
+        n = min(len(mine), len(theirs))
+        differ = np.flatnonzero(mine[:n] != theirs[:n])
+        if len(differ):
+            s.first_difference = s.lo + int(differ[0])
+        elif n < s.hi - s.lo:
+            s.first_difference = s.lo + n          # one side ends inside the window
+        else:                                      # the same window: they part later
+            self._found(s.end if s.first_difference is None else s.first_difference,
+                        r.master_end)
+            return
+        self._probe_next()
+
+    def _found(self, difference: int, master_end: int) -> None:
+        """They part at ``difference``: ask for the cut at the record boundary there."""
+        s, w = self.search, self.writer
+        self.search = None
+        if difference >= s.end:
+            log.info("no byte differs from the master's up to %d: HELLO again", s.end)
+            self.hello()
+            return
+        cut = replication.last_boundary_at_or_before(w.config.commit_log_dir,
+                                                     self.file_size, difference)
+        log.error("this slave's CommitLog parts from its master's at %d (slave end %d, "
+                  "master end %d): cutting it back to %d; the cut bytes are kept in "
+                  "quarantine/", difference, s.end, master_end, cut)
+        replication.request_cut(w.config.config_dir, cut, slave_end=s.end,
+                                first_difference=difference, master_end=master_end,
+                                master=self.address)
+        w.table.set(Slot.REPLICA_ERROR, hp.HAError.DIVERGED)
+        self._wait_and_retry()      # the supervisor restarts the store with the cut
 
     def _wait_and_retry(self) -> None:
         self.retry_at = monotonic_ms() + self.writer.config.ha_housekeeping_interval

@@ -51,7 +51,7 @@ from shm.transient_pool import TransientStorePool, copy_into_files
 from shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
     ProcessState, Slot, StoreState, now_ms)
-from storage import StoreConfig
+from storage import StoreConfig, replication
 from storage.errors import StoreConfigError
 from storage.store_lock import remove_abort
 
@@ -139,6 +139,7 @@ class Supervisor:
         self._context = multiprocess.get_context("spawn")
         self._metrics = None        # the Prometheus endpoint's server, when serving
         self._pool = None           # the TransientStorePool, when enabled (kept locked)
+        self._cut_request_path = os.path.join(config.config_dir, replication.CUT_REQUEST_FILE)
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "Supervisor":
@@ -160,6 +161,10 @@ class Supervisor:
             announced = False
             while not self._stopping and not self._fatal:
                 self._watch(timeout_s=0.1)
+                if self._cut_requested():
+                    self.stop()
+                    self.start()
+                    announced = False
                 if not announced and self.all_running():
                     self.table.set(Slot.STATE, StoreState.RUNNING)
                     announced = True
@@ -187,6 +192,16 @@ class Supervisor:
         except OSError as e:
             log.error("no metrics endpoint on %s:%d: %s", cfg.metrics_address,
                       cfg.metrics_port, e)
+
+    def _cut_requested(self) -> bool:
+        """A SLAVE's writer found its CommitLog diverged from its master's and asked for
+        a cut (``storage.replication``): the processes are stopped, the cut is made by
+        the recovery of the next start, and they start again."""
+        if not self.config.slave or not os.path.exists(self._cut_request_path):
+            return False
+        log.error("replication diverged: restarting the store's processes to cut the "
+                  "CommitLog back to what the master holds")
+        return True
 
     def all_running(self) -> bool:
         return all(self._is_up(c) for c in self.children.values())

@@ -616,10 +616,10 @@ class CommitLog:
         process_offset = mf.file_from_offset + pos
         mfq = self.mapped_file_queue
         mfq.mark_flushed_to(process_offset)
-        mfq.truncate_dirty_files(process_offset, self._quarantine_dir())
+        mfq.truncate_dirty_files(process_offset, self.quarantine_dir())
         return process_offset
 
-    def _quarantine_dir(self) -> str:
+    def quarantine_dir(self) -> str:
         stamp = time.strftime("%Y%m%d%H%M%S", time.localtime())
         return os.path.join(self.config.store_path_root_dir, "quarantine", stamp, "commitlog")
 

@@ -13,14 +13,23 @@ questions about those bytes need answers of their own:
   whole records below it) only up to the last record that arrived whole:
   ``whole_records_end`` walks the TOTALSIZE chain from there. A BLANK closes its file:
   the walk goes on at the next file's start.
+- *Where must a diverged slave cut?* At the last record boundary at or before the first
+  byte that differs from its master (``last_boundary_at_or_before``): the bytes before
+  it are the master's, so its records are too. The writer cannot move WRITTEN back while
+  the store runs, so it asks (``request_cut``: ``config/haCutRequest.json``); the
+  supervisor stops the processes, cuts the CommitLog keeping the cut bytes in
+  ``quarantine/`` (``apply_requested_cut``, recorded in ``config/haCuts.json``), and
+  starts them again; recovery cuts the consume queues and index to match.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import zlib
 
-from storage import record
+from storage import json_file, record
+from storage.clock import now_ms
 from storage.mapped_file import offset_to_file_name
 
 TAIL_CHECK_BYTES = 4096
@@ -86,3 +95,63 @@ def whole_records_end(buf, file_from: int, pos: int, limit: int,
         last_store_ts = _LONG.unpack_from(buf, pos + record.store_timestamp_pos(sys_flag))[0]
         pos += size
     return pos, last_store_ts
+
+
+# ------------------------------------------------------------------ cutting a diverged tail
+CUT_REQUEST_FILE = "haCutRequest.json"
+CUT_HISTORY_FILE = "haCuts.json"
+MAX_CUTS_KEPT = 20
+
+
+def last_boundary_at_or_before(commit_log_dir: str, file_size: int, offset: int) -> int:
+    """The last record boundary of this store's CommitLog at or before ``offset``,
+    walking the records from the start of the file holding it (files start with a
+    record). Raises ``ValueError`` at bytes that are no record."""
+    base = offset - offset % file_size
+    if offset == base:
+        return offset
+    path = os.path.join(commit_log_dir, offset_to_file_name(base))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        end, _ = whole_records_end(memoryview(m), base, 0, offset - base, 0)
+        return base + end
+
+
+def request_cut(config_dir: str, offset: int, **facts: object) -> None:
+    """Ask the supervisor to cut the CommitLog back to ``offset`` at its next start
+    (``apply_requested_cut``); ``facts`` say why, for the log and status."""
+    json_file.persist(os.path.join(config_dir, CUT_REQUEST_FILE),
+                      {"offset": offset, "requested_ms": now_ms(), **facts})
+
+
+def requested_cut(config_dir: str) -> dict | None:
+    return json_file.load(os.path.join(config_dir, CUT_REQUEST_FILE))
+
+
+def cuts_made(config_dir: str) -> list[dict]:
+    """The cuts this store made, oldest first (``status`` shows them)."""
+    return (json_file.load(os.path.join(config_dir, CUT_HISTORY_FILE)) or {}).get("cuts", [])
+
+
+def apply_requested_cut(config) -> dict | None:
+    """Before recovery, with no process running: cut the CommitLog at the requested
+    offset. Every byte cut is kept under ``quarantine/`` (never destroyed); recovery
+    then finds the CommitLog ending there and cuts consume queues and index to match.
+    Returns the cut as recorded in ``haCuts.json``, or None when none was asked."""
+    from storage.commit_log import CommitLog
+    request = requested_cut(config.config_dir)
+    if request is None:
+        return None
+    offset = int(request["offset"])
+    cl = CommitLog(config)
+    try:
+        cl.load()
+        quarantine = cl.quarantine_dir()
+        cl.mapped_file_queue.truncate_dirty_files(offset, quarantine)
+        cl.mapped_file_queue.flush_all()
+    finally:
+        cl.close()
+    cut = {**request, "cut_ms": now_ms(), "quarantine": quarantine}
+    history = cuts_made(config.config_dir)[-(MAX_CUTS_KEPT - 1):] + [cut]
+    json_file.persist(os.path.join(config.config_dir, CUT_HISTORY_FILE), {"cuts": history})
+    os.remove(os.path.join(config.config_dir, CUT_REQUEST_FILE))
+    return cut

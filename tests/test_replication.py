@@ -19,8 +19,8 @@ from procs import ha_protocol as hp
 from procs.client import Producer
 from procs.consumer import Consumer
 from procs.supervisor import Supervisor
-from shm.positions import Slot
-from storage import Message, StoreConfig
+from shm.positions import PositionTableError, Slot
+from storage import Message, StoreConfig, replication
 from storage.errors import StoreConfigError
 from storage.status import PutMessageStatus
 from store_processes import RunningStore, wait_for
@@ -63,9 +63,17 @@ class Pair:
         """Wait until the slave holds and has dispatched all the master wrote."""
         def done() -> bool:
             end = self.master.slot(Slot.WRITTEN)
-            return self.slave.slot(Slot.WRITTEN) == end == self.slave.slot(Slot.DISPATCHED)
+            return slot(self.slave, Slot.WRITTEN) == end == slot(self.slave, Slot.DISPATCHED)
         wait_for(done, timeout, what="the slave to catch up")
         return self.master.slot(Slot.WRITTEN)
+
+
+def slot(store: RunningStore, which: Slot) -> int:
+    """A slot of a store that may be restarting its processes (-1 meanwhile)."""
+    try:
+        return store.slot(which)
+    except PositionTableError:
+        return -1
 
 
 def files(store: RunningStore, sub: str) -> dict[str, bytes]:
@@ -263,3 +271,68 @@ def test_replication_settings_that_cannot_work_are_refused(settings, message):
     """Refused when the settings load, or when a supervisor is made for them."""
     with pytest.raises(StoreConfigError, match=message):
         Supervisor(StoreConfig(**settings))
+
+
+def _lose_tail(store: RunningStore, offset: int) -> None:
+    """What a master's power loss does to its unflushed tail: every CommitLog byte
+    from ``offset`` (a record boundary) gone. The store must be down."""
+    from storage.commit_log import CommitLog
+    config = StoreConfig(store_path_root_dir=store.store_dir,
+                         mapped_file_size_commit_log=FILE_SIZE)
+    cl = CommitLog(config)
+    cl.load()
+    cl.mapped_file_queue.truncate_dirty_files(offset)
+    cl.mapped_file_queue.flush_all()
+    cl.close()
+
+
+def test_a_slave_cuts_its_tail_when_the_restarted_master_lost_it(tmp_path):
+    """The master loses an unflushed tail the slave already holds, restarts and stores
+    other messages at those offsets while the slave is stopped. The slave finds where
+    they part, cuts back there (the cut bytes in quarantine/, the cut in status), and
+    follows the master again: identical files, the master's messages only."""
+    with Pair(tmp_path) as pair:
+        with Producer(pair.master.store_dir) as p:
+            first = p.send_batch([Message("Div", f"kept {i}".encode()) for i in range(300)])
+            lost = p.send_batch([Message("Div", f"lost {i}".encode() * 5) for i in range(300)])
+        pair.caught_up()
+        os.killpg(pair.slave.proc.pid, signal.SIGSTOP)
+        try:
+            pair.master.kill_all()
+            _lose_tail(pair.master, lost[0].commit_log_offset)
+            pair.master.start()
+            with Producer(pair.master.store_dir) as p:
+                p.send_batch([Message("Div", f"new {i}".encode() * 7) for i in range(400)])
+        finally:
+            os.killpg(pair.slave.proc.pid, signal.SIGCONT)
+        end = pair.caught_up(60)
+        assert end > lost[-1].commit_log_offset       # the new messages cover the lost ones
+        assert_same_commit_log(pair)
+        got = consume_all(pair.slave, "Div")
+        assert sorted(got) == sorted([f"kept {i}".encode() for i in range(300)] +
+                                     [f"new {i}".encode() * 7 for i in range(400)])
+        cut = replication.cuts_made(os.path.join(pair.slave.store_dir, "config"))[-1]
+        assert cut["offset"] == lost[0].commit_log_offset <= cut["first_difference"]
+        quarantined = files(pair.slave, "quarantine")
+        assert any(b"lost 0" in data for data in quarantined.values())
+        assert first[-1].ok and pair.slave.slot(Slot.REPLICA_ERROR) == 0
+
+
+def test_a_slave_longer_than_its_restarted_master_cuts_back_to_it(tmp_path):
+    """The master lost its tail and came back with nothing new: the slave, longer than
+    the master, cuts back to the master's end and goes on from there."""
+    with Pair(tmp_path) as pair:
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("Long", f"kept {i}".encode()) for i in range(200)])
+            lost = p.send_batch([Message("Long", b"lost") for _ in range(200)])
+        pair.caught_up()
+        pair.master.kill_all()
+        _lose_tail(pair.master, lost[0].commit_log_offset)
+        pair.master.start()
+        wait_for(lambda: slot(pair.slave, Slot.WRITTEN) == lost[0].commit_log_offset, 30,
+                 what="the slave to cut back")
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("Long", b"after") for _ in range(10)])
+        pair.caught_up()
+        assert_same_commit_log(pair)
+        assert b"lost" not in consume_all(pair.slave, "Long")
