@@ -10,6 +10,7 @@
     rocketstore dump    PATH [--type KIND] [--limit N] [--json]
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
+    rocketstore promote --config FILE [--role R]              a SLAVE becomes a master
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
 ``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
@@ -32,7 +33,7 @@ from typing import Iterable
 from storage import MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
 from storage.config import recorded_geometry, setting_mark
-from procs import demo, running_commands
+from procs import demo, promotion, running_commands
 from procs.client import ClientError
 from shm.positions import PositionTableError
 
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tcp://host:port) instead of its files")
     pd.set_defaults(func=cmd_pipeline_demo)
     running_commands.add_parsers(sub, common)
+    promotion.add_parser(sub, common)
     return p
 
 
@@ -205,6 +207,8 @@ def cmd_running(args: argparse.Namespace) -> int:
     config = load_config(args)
     if args.running == "up":
         return running_commands.cmd_up(args, config, args.config or embedded_config_path())
+    if args.running == "promote":
+        return promotion.cmd_promote(args, config, args.config)
     return getattr(running_commands, f"cmd_{args.running}")(args, config)
 
 

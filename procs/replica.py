@@ -91,6 +91,8 @@ class Replica:
         self.heard = monotonic_ms()
         self.next_report = 0
         self.search: _Search | None = None
+        self.caught_up_ms = 0        # when WRITTEN last reached the master's end
+        writer.stats.extra["ha"] = {"master": self.address}
         self.connect()
 
     def close(self) -> None:
@@ -160,6 +162,7 @@ class Replica:
         table = self.writer.table
         table.set(Slot.MASTER_END, d.master_end)
         table.set(Slot.MASTER_HEARD_MS, now_ms())
+        self._note_caught_up(d.master_end)
         if table.get(Slot.REPLICA_ERROR):
             table.set(Slot.REPLICA_ERROR, 0)
         if not len(d.payload):
@@ -191,8 +194,15 @@ class Replica:
             return
         if end > written:
             w.publish_written(end, ts)
+            self._note_caught_up(w.table.get(Slot.MASTER_END))
         self._send(hp.encode_report(end))
         self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
+
+    def _note_caught_up(self, master_end: int) -> None:
+        """Remember when this slave last held all its master had (its lag in ms)."""
+        if self.writer.table.read_written()[0] >= master_end:
+            self.caught_up_ms = now_ms()
+            self.writer.stats.extra["ha"]["caught_up_ms"] = self.caught_up_ms
 
     def _whole_end(self, written: int, ts: int) -> tuple[int, int]:
         mfq = self.writer.commit_log.mapped_file_queue

@@ -17,10 +17,13 @@ import tomllib
 from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
 from procs.consumer import read_offsets, store_config
+from procs.ha_protocol import error_name
+from procs.stats import read_published
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
 from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
-from storage import Message, StoreConfig
+from storage import Message, StoreConfig, replication
+from storage.config import BROKER_ROLES
 from storage.store_reader import StoreReader
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
@@ -81,9 +84,40 @@ def store_status(store_dir: str) -> dict:
             "generation": snap["generation"],
             "supervisor_pid": snap["supervisor_pid"],
             "consumer_groups": consumer_groups(store_dir, snap["dispatched"]),
+            "ha": replication_status(store_dir, snap, now),
         }
     finally:
         table.close()
+
+
+def replication_status(store_dir: str, snap: dict, now: int) -> dict:
+    """The store's role and its replication: a master's slaves (each one's ack and lag,
+    as the HA process last published them, about once a second), or a slave's master
+    (its end, the lag, a refusal) and the cuts a divergence made."""
+    role = BROKER_ROLES[snap["role"]]
+    written = snap["written"]
+    if role == "SLAVE":
+        published = (read_published(store_dir, "writer") or {}).get("ha", {})
+        master_end, heard = snap["master_end"], snap["master_heard_ms"]
+        lag = max(0, master_end - written)
+        caught_up = published.get("caught_up_ms", 0)
+        return {"role": role, "master": published.get("master"),
+                "master_end": master_end, "written": written, "lag_bytes": lag,
+                "lag_ms": 0 if not lag else (now - caught_up if caught_up else None),
+                "master_heard_ms_ago": now - heard if heard else None,
+                "error": error_name(snap["replica_error"]) if snap["replica_error"] else None,
+                "cuts": replication.cuts_made(os.path.join(store_dir, "config"))}
+    published = (read_published(store_dir, "ha") or {}).get("ha", {})
+    slaves = published.get("slaves", [])
+    for s in slaves:
+        if len(slaves) == 1:       # the live SLAVE_ACKED is this one's ack
+            s["acked"] = max(s["acked"], snap["slave_acked"])
+        s["lag_bytes"] = max(0, written - s["acked"])
+        if not s["lag_bytes"]:
+            s["lag_ms"] = 0
+    return {"role": role, "listen": published.get("listen"),
+            "slave_acked": snap["slave_acked"], "slaves_connected": snap["slaves"],
+            "slaves": slaves}
 
 
 def consumer_groups(store_dir: str, dispatched: int) -> dict:
@@ -137,6 +171,7 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "
               f"restarts {p['restarts']}"
               + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else ""))
+    _print_replication(st["ha"])
     groups = st["consumer_groups"]
     print(f"groups     {len(groups)}  (total lag {sum(g['lag'] for g in groups.values())})")
     for key, g in groups.items():
@@ -146,6 +181,24 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
             lag = "-" if v["lag"] is None else v["lag"]
             print(f"    queue {q:<4} committed {committed:<10} max {v['max_offset']:<10} lag {lag}")
     return EXIT_OK
+
+
+def _print_replication(ha: dict) -> None:
+    if ha["role"] == "SLAVE":
+        lag_ms = "?" if ha["lag_ms"] is None else ha["lag_ms"]
+        print(f"role       SLAVE of {ha['master']}  at {ha['written']}, master at "
+              f"{ha['master_end']} (lag {ha['lag_bytes']} bytes, {lag_ms} ms)"
+              + (f"  REFUSED: {ha['error']}" if ha["error"] else ""))
+        for cut in ha["cuts"]:
+            print(f"  cut to {cut['offset']} (was {cut.get('slave_end')}, parted from the "
+                  f"master at {cut.get('first_difference')}); cut bytes in {cut['quarantine']}")
+        return
+    listen = f"  HA {ha['listen']}" if ha["listen"] else ""
+    print(f"role       {ha['role']}{listen}  slaves {ha['slaves_connected']}"
+          f"  (acked {ha['slave_acked']})")
+    for s in ha["slaves"]:
+        print(f"  slave {s['address']:<22} acked {s['acked']:<12} lag {s['lag_bytes']} bytes, "
+              f"{s['lag_ms']} ms")
 
 
 # ------------------------------------------------------------------------------ send

@@ -44,7 +44,7 @@ from typing import Any
 import multiprocess
 import multiprocess.connection
 
-from procs import metrics
+from procs import metrics, promotion
 from procs.recovery import recover_and_publish
 from procs.service import run_service
 from shm.transient_pool import TransientStorePool, copy_into_files
@@ -128,10 +128,8 @@ class Supervisor:
         config.check_replication()
         self.config = config
         self.store_dir = config.store_path_root_dir
-        self.children = {name: Child(name, cfg) for name, cfg in
-                         sorted((processes or DEFAULT_PROCESSES).items(),
-                                key=lambda kv: kv[1].priority)
-                         if cfg.enabled and runs(name, config)}
+        self._processes = processes or DEFAULT_PROCESSES
+        self.children = self._children()
         self.table: PositionTable | None = None
         self._lock = None
         self._stopping = False
@@ -161,9 +159,7 @@ class Supervisor:
             announced = False
             while not self._stopping and not self._fatal:
                 self._watch(timeout_s=0.1)
-                if self._cut_requested():
-                    self.stop()
-                    self.start()
+                if self._restart_if_asked():
                     announced = False
                 if not announced and self.all_running():
                     self.table.set(Slot.STATE, StoreState.RUNNING)
@@ -192,6 +188,27 @@ class Supervisor:
         except OSError as e:
             log.error("no metrics endpoint on %s:%d: %s", cfg.metrics_address,
                       cfg.metrics_port, e)
+
+    def _children(self) -> dict[str, Child]:
+        return {name: Child(name, cfg) for name, cfg in
+                sorted(self._processes.items(), key=lambda kv: kv[1].priority)
+                if cfg.enabled and runs(name, self.config)}
+
+    def _restart_if_asked(self) -> bool:
+        """Stop and start the processes again when a SLAVE was asked to cut its diverged
+        CommitLog or to become a master (procs.promotion). True when it did."""
+        role = promotion.requested_role(self.config.config_dir) if self.config.slave else None
+        if not role and not self._cut_requested():
+            return False
+        self.stop()
+        if role:
+            log.warning("promoted: restarting the store's processes as %s", role)
+            self.config = dataclasses.replace(self.config, broker_role=role)
+            self.children = self._children()
+        self.start()
+        if role:
+            os.remove(promotion.request_path(self.config.config_dir))
+        return True
 
     def _cut_requested(self) -> bool:
         """A SLAVE's writer found its CommitLog diverged from its master's and asked for

@@ -7,6 +7,7 @@ with small files, so that a few thousand messages roll many files, and quick HA 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from shm.positions import PositionTableError, Slot
 from storage import Message, StoreConfig, replication
 from storage.errors import StoreConfigError
 from storage.status import PutMessageStatus
-from store_processes import RunningStore, wait_for
+from store_processes import RunningStore, cli, wait_for
 
 HA_TIMERS = dict(ha_send_heartbeat_interval=300, ha_housekeeping_interval=1500)
 FILE_SIZE = 64 * 1024
@@ -38,7 +39,8 @@ def free_port() -> int:
 class Pair:
     """A master and its slave, started and stopped together."""
 
-    def __init__(self, tmp_path, role: str = "ASYNC_MASTER", **master: object):
+    def __init__(self, tmp_path, role: str = "ASYNC_MASTER", slave_ha_port: int = 0,
+                 **master: object):
         self.port = free_port()
         for side in ("master", "slave"):
             (tmp_path / side).mkdir()
@@ -47,7 +49,8 @@ class Pair:
                                    **master)
         self.slave = RunningStore(tmp_path / "slave", broker_role="SLAVE",
                                   ha_master_address=f"127.0.0.1:{self.port}",
-                                  listen_port=free_port(), **HA_TIMERS)
+                                  ha_listen_port=slave_ha_port, listen_port=free_port(),
+                                  **HA_TIMERS)
 
     def __enter__(self) -> "Pair":
         self.master.start()
@@ -133,6 +136,31 @@ def test_slave_files_are_the_masters_after_a_mixed_load(tmp_path):
         assert_same_commit_log(pair)
         assert files(pair.master, "consumequeue") == files(pair.slave, "consumequeue")
         assert sorted(consume_all(pair.slave, "Mixed")) == sorted(sent)
+        assert_status_shows_the_pair(pair)
+
+
+def assert_status_shows_the_pair(pair: Pair) -> None:
+    """``rocketstore status``: the master lists its slave with its ack and no lag, the
+    slave its master; both in text and under ``ha`` in --json."""
+    end = pair.master.slot(Slot.WRITTEN)
+
+    def status(store: RunningStore) -> dict:
+        r = cli("status", "--config", store.config_path, "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["ha"]
+    wait_for(lambda: [s["acked"] for s in status(pair.master)["slaves"]] == [end], 10,
+             what="the HA process to publish its slave's ack")
+    master = status(pair.master)
+    assert master["role"] == "ASYNC_MASTER" and master["slaves_connected"] == 1
+    assert master["slaves"][0]["lag_bytes"] == master["slaves"][0]["lag_ms"] == 0
+    assert master["listen"] == f"tcp://127.0.0.1:{pair.port}"
+    slave = status(pair.slave)
+    assert slave["role"] == "SLAVE" and slave["master"] == f"tcp://127.0.0.1:{pair.port}"
+    assert slave["master_end"] == slave["written"] == end and slave["lag_bytes"] == 0
+    assert slave["error"] is None and slave["cuts"] == []
+    text = cli("status", "--config", pair.slave.config_path).stdout
+    assert f"role       SLAVE of tcp://127.0.0.1:{pair.port}" in text
+    assert "slaves 1" in cli("status", "--config", pair.master.config_path).stdout
 
 
 def test_sync_master_acknowledges_what_the_slave_holds(tmp_path):
@@ -336,3 +364,63 @@ def test_a_slave_longer_than_its_restarted_master_cuts_back_to_it(tmp_path):
         pair.caught_up()
         assert_same_commit_log(pair)
         assert b"lost" not in consume_all(pair.slave, "Long")
+
+
+def test_promotion_then_the_old_master_rejoins_as_a_slave(tmp_path):
+    """The master dies holding messages its slave never got (its HA process was stopped);
+    the slave is promoted while running and takes puts, its queues continuing; the old
+    master comes back as a slave of it, cuts what only it held (kept in quarantine/)
+    and follows."""
+    new_port = free_port()
+    with Pair(tmp_path, slave_ha_port=new_port) as pair:
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("Promo", f"before {i}".encode(), queue_id=0)
+                          for i in range(100)])
+        pair.caught_up()
+        os.kill(pair.master.child_pid("ha"), signal.SIGSTOP)    # streams nothing more
+        with Producer(pair.master.store_dir) as p:
+            p.send_batch([Message("Promo", b"only on the old master", queue_id=0)
+                          for _ in range(50)])
+        pair.master.kill_all()
+        r = cli("promote", "--config", pair.slave.config_path, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"store": pair.slave.store_dir, "role": "ASYNC_MASTER",
+                                        "running": True}
+        with open(pair.slave.config_path) as f:
+            assert 'broker_role = "ASYNC_MASTER"' in f.read()
+        with Producer(pair.slave.store_dir) as p:
+            after = p.send_batch([Message("Promo", f"after {i}".encode(), queue_id=0)
+                                  for i in range(100)])
+        assert [r.status for r in after] == [PutMessageStatus.PUT_OK] * 100
+        assert [r.queue_offset for r in after] == list(range(100, 200))
+        old = RunningStore(tmp_path / "master", broker_role="SLAVE", listen_port=free_port(),
+                           ha_master_address=f"127.0.0.1:{new_port}", **HA_TIMERS)
+        pair.master = old
+        old.start()
+        wait_for(lambda: slot(old, Slot.WRITTEN) == pair.slave.slot(Slot.WRITTEN) ==
+                 slot(old, Slot.DISPATCHED), 60, what="the old master to follow")
+        assert files(old, "commitlog") == files(pair.slave, "commitlog")
+        expected = [f"before {i}".encode() for i in range(100)] + \
+            [f"after {i}".encode() for i in range(100)]
+        assert consume_all(old, "Promo") == expected
+        assert any(b"only on the old master" in data for data in files(old, "quarantine").values())
+
+
+def test_promote_a_stopped_slave_and_refuse_what_cannot_be_promoted(tmp_path):
+    (tmp_path / "s").mkdir()
+    store = RunningStore(tmp_path / "s", broker_role="SLAVE",
+                         ha_master_address="127.0.0.1:1", ha_listen_port=0)
+    with open(store.config_path, "a") as f:
+        f.write("# the end\n")
+    r = cli("promote", "--config", store.config_path, "--role", "SYNC_MASTER")
+    assert r.returncode == 2 and "needs ha_listen_port" in r.stderr
+    r = cli("promote", "--config", store.config_path)
+    assert r.returncode == 0 and "at its next start" in r.stdout, r.stderr
+    with open(store.config_path) as f:
+        text = f.read()
+    assert 'broker_role = "ASYNC_MASTER"' in text and "SLAVE" not in text
+    assert text.endswith("# the end\n")
+    r = cli("promote", "--config", store.config_path)
+    assert r.returncode == 1 and "not a SLAVE" in r.stderr
+    r = cli("promote")
+    assert r.returncode == 2 and "needs --config" in r.stderr
