@@ -53,9 +53,12 @@ DEFAULT_BATCH_ROWS = 65536         # rows per Arrow batch (fewer, larger batches
 BATCH_MAX_BYTES = MAX_SPAN_BYTES   # and about this many bytes of records at most
 
 
-def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000):
-    """A LocalStore for a store directory, a RemoteStore for an endpoint."""
-    return LocalStore(store) if store is not None else RemoteStore(endpoint, timeout_ms)
+def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000,
+               curve: tuple[str | None, str | None] = (None, None)):
+    """A LocalStore for a store directory, a RemoteStore for an endpoint (``curve``: its
+    CURVE key files, procs.curve)."""
+    return LocalStore(store) if store is not None else RemoteStore(endpoint, timeout_ms,
+                                                                    curve)
 
 
 def _loss(problem: str, fail: bool) -> None:
@@ -197,9 +200,11 @@ _NOTHING_AT = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_OVE
 class RemoteStore:
     """A store reached through its reader socket, from any host."""
 
-    def __init__(self, endpoint: str, timeout_ms: int = 30_000):
+    def __init__(self, endpoint: str, timeout_ms: int = 30_000,
+                 curve: tuple[str | None, str | None] = (None, None)):
         self.endpoint = endpoint
-        self.client = ReaderClient(endpoints.resolve(endpoint).reader, timeout_ms=timeout_ms)
+        self.client = ReaderClient(endpoints.resolve(endpoint).reader, timeout_ms=timeout_ms,
+                                   curve_server_key=curve[0], curve_client_key=curve[1])
 
     def bounds(self, topics: list[str] | None = None,
                since_ms: int | None = None) -> list[QueueBounds]:

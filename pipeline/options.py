@@ -45,7 +45,8 @@ from storage.validation import check_topic
 DEFAULT_GROUP = "spark-rocketstore"
 KNOWN = {"store", "endpoint", "topic", "topics", "topicpattern", "startingoffsets",
          "endingoffsets", "startingtimestamp", "maxoffsetspertrigger", "minpartitions",
-         "failondataloss", "group", "batchsize", "timeoutms", "tags"}
+         "failondataloss", "group", "batchsize", "timeoutms", "tags", "curveserverkey",
+         "curveclientkey"}
 SPARKS_OWN = {"path", "checkpointlocation", "queryname"}  # options Spark itself passes on
 
 
@@ -67,6 +68,8 @@ class Options:
     batch_size: int | None
     timeout_ms: int
     tags: tuple[str, ...] = ()       # the subscription's tags; empty: every message
+    # CURVE over TCP (procs.curve): the store's public and this client's secret key files
+    curve: tuple[str | None, str | None] = (None, None)
 
     def matches(self, topic: str) -> bool:
         """Whether ``topic`` is one this query reads."""
@@ -113,6 +116,10 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
     tags = tuple(sorted(subscription_tags(opts.get("tags"))))
     if tags and not reading:
         raise ValueError("tags is for reading; a write gives each row's tags in its tags column")
+    curve = (opts.get("curveserverkey") or None, opts.get("curveclientkey") or None)
+    if any(curve) and not (all(curve) and endpoint):
+        raise ValueError("curveServerKey and curveClientKey go together, with endpoint: the "
+                         "store's public key file and this client's secret key file")
     group = opts.get("group") or DEFAULT_GROUP
     if check_topic(group, internal=True):
         raise ValueError(f"option group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
@@ -127,7 +134,7 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
         group=group,
         batch_size=_int(opts, "batchsize", "batchSize", minimum=1),
         timeout_ms=_int(opts, "timeoutms", "timeoutMs", minimum=1) or 30_000,
-        tags=tags,
+        tags=tags, curve=curve,
     )
 
 

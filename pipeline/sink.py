@@ -151,9 +151,11 @@ class IdempotentSender:
     """Sends a task's rows in order with sequences 0, 1, 2, ... and rewinds to the
     first unacknowledged row whenever a batch did not get in."""
 
-    def __init__(self, address: str, producer_id: int, *, batch_rows: int, timeout_ms: int):
+    def __init__(self, address: str, producer_id: int, *, batch_rows: int, timeout_ms: int,
+                 curve: tuple[str | None, str | None] = (None, None)):
         self.producer = Producer(address, producer_id=producer_id, window=WINDOW,
-                                 timeout_ms=min(timeout_ms, 10_000))
+                                 timeout_ms=min(timeout_ms, 10_000),
+                                 curve_server_key=curve[0], curve_client_key=curve[1])
         self.batch_rows = batch_rows
         self.timeout_s = timeout_ms / 1000
         self.in_flight: deque = deque()   # (first sequence, messages, handle)
@@ -255,7 +257,7 @@ def _write_partition(opts: Options, batches: Iterator, *identity: object) -> Tas
     pid = producer_id_for(*identity, partition)
     sender = IdempotentSender(ingest_address(opts), pid,
                               batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS,
-                              timeout_ms=opts.timeout_ms)
+                              timeout_ms=opts.timeout_ms, curve=opts.curve)
     try:
         rows = sender.send_all(_rows(batches, opts.topics[0] if opts.topics else None))
     finally:

@@ -124,7 +124,7 @@ def projection(schema) -> tuple[str, ...] | None:
 
 def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]:
     """Every queue the query reads, with its bounds now."""
-    with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
+    with open_store(opts.store, opts.endpoint, opts.timeout_ms, opts.curve) as store:
         found = store.bounds(list(opts.topics) if opts.topic_pattern is None else None, since_ms)
     return [b for b in found if opts.matches(b.topic)]
 
@@ -132,7 +132,7 @@ def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]
 def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | None):
     if not isinstance(partition, RangePartition):
         return  # Spark reads one InputPartition(None) when partitions() planned none
-    with open_store(opts.store, opts.endpoint, opts.timeout_ms) as store:
+    with open_store(opts.store, opts.endpoint, opts.timeout_ms, opts.curve) as store:
         yield from store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
                               batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS, columns=columns,
                               tags=opts.tags)
@@ -249,7 +249,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Record ``end`` as the consumer group's committed offsets. Failing to record
         it costs only the lag report, never the query."""
         try:
-            with open_store(self.opts.store, self.opts.endpoint, self.opts.timeout_ms) as store:
+            with open_store(self.opts.store, self.opts.endpoint, self.opts.timeout_ms,
+                            self.opts.curve) as store:
                 for topic, queues in end.items():
                     store.commit(self.opts.group, topic, {int(q): int(o) for q, o in queues.items()})
         except Exception as e:  # noqa: BLE001 - progress reporting must not stop the query

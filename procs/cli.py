@@ -11,6 +11,7 @@
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
     rocketstore promote --config FILE [--role R]              a SLAVE becomes a master
+    rocketstore keys    --dir DIR [--client NAME ...]         CURVE key pairs (0600 files)
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
 ``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
@@ -33,7 +34,7 @@ from typing import Iterable
 from storage import MessageStore, StoreConfig, StoreError
 from storage import dump as dumping
 from storage.config import recorded_geometry, setting_mark
-from procs import demo, promotion, running_commands
+from procs import curve, demo, promotion, running_commands
 from procs.client import ClientError
 from shm.positions import PositionTableError
 
@@ -164,6 +165,26 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ keys
+def cmd_keys(args: argparse.Namespace) -> int:
+    """CURVE key pairs for a store and its clients (procs.curve)."""
+    try:
+        written = curve.make_keys(args.dir, args.client or ["client"])
+    except FileExistsError as e:
+        print(f"rocketstore keys: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"files": written}))
+        return EXIT_OK
+    for path in written:
+        print(path)
+    d = args.dir
+    print(f"store:   curve_server_key = \"{d}/server.key_secret\"  curve_authorized_keys = "
+          f"\"{d}/{(args.client or ['client'])[0]}.key\" (a file or a directory of .key files)\n"
+          f"clients: curve_server_key=\"{d}/server.key\" curve_client_key=\"{d}/NAME.key_secret\"")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -199,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_pipeline_demo)
     running_commands.add_parsers(sub, common)
     promotion.add_parser(sub, common)
+    k = sub.add_parser("keys", parents=[common], help="make CURVE key pairs (server, clients)")
+    k.add_argument("--dir", required=True, help="where the key files go (made 0700)")
+    k.add_argument("--client", action="append", help="a client's name (repeat; default: client)")
+    k.set_defaults(func=cmd_keys)
     return p
 
 

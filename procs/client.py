@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 
 import zmq
 
-from procs import protocol
+from procs import curve, protocol
 from procs.consumer import Consumer
 from shm import bus
 from storage import record_batch
@@ -65,10 +65,12 @@ def _endpoint(store_or_endpoint: str, socket_name: str) -> str:
 class _Dealer:
     """A DEALER socket with request ids and a window of requests in flight."""
 
-    def __init__(self, endpoint: str, timeout_ms: int):
+    def __init__(self, endpoint: str, timeout_ms: int, curve_server_key: str | None = None,
+                 curve_client_key: str | None = None):
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        curve.client_options(self.socket, curve_server_key, curve_client_key)
         self.socket.connect(endpoint)
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
@@ -137,11 +139,17 @@ class Producer:
     stored nothing for ``producer_id_expiration_ms`` (a day by default); it then
     expects sequence 0 again: set ``next_sequence = 0`` and resend the unacknowledged
     records from there.
+
+    A store that serves TCP with CURVE (procs.curve) lets in only authorized clients:
+    pass ``curve_server_key`` (the store's public certificate file) and
+    ``curve_client_key`` (this client's secret certificate file); a client it refuses
+    sees its requests time out (``RequestTimeout``), and the store logs the refusal.
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
                  window: int = 16, producer_id: int | None = None, idempotent: bool = False,
-                 wire: str = "records"):
+                 wire: str = "records", curve_server_key: str | None = None,
+                 curve_client_key: str | None = None):
         if producer_id is None:
             producer_id = secrets.randbelow((1 << 63) - 1) + 1 if idempotent else 0
         elif isinstance(producer_id, bool) or not isinstance(producer_id, int) or \
@@ -149,7 +157,8 @@ class Producer:
             raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
         if wire not in WIRE_FORMATS:
             raise ValueError(f"wire {wire!r} is not one of {', '.join(WIRE_FORMATS)}")
-        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms)
+        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms,
+                               curve_server_key, curve_client_key)
         self.wire = wire
         self.window = window
         self.producer_id = producer_id   # 0: not idempotent
@@ -303,10 +312,15 @@ class ReaderClient:
     ``dispatched`` and ``generation`` are those of the last OFFSETS reply (None before
     the first): offsets are bounded by that DISPATCHED, and a new generation means the
     store restarted in between.
+
+    Over TCP to a store with CURVE, ``curve_server_key`` (its public certificate) and
+    ``curve_client_key`` (this client's secret one) are needed, as for ``Producer``.
     """
 
-    def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000):
-        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "reader"), timeout_ms)
+    def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
+                 curve_server_key: str | None = None, curve_client_key: str | None = None):
+        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "reader"), timeout_ms,
+                               curve_server_key, curve_client_key)
         self.dispatched: int | None = None
         self.generation: int | None = None
 

@@ -42,7 +42,7 @@ import time
 
 import zmq
 
-from procs import endpoints, protocol
+from procs import curve, endpoints, protocol
 from procs.consumer import update_offsets
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
@@ -71,9 +71,9 @@ class ReaderService(Service):
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         cfg = self.config
-        for address in endpoints.bind_addresses(self.store_dir, "reader",
-                                                cfg.tcp_listen_address, cfg.listen_port):
-            self.socket.bind(address)
+        curve.bind_all(self.socket, endpoints.bind_addresses(
+            self.store_dir, "reader", cfg.tcp_listen_address, cfg.listen_port),
+            self.curve_guard())
         # arrivals of the topics of parked pulls only (``_watch``): the others would
         # wake the reader for nothing
         self.arrivals = bus.Subscriber(self.context, self.store_dir, ["dispatcher"], [])

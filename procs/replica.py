@@ -51,7 +51,7 @@ import logging
 import numpy as np
 import zmq
 
-from procs import ha_protocol as hp
+from procs import curve, ha_protocol as hp
 from shm.positions import Slot, now_ms
 from storage import replication
 from storage.clock import monotonic_ms
@@ -107,6 +107,8 @@ class Replica:
         s = self.writer.context.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, hp.MAX_FRAME)
+        cfg = self.writer.config
+        curve.client_options(s, cfg.ha_master_server_key, cfg.curve_client_key)
         s.connect(self.address)
         self.socket = s
         self.writer.poller.register(s, zmq.POLLIN)

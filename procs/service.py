@@ -39,6 +39,7 @@ import sys
 
 import zmq
 
+from procs.curve import Guard
 from procs.stats import ProcessStats
 from shm.positions import PROC_STATE, PositionTable, ProcessState
 from storage import file_modes
@@ -64,6 +65,16 @@ class Service:
         self.context: zmq.Context | None = None
         self.supervised = False     # True: stop when the table marks this process STOPPING
         self.stats = ProcessStats(self.name)   # published for procs.metrics
+        self._guard: Guard | None = None
+
+    def curve_guard(self) -> "Guard | None":
+        """This process's CURVE server side (procs.curve), made on first use; None when
+        the store has no ``curve_server_key``."""
+        cfg = self.config
+        if cfg.curve_server_key and self._guard is None:
+            self._guard = Guard(self.context, cfg.curve_server_key, cfg.curve_authorized_keys,
+                                self.stats)
+        return self._guard
 
     def setup(self) -> None:
         """Open files and sockets (after the table and context exist)."""
@@ -90,6 +101,8 @@ class Service:
             self.teardown()
             self.stats.publish(self.store_dir)
         finally:
+            if self._guard is not None:
+                self._guard.close()
             self.context.destroy(linger=0)
             self.table.close()
 

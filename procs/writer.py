@@ -97,7 +97,7 @@ import time
 import numpy as np
 import zmq
 
-from procs import endpoints, protocol
+from procs import curve, endpoints, protocol
 from procs.protocol import ErrorCode, ProtocolError
 from procs.replica import Replica
 from procs.send_results import SendResults
@@ -192,9 +192,9 @@ class WriterService(Service):
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
-        for address in endpoints.bind_addresses(self.store_dir, "ingest",
-                                                cfg.tcp_listen_address, cfg.listen_port):
-            self.router.bind(address)
+        curve.bind_all(self.router, endpoints.bind_addresses(
+            self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
+            self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
         waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
             ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])

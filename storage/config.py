@@ -150,8 +150,16 @@ class StoreConfig:
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     # rocketstore's: also listen on TCP at this address (ingest on listen_port, reader on
-    # listen_port + 1); empty = Unix sockets only. Loopback only until CURVE is built.
+    # listen_port + 1); empty = Unix sockets only. Beyond loopback only with CURVE.
     tcp_listen_address: str = ""
+    # rocketstore's: CURVE on every TCP socket (procs.curve; rocketstore keys makes the
+    # files): this store's secret certificate, and the client public certificates (files
+    # or directories, comma-separated) it lets in
+    curve_server_key: str = ""
+    curve_authorized_keys: str = ""
+    # a SLAVE's side of CURVE: its own secret certificate and its master's public one
+    curve_client_key: str = ""
+    ha_master_server_key: str = ""
     default_topic_queue_nums: int = 8
     long_polling_enable: bool = True
     # rocketstore's: the Prometheus endpoint (procs.metrics) on this port; 0 = off
@@ -237,10 +245,11 @@ class StoreConfig:
             except ValueError:
                 raise StoreConfigError(f"tcp_listen_address {self.tcp_listen_address!r} is "
                                        "not an IP address") from None
-            if not loopback:
+            if not loopback and not self.curve_server_key:
                 raise StoreConfigError(
                     f"tcp_listen_address {self.tcp_listen_address} is not a loopback address: "
-                    "listening beyond this host needs CURVE authentication, not built yet")
+                    "listening beyond this host needs CURVE (curve_server_key and "
+                    "curve_authorized_keys; rocketstore keys makes them)")
         if self.transient_store_pool_enable:
             if self.sync_flush or self.broker_role == "SLAVE":
                 raise StoreConfigError(
@@ -310,6 +319,13 @@ class StoreConfig:
     def _validate_replication(self) -> None:
         if self.ha_master_address:
             self.ha_master_endpoint()
+        if bool(self.curve_server_key) != bool(self.curve_authorized_keys):
+            raise StoreConfigError("curve_server_key and curve_authorized_keys go together: "
+                                   "a CURVE server without authorized clients lets no one in")
+        if bool(self.curve_client_key) != bool(self.ha_master_server_key):
+            raise StoreConfigError("curve_client_key and ha_master_server_key go together: "
+                                   "a slave needs its own secret key and its master's public "
+                                   "one")
         if not 0 <= self.ha_listen_port < 65536:
             raise StoreConfigError("ha_listen_port must be in 0..65535 (0: no HA socket)")
         if self.tcp_listen_address and self.ha_listen_port in (self.listen_port,
@@ -387,6 +403,10 @@ NOTES: dict[str, str] = {
     "os_page_cache_busy_time_out_mills": "the writer refuses what waited behind a longer "
                                          "append (OS_PAGECACHE_BUSY)",
     "tcp_listen_address": "rocketstore's",
+    "curve_server_key": "rocketstore's: CURVE on every TCP socket",
+    "curve_authorized_keys": "rocketstore's",
+    "curve_client_key": "rocketstore's: a SLAVE's CURVE key",
+    "ha_master_server_key": "rocketstore's: the master's CURVE public key",
     "ha_listen_port": "0 (the default): no HA socket, no slave; RocketMQ listens on 10912",
     "ha_transfer_batch_size": "the largest block the HA process sends; blocks end at a "
                               "file's end, never cross it",

@@ -40,7 +40,7 @@ class Pair:
     """A master and its slave, started and stopped together."""
 
     def __init__(self, tmp_path, role: str = "ASYNC_MASTER", slave_ha_port: int = 0,
-                 **master: object):
+                 slave: dict | None = None, **master: object):
         self.port = free_port()
         for side in ("master", "slave"):
             (tmp_path / side).mkdir()
@@ -50,7 +50,7 @@ class Pair:
         self.slave = RunningStore(tmp_path / "slave", broker_role="SLAVE",
                                   ha_master_address=f"127.0.0.1:{self.port}",
                                   ha_listen_port=slave_ha_port, listen_port=free_port(),
-                                  **HA_TIMERS)
+                                  **HA_TIMERS, **(slave or {}))
 
     def __enter__(self) -> "Pair":
         self.master.start()
@@ -424,3 +424,27 @@ def test_promote_a_stopped_slave_and_refuse_what_cannot_be_promoted(tmp_path):
     assert r.returncode == 1 and "not a SLAVE" in r.stderr
     r = cli("promote")
     assert r.returncode == 2 and "needs --config" in r.stderr
+
+
+def test_replication_over_curve_lets_in_only_the_listed_slave(tmp_path):
+    """The master's HA socket with CURVE: its slave, with a listed key, follows; a
+    second slave with an unlisted key is refused and logged, and changes nothing."""
+    keys = str(tmp_path / "keys")
+    assert cli("keys", "--dir", keys, "--client", "slave", "--client", "rogue").returncode == 0
+    k = lambda name: os.path.join(keys, name)    # noqa: E731
+    secured = dict(curve_server_key=k("server.key_secret"), curve_authorized_keys=k("slave.key"))
+    with Pair(tmp_path, slave=dict(curve_client_key=k("slave.key_secret"),
+                                   ha_master_server_key=k("server.key")), **secured) as pair:
+        (tmp_path / "rogue").mkdir()
+        rogue = RunningStore(tmp_path / "rogue", broker_role="SLAVE", listen_port=free_port(),
+                             ha_master_address=f"127.0.0.1:{pair.port}",
+                             curve_client_key=k("rogue.key_secret"),
+                             ha_master_server_key=k("server.key"), **HA_TIMERS)
+        with rogue:
+            with Producer(pair.master.store_dir) as p:
+                p.send_batch([Message("Curve", b"secret %d" % i) for i in range(100)])
+            pair.caught_up()
+            wait_for(lambda: "not in curve_authorized_keys" in pair.master.log(), 10,
+                     what="the rogue slave's refusal in the master's log")
+            assert rogue.slot(Slot.WRITTEN) == 0 and pair.master.slot(Slot.SLAVES) == 1
+        assert_same_commit_log(pair)

@@ -1,0 +1,86 @@
+"""CURVE on the store's TCP sockets: real key files, a real store, real clients.
+
+A store serving TCP with CURVE lets in clients whose public key it lists and no one
+else: an unlisted key and a plain (NULL mechanism) client get nothing, the refusal is
+in the store's log, and the store goes on serving everyone else. Unix sockets stay
+plain.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from pipeline.access import RemoteStore
+from procs.client import Producer, ReaderClient, RequestTimeout
+from storage import StoreConfig
+from storage.errors import StoreConfigError
+from storage.status import PutMessageStatus
+from store_processes import RunningStore, cli, wait_for
+from test_replication import free_port
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("keys") / "keys")
+    r = cli("keys", "--dir", d, "--client", "alice", "--client", "mallory")
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_keys_are_private_files_never_overwritten(keys):
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o700
+    names = sorted(os.listdir(keys))
+    assert names == ["alice.key", "alice.key_secret", "mallory.key", "mallory.key_secret",
+                     "server.key", "server.key_secret"]
+    assert all(stat.S_IMODE(os.stat(os.path.join(keys, n)).st_mode) == 0o600 for n in names)
+    before = open(os.path.join(keys, "server.key_secret")).read()
+    r = cli("keys", "--dir", keys)
+    assert r.returncode == 1 and "never overwritten" in r.stderr
+    assert open(os.path.join(keys, "server.key_secret")).read() == before
+
+
+def test_only_listed_keys_get_in(tmp_path, keys):
+    port = free_port()
+    k = lambda name: os.path.join(keys, name)    # noqa: E731
+    with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port,
+                      curve_server_key=k("server.key_secret"),
+                      curve_authorized_keys=k("alice.key")) as store:
+        tcp = f"tcp://127.0.0.1:{port}"
+        alice = dict(curve_server_key=k("server.key"), curve_client_key=k("alice.key_secret"))
+        with Producer(tcp, **alice) as p:
+            assert p.send("Safe", b"from alice").status is PutMessageStatus.PUT_OK
+        with Producer(store.store_dir) as p:                   # the Unix socket: plain
+            assert p.send("Safe", b"from this host").status is PutMessageStatus.PUT_OK
+        mallory = dict(curve_server_key=k("server.key"),
+                       curve_client_key=k("mallory.key_secret"))
+        with Producer(tcp, timeout_ms=1500, **mallory) as p, pytest.raises(RequestTimeout):
+            p.send("Safe", b"from mallory")
+        with Producer(tcp, timeout_ms=1500) as p, pytest.raises(RequestTimeout):
+            p.send("Safe", b"plain")
+        wait_for(lambda: "not in curve_authorized_keys" in store.log()
+                 and "handshake on tcp://127.0.0.1" in store.log(), 10,
+                 what="both refusals in the log")
+        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", **alice) as rc:
+            offsets = {q.queue_id: q.max_offset for q in rc.offsets(["Safe"])}
+        assert sum(offsets.values()) == 2
+        with RemoteStore(tcp, 5000, (alice["curve_server_key"], alice["curve_client_key"])) as rs:
+            assert sum(b.max_offset for b in rs.bounds(["Safe"])) == 2
+        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", timeout_ms=1500) as rc, \
+                pytest.raises(RequestTimeout):
+            rc.offsets(["Safe"])
+        assert store.restarts("writer") == store.restarts("reader") == 0
+
+
+def test_listening_beyond_loopback_needs_curve(keys):
+    with pytest.raises(StoreConfigError, match="needs CURVE"):
+        StoreConfig(tcp_listen_address="10.1.2.3")
+    cfg = StoreConfig(tcp_listen_address="10.1.2.3",
+                      curve_server_key=os.path.join(keys, "server.key_secret"),
+                      curve_authorized_keys=keys)
+    assert cfg.tcp_listen_address == "10.1.2.3"
+    with pytest.raises(StoreConfigError, match="go together"):
+        StoreConfig(curve_server_key=os.path.join(keys, "server.key_secret"))
+
