@@ -38,7 +38,8 @@ speaks ``procs.ha_protocol``:
    cut (``request_cut``), which stops the processes, moves the cut bytes to
    ``quarantine/``, recovers (consume queues and index follow the CommitLog) and starts
    them again; the new writer says HELLO from the common prefix. The cut is logged and
-   listed in ``rocketstore status``.
+   listed in ``rocketstore status``. A slave that shares no record with the master (the
+   wrong master, most likely) is never cut: it stays refused (DIVERGED) for an operator.
 
 MASTER_END and MASTER_HEARD_MS (the master's end and when it last spoke) are what the
 slave's status shows as its lag.
@@ -279,6 +280,13 @@ class Replica:
             return
         cut = replication.last_boundary_at_or_before(w.config.commit_log_dir,
                                                      self.file_size, difference)
+        if cut == 0:
+            log.error("this slave's CommitLog shares no record with the master at %s (they "
+                      "part at byte %d): not cut. Is it this slave's master? If so, empty "
+                      "the slave's directory and start it again", self.address, difference)
+            w.table.set(Slot.REPLICA_ERROR, hp.HAError.DIVERGED)
+            self._wait_and_retry()
+            return
         log.error("this slave's CommitLog parts from its master's at %d (slave end %d, "
                   "master end %d): cutting it back to %d; the cut bytes are kept in "
                   "quarantine/", difference, s.end, master_end, cut)

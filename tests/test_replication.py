@@ -448,3 +448,28 @@ def test_replication_over_curve_lets_in_only_the_listed_slave(tmp_path):
                      what="the rogue slave's refusal in the master's log")
             assert rogue.slot(Slot.WRITTEN) == 0 and pair.master.slot(Slot.SLAVES) == 1
         assert_same_commit_log(pair)
+
+
+def test_a_slave_pointed_at_a_stranger_is_never_cut(tmp_path):
+    """A store that shares no record with the master it is told to follow (the wrong
+    master, most likely) keeps all it has and stays refused, for an operator."""
+    (tmp_path / "other").mkdir()
+    port = free_port()
+    other = RunningStore(tmp_path / "other", listen_port=free_port())
+    with other, Producer(other.store_dir) as p:
+        p.send_batch([Message("Mine", b"not the master's %d" % i) for i in range(50)])
+    before = files(other, "commitlog")
+    (tmp_path / "master").mkdir()
+    with RunningStore(tmp_path / "master", ha_listen_port=port, listen_port=free_port(),
+                      **HA_TIMERS) as master:
+        with Producer(master.store_dir) as p:
+            p.send_batch([Message("Theirs", b"the master's %d" % i) for i in range(50)])
+        stranger = RunningStore(tmp_path / "other", broker_role="SLAVE",
+                                ha_master_address=f"127.0.0.1:{port}",
+                                listen_port=free_port(), **HA_TIMERS)
+        with stranger:
+            wait_for(lambda: "shares no record with the master" in stranger.log(), 20,
+                     what="the refusal to cut")
+            assert stranger.slot(Slot.REPLICA_ERROR) == hp.HAError.DIVERGED
+    assert files(other, "commitlog") == before
+    assert replication.cuts_made(os.path.join(other.store_dir, "config")) == []
