@@ -5,7 +5,7 @@ writes its CommitLog end as 8 bytes, the master answers with ``{offset i64, size
 and that many CommitLog bytes. rocketstore keeps the meaning and carries it over ZeroMQ
 (slave DEALER, master ROUTER at ``ha_listen_port``), one frame per ZeroMQ message, each
 opening with the 4-byte head ``b"RH", version, kind`` (big-endian throughout;
-docs/PROTOCOL.md §5):
+docs/PROTOCOL.md §10):
 
     kind  name    from    body after the head
     ----  ------  ------  ----------------------------------------------------------------
@@ -65,8 +65,8 @@ class Kind(enum.IntEnum):
 
 
 class HAError(enum.IntEnum):
-    """Why a side refused the other. The slave's ``REPLICA_ERROR`` slot holds the code
-    while its replication is stopped by one (the ones ``STOPPING`` lists)."""
+    """Why a side refused the other. A slave's ``REPLICA_ERROR`` slot holds the code of
+    the refusal that stopped its replication, until its master sends data again."""
     MALFORMED = 1             # a frame that is not one of the above
     UNSUPPORTED_VERSION = 2
     NO_SESSION = 3            # a REPORT before HELLO (a restarted master): say HELLO again
@@ -74,11 +74,7 @@ class HAError(enum.IntEnum):
     DIVERGED = 5              # the slave holds bytes the master does not (see procs.replica)
     OFFSET_UNAVAILABLE = 6    # the slave's end is below the master's first file
     ACK_BEYOND_END = 7        # a REPORT past the master's end (RocketMQ issue #3015)
-    NOT_A_MASTER = 8          # HELLO to a store that is a SLAVE itself
 
-
-STOPPING = frozenset({HAError.FILE_SIZE_MISMATCH, HAError.OFFSET_UNAVAILABLE,
-                      HAError.NOT_A_MASTER, HAError.UNSUPPORTED_VERSION})
 
 
 class HAProtocolError(Exception):

@@ -27,7 +27,7 @@ speaks ``procs.ha_protocol``:
    one and says HELLO (a restarted master, a network that dropped everything).
 4. ERROR from the master: NO_SESSION (a restarted master) says HELLO again; DIVERGED
    starts the search below; any other refusal (FILE_SIZE_MISMATCH, OFFSET_UNAVAILABLE,
-   ...) is logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO
+   UNSUPPORTED_VERSION) is logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO
    is tried again every ``ha_housekeeping_interval`` ms; nothing is appended meanwhile.
 5. Divergence (the master lost an unflushed tail in a crash and wrote other messages
    there, or this slave runs past the master's end) is never mixed in. The follower

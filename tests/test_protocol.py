@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from procs import protocol as P
+from procs import ha_protocol
 from procs.protocol import ErrorCode, Kind, ProtocolError, QueryMode
 from storage import record
 from storage.commit_log import PutMessageResult
@@ -219,7 +220,8 @@ def test_doc_busy_example_matches_encoder():
                                                   + "00 0004 62757379")
 
 
-@pytest.mark.parametrize("enum_cls", [PutMessageStatus, GetMessageStatus, ErrorCode, Kind])
+@pytest.mark.parametrize("enum_cls", [PutMessageStatus, GetMessageStatus, ErrorCode, Kind,
+                                      ha_protocol.Kind, ha_protocol.HAError])
 def test_doc_tables_list_every_code_with_its_value(enum_cls):
     with open(DOC, encoding="utf-8") as f:
         text = f.read()

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 
 import pytest
 import zmq
@@ -34,6 +35,57 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ the pieces, alone
+def test_ha_frames_round_trip_and_bad_ones_are_named():
+    assert hp.decode(hp.encode_hello(7, 4096, 123, 12, 99)) == hp.Hello(7, 4096, 123, 12, 99)
+    assert hp.decode(hp.encode_report(1 << 40)) == 1 << 40
+    d = hp.decode(hp.data_head(3, 10, 20) + b"abc")
+    assert (d.session, d.offset, d.master_end, bytes(d.payload)) == (3, 10, 20, b"abc")
+    assert hp.decode(hp.encode_probe(2, 5, 9)) == hp.Probe(2, 5, 9)
+    r = hp.decode(hp.range_head(2, 5, 30) + b"xy")
+    assert (r.session, r.offset, r.master_end, bytes(r.payload)) == (2, 5, 30, b"xy")
+    e = hp.decode(hp.encode_error(hp.HAError.DIVERGED, "why"))
+    assert e == hp.Error(hp.HAError.DIVERGED, "why")
+    for bad, code in [(b"R", hp.HAError.MALFORMED), (b"XX\x01\x01", hp.HAError.MALFORMED),
+                      (b"RH\x02\x01" + bytes(28), hp.HAError.UNSUPPORTED_VERSION),
+                      (hp.encode_hello(1, 2, 3, 4, 5)[:-1], hp.HAError.MALFORMED),
+                      (hp.encode_report(1) + b"x", hp.HAError.MALFORMED),
+                      (b"RH\x01\x09", hp.HAError.MALFORMED)]:
+        with pytest.raises(hp.HAProtocolError) as info:
+            hp.decode(bad)
+        assert info.value.code == code
+
+
+def test_whole_records_end_tail_check_and_boundaries(tmp_path):
+    """On a real CommitLog file: the walk stops before a partial record, crosses a
+    BLANK only once the file's zeros are all there; the tail crc sees any changed byte;
+    the boundary at or before an offset is a record's start."""
+    from conftest import small_config
+    from storage import MessageStore
+    cfg = small_config(tmp_path, mapped_file_size_commit_log=4096)
+    with MessageStore(cfg) as store:
+        results = store.put_batch([Message("W", b"x" * 300) for _ in range(20)])
+    starts = [r.wrote_offset for r in results if r.ok]
+    size = results[0].wrote_bytes
+    path = os.path.join(cfg.commit_log_dir, "00000000000000000000")
+    data = open(path, "rb").read()
+    in_first = [s for s in starts if s < 4096]
+    last_end = in_first[-1] + size
+    assert replication.whole_records_end(data, 0, 0, last_end, 0)[0] == last_end
+    assert replication.whole_records_end(data, 0, 0, last_end - 1, 0)[0] == in_first[-2] + size
+    assert replication.whole_records_end(data, 0, 0, 4095, 0)[0] == last_end   # BLANK: wait
+    assert replication.whole_records_end(data, 0, 0, 4096, 0)[0] == 4096
+    with pytest.raises(ValueError, match="no record at CommitLog offset 5"):
+        replication.whole_records_end(data, 0, 5, 4096, 0)
+    n, crc = replication.tail_check(cfg.commit_log_dir, 4096, last_end)
+    assert n == 4096 - (4096 - last_end) and crc == zlib.crc32(data[:last_end])
+    assert replication.tail_check(cfg.commit_log_dir, 4096, 0) == (0, 0)
+    assert replication.tail_check(cfg.commit_log_dir, 4096, 4096 + size)[0] == size
+    for s in in_first:
+        assert replication.last_boundary_at_or_before(cfg.commit_log_dir, 4096, s + 7) == s
+    assert replication.last_boundary_at_or_before(cfg.commit_log_dir, 4096, 4096) == 4096
 
 
 class Pair:
@@ -113,7 +165,8 @@ def consume_all(store: RunningStore, topic: str) -> list[bytes]:
 def test_slave_files_are_the_masters_after_a_mixed_load(tmp_path):
     """Batches, one-at-a-time sends, delayed messages and large bodies over many file
     rolls: the slave's CommitLog and consume queues are byte-identical to the master's,
-    and a consumer reads the same messages through both."""
+    a consumer reads the same messages through both, status shows both sides, and the
+    slave refuses puts."""
     with Pair(tmp_path) as pair, Producer(pair.master.store_dir) as p:
         sent = []
         for i in range(40):
@@ -137,6 +190,9 @@ def test_slave_files_are_the_masters_after_a_mixed_load(tmp_path):
         assert files(pair.master, "consumequeue") == files(pair.slave, "consumequeue")
         assert sorted(consume_all(pair.slave, "Mixed")) == sorted(sent)
         assert_status_shows_the_pair(pair)
+        with Producer(pair.slave.store_dir, timeout_ms=5000) as to_slave:
+            r = to_slave.send("Mixed", b"to the slave")
+        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE and "SLAVE" in r.reason
 
 
 def assert_status_shows_the_pair(pair: Pair) -> None:
@@ -163,29 +219,13 @@ def assert_status_shows_the_pair(pair: Pair) -> None:
     assert "slaves 1" in cli("status", "--config", pair.master.config_path).stdout
 
 
-def test_sync_master_acknowledges_what_the_slave_holds(tmp_path):
-    """SYNC_MASTER: a PUT_OK means the slave has the bytes; the master killed (SIGKILL,
-    every process) right after an acknowledgement: the slave holds that message."""
-    with Pair(tmp_path, "SYNC_MASTER", sync_flush_timeout=3000) as pair:
-        with Producer(pair.master.store_dir) as p:
-            for i in range(200):
-                r = p.send("Sync", f"m{i}".encode())
-                assert r.status is PutMessageStatus.PUT_OK, r
-            last = p.send("Sync", b"the last one")
-        assert last.status is PutMessageStatus.PUT_OK
-        pair.master.kill_all()
-        end = pair.slave.slot(Slot.WRITTEN)
-        assert end > last.commit_log_offset
-        wait_for(lambda: pair.slave.slot(Slot.DISPATCHED) == end, what="slave dispatch")
-        got = consume_all(pair.slave, "Sync")
-        assert sorted(got) == sorted([f"m{i}".encode() for i in range(200)] + [b"the last one"])
-
-
-def test_sync_master_with_a_stopped_slave(tmp_path):
-    """The slave stopped (SIGSTOP on its whole process group): sends get
-    FLUSH_SLAVE_TIMEOUT while its session lives, SLAVE_NOT_AVAILABLE once the master
-    dropped it; every message stays stored on the master. After SIGCONT the slave
-    catches up, and sends are PUT_OK again."""
+def test_sync_master(tmp_path):
+    """SYNC_MASTER: a PUT_OK means the slave has the bytes. The slave stopped (SIGSTOP on
+    its whole process group): sends get FLUSH_SLAVE_TIMEOUT while its session lives,
+    SLAVE_NOT_AVAILABLE once the master dropped it; every message stays stored on the
+    master. After SIGCONT the slave catches up and sends are PUT_OK again; the master
+    killed (SIGKILL, every process) right after an acknowledgement: the slave holds that
+    message."""
     with Pair(tmp_path, "SYNC_MASTER", sync_flush_timeout=500) as pair, \
             Producer(pair.master.store_dir) as p:
         assert p.send("Stop", b"before").status is PutMessageStatus.PUT_OK
@@ -207,6 +247,15 @@ def test_sync_master_with_a_stopped_slave(tmp_path):
         assert_same_commit_log(pair)
         assert sorted(consume_all(pair.master, "Stop")) == sorted(consume_all(pair.slave, "Stop")) \
             == sorted([b"before", b"while stopped 1", b"while stopped 2", b"after"])
+        for i in range(100):
+            assert p.send("Stop", b"m%d" % i).status is PutMessageStatus.PUT_OK
+        last = p.send("Stop", b"the last one")
+        assert last.status is PutMessageStatus.PUT_OK
+        pair.master.kill_all()
+        end = pair.slave.slot(Slot.WRITTEN)
+        assert end > last.commit_log_offset
+        wait_for(lambda: pair.slave.slot(Slot.DISPATCHED) == end, what="slave dispatch")
+        assert b"the last one" in consume_all(pair.slave, "Stop")
 
 
 def test_killed_slave_and_master_catch_up_with_nothing_missing_or_doubled(tmp_path):
@@ -280,13 +329,6 @@ def test_garbage_on_the_ha_socket_gets_named_errors_and_harms_nothing(tmp_path):
         assert_same_commit_log(pair)
         assert pair.master.restarts("ha") == 0
         assert len(consume_all(pair.slave, "G")) == 200
-
-
-def test_a_slave_refuses_puts(tmp_path):
-    with Pair(tmp_path) as pair, Producer(pair.slave.store_dir, timeout_ms=5000) as p:
-        r = p.send("Nope", b"x")
-        assert r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
-        assert "SLAVE" in r.reason
 
 
 @pytest.mark.parametrize("settings, message", [
