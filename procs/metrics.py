@@ -30,11 +30,17 @@ from prometheus_client.core import (
 
 from procs.stats import read_published
 from shm.positions import PROCESS_NAMES, ProcessState, StoreState
+from storage.config import BROKER_ROLES
 
 log = logging.getLogger(__name__)
 
 PREFIX = "rocketstore_"
 _STATS_HELP = {
+    "ha_sent_bytes_total": "CommitLog bytes streamed to slaves.",
+    "ha_received_bytes_total": "CommitLog bytes received from the master.",
+    "ha_refused_total": "HA frames refused, by HAError.",
+    "ha_sessions_total": "Slave sessions opened (HELLOs accepted).",
+    "curve_refused_total": "Connections CURVE refused, by reason.",
     "put_messages_total": "Messages stored, by topic (putMessageTopicTimesTotal).",
     "put_bytes_total": "Record bytes stored, by topic (putMessageTopicSizeTotal).",
     "put_refused_total": "Messages refused, by PutMessageStatus.",
@@ -105,11 +111,30 @@ def _status_metrics(st: dict):
     yield _gauge("disk_used_ratio", "Used / total of the store's file system.",
                  st["disk"]["used_ratio"])
     yield from _process_table_metrics(st["processes"])
+    yield from _replication_metrics(st["ha"])
     lag = GaugeMetricFamily(PREFIX + "consumer_group_lag_messages",
                             "Messages dispatched and not yet committed by the group.",
                             labels=["topic", "group"])
     for group in st["consumer_groups"].values():
         lag.add_metric([group["topic"], group["group"]], group["lag"])
+    yield lag
+
+
+def _replication_metrics(ha: dict):
+    role = GaugeMetricFamily(PREFIX + "ha_role", "1 for the store's broker role.",
+                             labels=["role"])
+    for name in BROKER_ROLES:
+        role.add_metric([name], 1.0 if ha["role"] == name else 0.0)
+    yield role
+    lag = GaugeMetricFamily(PREFIX + "ha_lag_bytes", "A master: each slave's lag behind "
+                            "it; a slave: its lag behind its master.", labels=["peer"])
+    if ha["role"] == "SLAVE":
+        yield _gauge("ha_slaves", "Slaves connected (a master's).", 0)
+        lag.add_metric([ha["master"] or "?"], ha["lag_bytes"])
+    else:
+        yield _gauge("ha_slaves", "Slaves connected (a master's).", ha["slaves_connected"])
+        for s in ha["slaves"]:
+            lag.add_metric([s["address"]], s["lag_bytes"])
     yield lag
 
 

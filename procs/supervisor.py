@@ -21,6 +21,14 @@
 If the supervisor itself is killed, its children die with it (PR_SET_PDEATHSIG), the
 lock goes with its descriptor, ``abort`` stays, and the next ``up`` recovers.
 
+A SLAVE runs no scheduler and no HA process; a master runs the HA process only with
+``ha_listen_port`` (``runs``). Two requests from a SLAVE make the supervisor stop its
+processes and start them again (steps 5, then 2-3, in the same run): a cut of a
+CommitLog that diverged from its master's (``config/haCutRequest.json``, written by the
+writer's follower; recovery makes the cut, ``storage.replication``), and a promotion
+(``config/haPromoteRequest.json``, ``procs.promotion``: the processes start again in
+the master role asked for).
+
     process     priority  owns
     ----------  --------  ------------------------------------------------------------
     flusher     10        fdatasync of the CommitLog, FLUSHED, the checkpoint's physic time
@@ -29,6 +37,7 @@ lock goes with its descriptor, ``abort`` stays, and the next ``up`` recovers.
     cleaner     40        expiry: unlinks old files, MIN_OFFSET, DISK_FULL
     scheduler   50        delayed messages, config/delayOffset.json
     reader      60        the reader socket for remote pulls and queries
+    ha          35        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
 """
 
 from __future__ import annotations

@@ -32,6 +32,13 @@ The table is written as ``config/producerState.json`` every
 and at teardown; a failed write is logged and retried, never fatal. A SEND whose
 records all carry producer id 0 takes the old path untouched (one ``any`` per request).
 
+Roles (the ROLE slot): on a SYNC_MASTER a reply also waits until SLAVE_ACKED (a slave's
+report, ``procs.ha``) covers the record, or ``sync_flush_timeout`` ms: then
+FLUSH_SLAVE_TIMEOUT; with no slave connected, or the nearest more than
+``ha_slave_fallbehind_max`` bytes behind, SLAVE_NOT_AVAILABLE at once (RocketMQ's
+isSlaveOK); the message is stored either way. On a SLAVE every put is refused and the
+writer appends its master's CommitLog instead (``procs.replica``).
+
 Invariant: **WRITTEN is published only after the bytes it covers are written; a reply
 only after WRITTEN (ASYNC_FLUSH) or FLUSHED (SYNC_FLUSH) covers the record.** Under
 SYNC_FLUSH a reply is parked until FLUSHED (re-read from the table every turn; the
@@ -84,6 +91,10 @@ Restart decision table (``setup``; the supervisor's recovery ran before the firs
                                                                       clients time out and retry
     ingest socket               bound again (stale ipc file replaced)  DEALERs reconnect by
                                                                       themselves
+    a SLAVE's follower          WRITTEN                               a new socket, HELLO from
+                                                                      WRITTEN: bytes of a
+                                                                      partial record past it
+                                                                      were cut above
 
 Only the last CommitLog file stays mapped after setup: the writer appends, never reads.
 """
