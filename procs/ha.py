@@ -93,7 +93,8 @@ class HAService(Service):
         cfg = self.config
         self.file_size = cfg.mapped_file_size_commit_log
         self.commit_log = CommitLog(cfg, read_only=True)
-        self.commit_log.mapped_file_queue.refresh(self.table.get(Slot.MIN_OFFSET))
+        self.min_offset = self.table.get(Slot.MIN_OFFSET)
+        self.commit_log.mapped_file_queue.refresh(self.min_offset)
         self.sessions: dict[bytes, _Session] = {}
         self.acked = self.table.get(Slot.SLAVE_ACKED)
         self.pooled = bool(self.table.get(Slot.TRANSIENT_POOL))
@@ -308,6 +309,10 @@ class HAService(Service):
 
     def _housekeeping(self, end: int) -> None:
         now = monotonic_ms()
+        min_offset = self.table.get(Slot.MIN_OFFSET)
+        if min_offset != self.min_offset:     # the cleaner deleted files: let them go
+            self.min_offset = min_offset
+            self.commit_log.mapped_file_queue.refresh(min_offset)
         quiet = self.config.ha_housekeeping_interval
         for s in list(self.sessions.values()):
             if now - s.heard > quiet:

@@ -83,6 +83,14 @@ def request_path(config_dir: str) -> str:
     return os.path.join(config_dir, PROMOTE_REQUEST_FILE)
 
 
+def clear_request(config_dir: str) -> None:
+    """A master has no promotion to make (the supervisor calls this at each start)."""
+    try:
+        os.remove(request_path(config_dir))
+    except FileNotFoundError:
+        pass
+
+
 def requested_role(config_dir: str) -> str | None:
     """The role a promotion asked for, when one is pending."""
     doc = json_file.load(request_path(config_dir))

@@ -182,6 +182,8 @@ class Supervisor:
     def start(self) -> None:
         recovered = recover_and_publish(self.config)
         self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
+        if not self.config.slave:       # done, or left by a promotion cut short
+            promotion.clear_request(self.config.config_dir)
         for child in self.children.values():
             self._spawn(child)
         self._serve_metrics()
@@ -215,8 +217,6 @@ class Supervisor:
             self.config = dataclasses.replace(self.config, broker_role=role)
             self.children = self._children()
         self.start()
-        if role:
-            os.remove(promotion.request_path(self.config.config_dir))
         return True
 
     def _cut_requested(self) -> bool:

@@ -259,9 +259,9 @@ def test_sync_master(tmp_path):
 
 
 def test_killed_slave_and_master_catch_up_with_nothing_missing_or_doubled(tmp_path):
-    """Under load, the slave's writer (its CommitLog appender) SIGKILLed at random
-    moments, then the whole master killed and restarted: the slave reconnects, catches
-    up, and holds every acknowledged message exactly once."""
+    """Under load, the slave's writer (its CommitLog appender) and the master's HA
+    process SIGKILLed at random moments, then the whole master killed and restarted: the
+    slave reconnects, catches up, and holds every acknowledged message exactly once."""
     rng = __import__("random").Random(7)
     with Pair(tmp_path) as pair:
         acked = []
@@ -273,11 +273,15 @@ def test_killed_slave_and_master_catch_up_with_nothing_missing_or_doubled(tmp_pa
                              for k in range(20)]
                     if all(r.status is PutMessageStatus.PUT_OK for r in p.send_batch(batch)):
                         acked.extend(m.body for m in batch)
-                    pid = pair.slave.child_pid("writer")     # 0 while it restarts
-                    if pid and rng.random() < 0.05:
-                        os.kill(pid, signal.SIGKILL)
+                    victim = rng.choice([pair.slave.child_pid("writer"),
+                                         pair.master.child_pid("ha")])
+                    if victim and rng.random() < 0.05:       # 0 while it restarts
+                        try:
+                            os.kill(victim, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass                             # it had just died
         load(300)
-        assert pair.slave.restarts("writer") > 0
+        assert pair.slave.restarts("writer") + pair.master.restarts("ha") > 0
         pair.master.kill_all()
         pair.master.start()
         load(100)

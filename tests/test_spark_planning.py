@@ -26,6 +26,13 @@ def test_options_read_with_kafka_vocabulary():
     assert o.group == DEFAULT_GROUP and o.matches("A") and not o.matches("C")
 
 
+def test_curve_options_are_the_key_files_for_an_endpoint():
+    o = parse({"endpoint": "tcp://h:1", "topic": "A", "curveServerKey": "keys/server.key",
+               "CURVECLIENTKEY": "keys/app.key_secret"}, reading=True)
+    assert o.curve == ("keys/server.key", "keys/app.key_secret")
+    assert parse({"store": "s", "topic": "A"}, reading=True).curve == (None, None)
+
+
 def test_options_are_case_insensitive_and_path_names_the_store():
     o = parse({"PATH": "dir", "TOPIC": "A", "FAILONDATALOSS": "TRUE"}, reading=True)
     assert o.store == "dir" and o.topics == ("A",) and o.fail_on_data_loss
@@ -49,6 +56,9 @@ def test_topic_pattern_matches_whole_names():
     ({"store": "s", "topic": "A", "failOnDataLoss": "maybe"}, "true or false"),
     ({"store": "s", "topic": "A", "group": "a b"}, "group"),
     ({"store": "s", "topic": "A", "startingOffset": "earliest"}, "unknown option"),
+    ({"endpoint": "tcp://h:1", "topic": "A", "curveServerKey": "k"}, "go together"),
+    ({"store": "s", "topic": "A", "curveServerKey": "k", "curveClientKey": "c"},
+     "go together"),
 ])
 def test_bad_read_options_are_named(options, words):
     with pytest.raises(ValueError, match=words):
