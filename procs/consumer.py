@@ -116,7 +116,7 @@ class Consumer:
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset,
                 min(max_msgs, cfg.max_transfer_count_on_message_in_memory),
-                cfg.max_transfer_bytes_on_message_in_memory, dispatched)
+                cfg.max_transfer_bytes_on_message_in_memory, dispatched, joined=True)
             if got.status is GetMessageStatus.FOUND:
                 try:
                     return GetMessageResult(GetMessageStatus.FOUND,
@@ -134,7 +134,8 @@ class Consumer:
     def _views(self, got, queue_id: int) -> list[MessageView]:
         """The checked messages of ``read_queue_records``' units and records (a piece
         holds the records of one or more units back to back)."""
-        return check_unit_views(got.units, got.data, self.topic, queue_id, got.first)
+        return check_unit_views(got.units, got.data, self.topic, queue_id, got.first,
+                                got.starts)
 
     def _offset(self, queue_id: int, dispatched: int) -> int:
         if queue_id not in self._offsets:

@@ -22,6 +22,11 @@ as it can:
 4. ``read_records`` copies the spans (``StoreReader.read_queue_records``): a span whose
    CommitLog stretch expired while being read ends the records before it.
 
+A reader that decodes in this process (a Consumer's poll) needs no pieces: with
+``joined`` the spans' copies are joined into one ``bytes`` (the few gaps between records
+included) and each record's place in it comes as an array (``plan_joined``: the same
+spans as ``plan_spans``, found with numpy instead of a loop over the units).
+
 Blank (filler) units (``BLANK_UNIT_SIZE``) are taken like any other but point at no
 record. Nothing here checks a record: the client does, and must.
 """
@@ -86,6 +91,9 @@ class QueueRecords(NamedTuple):
     units: bytes               # count * 20 bytes, as the consume queue holds them
     data: list                 # the taken units' records back to back, in pieces
     nbytes: int                # the records' total size
+    # ``joined``: ``data`` is one bytes holding the records at ``starts`` (one per
+    # taken unit that is not blank, in order), with the gaps between them
+    starts: np.ndarray | None = None
 
 
 def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
@@ -130,13 +138,62 @@ def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
     return taken, spans
 
 
+class JoinedPlan(NamedTuple):
+    """``plan_joined``: the spans as columns, and each taken record's place."""
+
+    taken: int
+    begins: np.ndarray        # per span: CommitLog bytes [begin, end)
+    ends: np.ndarray
+    first_units: np.ndarray   # per span: its units [first_unit, end_unit)
+    end_units: np.ndarray
+    span_of: np.ndarray       # per record (taken, not blank): its span
+    starts: np.ndarray        # per record: where it lies in the spans' bytes joined
+    sizes: np.ndarray
+
+
+def plan_joined(units: bytes, max_bytes: int, at_least_one: bool,
+                file_size: int) -> JoinedPlan:
+    """``plan_spans``' spans without a loop over the units: a record continues the
+    span of the one before when it starts at or after that one's end, at most
+    ``SPAN_GAP_BYTES`` later, in the same file and ``MAX_SPAN_BYTES`` stretch."""
+    table = np.frombuffer(units, CQ_UNIT_DTYPE)
+    phy = table["phy"].astype(np.int64)
+    size = table["size"].astype(np.int64)
+    blank = size == BLANK_UNIT_SIZE
+    counted = np.where(blank, 0, size)
+    total = np.cumsum(counted)
+    over = ~blank & (total > max_bytes) & ((total - counted > 0) | (not at_least_one))
+    taken = int(np.argmax(over)) if over.any() else len(table)
+    real = np.flatnonzero(~blank[:taken])
+    if not len(real):
+        none = np.zeros(0, np.int64)
+        return JoinedPlan(taken, none, none, none, none, none, none, none)
+    p, s = phy[real], size[real]
+    e = p + s
+    stretch = p // file_size * (file_size // MAX_SPAN_BYTES + 1) + p % file_size // MAX_SPAN_BYTES
+    goes_on = (p[1:] >= e[:-1]) & (p[1:] <= e[:-1] + SPAN_GAP_BYTES) & \
+        (stretch[1:] == stretch[:-1])
+    firsts = np.flatnonzero(np.concatenate(([True], ~goes_on)))
+    lasts = np.append(firsts[1:], len(real)) - 1
+    begins, ends = p[firsts], e[lasts]
+    at = np.zeros(len(firsts), np.int64)
+    np.cumsum((ends - begins)[:-1], out=at[1:])
+    span_of = np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(real))))
+    return JoinedPlan(taken, begins, ends, real[firsts], np.append(real[firsts[1:]], taken),
+                      span_of, at[span_of] + p - begins[span_of], s)
+
+
 def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
-                 copy: Callable[[int, int], bytes | None]) -> QueueRecords:
+                 copy: Callable[[int, int], bytes | None], *,
+                 joined: bool = False) -> QueueRecords:
     """The records of ``got``'s units (from its first, ``got.count`` > 0) that fit
     ``max_bytes``: ``plan_spans``, then ``copy(commit_log_offset, size)`` for each span
     (None when those CommitLog bytes are gone: the records stop before that span, and
     when it is the first, the status is OFFSET_FOUND_NULL with ``next_begin_offset``
-    past its units)."""
+    past its units). ``joined``: the spans' bytes as one, with each record's place
+    (``plan_joined``)."""
+    if joined:
+        return _read_joined(got, max_bytes, at_least_one, file_size, copy)
     offset, lo, hi = got.first, got.min_offset, got.max_offset
     taken, spans = plan_spans(got.units, max_bytes, at_least_one, file_size)
     data: list = []
@@ -153,6 +210,30 @@ def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
         nbytes += sum(p.stop - p.start for p in span.pieces)
     return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
                         got.units[:taken * CQ_STORE_UNIT_SIZE], data, nbytes)
+
+
+def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
+                 copy: Callable[[int, int], bytes | None]) -> QueueRecords:
+    offset, lo, hi = got.first, got.min_offset, got.max_offset
+    plan = plan_joined(got.units, max_bytes, at_least_one, file_size)
+    taken, spans = plan.taken, len(plan.begins)
+    copies = []
+    for i, (begin, end) in enumerate(zip(plan.begins.tolist(), plan.ends.tolist())):
+        copied = copy(begin, end - begin)
+        if copied is None:  # expired while being read: stop before it
+            taken = int(plan.first_units[i])
+            if i == 0:
+                return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
+                                    offset + int(plan.end_units[0]), lo, hi, b"", [], 0)
+            spans = i
+            break
+        copies.append(copied)
+    kept = np.searchsorted(plan.span_of, spans)
+    sizes = plan.sizes[:kept]
+    return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
+                        got.units[:taken * CQ_STORE_UNIT_SIZE],
+                        [copies[0] if len(copies) == 1 else b"".join(copies)],
+                        int(sizes.sum()), plan.starts[:kept])
 
 
 @functools.lru_cache(maxsize=8)

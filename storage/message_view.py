@@ -9,10 +9,12 @@ record's bytes; ``body``, ``properties`` (and ``tags``, ``keys``, ``uniq_key``,
 ``delay_level``), ``born_host``, ``store_host`` and ``msg_id`` are decoded on first
 access and kept.
 
-The view holds its own copy of the record (``bytes``), never a view of a mapping: the
-cleaner may unmap and unlink the file under a reader at any time, and a ``memoryview``
-of an unmapped ``mmap`` would keep the mapping from closing (``BufferError``) or, once
-unmapped by other means, read freed pages.
+The view holds a ``bytes`` copy of the record, never a view of a mapping: the cleaner
+may unmap and unlink the file under a reader at any time, and a ``memoryview`` of an
+unmapped ``mmap`` would keep the mapping from closing (``BufferError``) or, once
+unmapped by other means, read freed pages. The views ``views_at`` makes share one copy,
+the records read together (a poll's), each at its ``_at``: no copy per record, and a
+kept view keeps its neighbours' bytes alive with it.
 
 Checked when the view is made (``RecordFormatError`` otherwise), as ``decode_at``
 does: the magic, the record's length against its BODYLENGTH, TOPICLENGTH and
@@ -28,8 +30,9 @@ times and prepared offset) are unpacked on first access too.
 ``views_at`` makes the views of many records at once, the way a Consumer's poll of
 hundreds needs them: the same checks as ``view_at``, as numpy operations over all the
 records (its fixed cost pays off from about a hundred records; ``read_path`` takes it
-from ``BULK_VIEWS_MIN``), then one copy and one small object per record. A record whose
-topic is not the expected one is made by ``view_at`` (its own name, its NUL check).
+from ``BULK_VIEWS_MIN``), then one small object per record over the shared bytes. A
+record whose topic is not the expected one is made by ``view_at`` (its own name, its
+NUL check).
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ def _tail_field(i: int) -> property:
 
 
 class MessageView(StoredMessageFields):
-    __slots__ = ("_data", "topic", "_body_at", "_body_len", "_props_at", "_props_len",
-                 "_properties", "_head", "_tail")
+    __slots__ = ("_data", "_at", "topic", "_body_at", "_body_len", "_props_at",
+                 "_props_len", "_properties", "_head", "_tail")
 
     # ------------------------------------------------------------ the fixed fields
     store_size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, \
@@ -68,13 +71,13 @@ class MessageView(StoredMessageFields):
         prepared_transaction_offset = (_tail_field(i) for i in range(5))
 
     def _read_head(self) -> tuple:
-        head = self._head = record.HEAD.unpack_from(self._data, 0)
+        head = self._head = record.HEAD.unpack_from(self._data, self._at)
         return head
 
     def _read_tail(self) -> tuple:
         sys_flag = (self._head or self._read_head())[7]
-        tail = self._tail = record.tail_struct(sys_flag).unpack_from(self._data,
-                                                                     record.HEAD.size)
+        tail = self._tail = record.tail_struct(sys_flag).unpack_from(
+            self._data, self._at + record.HEAD.size)
         return tail
 
     # ------------------------------------------------------------ on demand
@@ -118,10 +121,12 @@ class MessageView(StoredMessageFields):
                 f"{self.commit_log_offset}, store_size={self.store_size})")
 
 
-def _view(data: bytes, topic: str, body_at: int, body_len: int, props_at: int,
+def _view(data: bytes, at: int, topic: str, body_at: int, body_len: int, props_at: int,
           props_len: int, head, tail) -> MessageView:
+    """The view of the record at ``at`` in ``data``; ``body_at`` and ``props_at`` are
+    positions in ``data``."""
     v = MessageView.__new__(MessageView)
-    v._data, v.topic, v._body_at, v._body_len = data, topic, body_at, body_len
+    v._data, v._at, v.topic, v._body_at, v._body_len = data, at, topic, body_at, body_len
     v._props_at, v._props_len, v._properties, v._head, v._tail = \
         props_at, props_len, None, head, tail
     return v
@@ -164,7 +169,7 @@ def view_at(data: bytes) -> MessageView:
         raise record.RecordFormatError(0, f"record size {total} disagrees with its fields")
     if 0 in raw_topic:
         raise record.RecordFormatError(0, "NUL byte in topic or properties (torn record)")
-    return _view(data if len(data) == total else data[:total],
+    return _view(data if len(data) == total else data[:total], 0,
                  raw_topic.decode("utf-8", "replace"), body_at, body_len, p, props_len,
                  head, tail)
 
@@ -182,7 +187,7 @@ class ViewColumns:
 def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
              topic: str) -> tuple[list[MessageView], ViewColumns]:
     """``view_at`` for the records of ``buf`` at ``starts``, each ``sizes`` bytes long,
-    checked in one numpy pass; each view gets its own copy of its bytes. The record
+    checked in one numpy pass; the views share ``buf`` (a ``bytes``). The record
     fields a caller checks against its units come back as columns, with whether each
     record's topic is ``topic``.
 
@@ -234,19 +239,22 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
             raise
         raise AssertionError(f"record {bad}: the bulk check and view_at disagree")
     # a record whose topic is not ``topic`` is decoded one by one (its own name)
+    new = MessageView.__new__
     views = []
-    rel_body = (body_at - starts).tolist()
-    rel_props = (props_at - starts).tolist()
-    for i, (s, size, ba, bl, pa, pl, same) in enumerate(zip(
-            starts.tolist(), sizes.tolist(), rel_body, body_len.tolist(), rel_props,
-            props_len.tolist(), matches.tolist())):
-        data = buf[s:s + size]
-        if same:
-            views.append(_view(data, topic, ba, bl, pa, pl, None, None))
-            continue
-        try:
-            views.append(view_at(data))    # another topic: its own name, its own NUL check
-        except record.RecordFormatError as e:
-            e.index = i
-            raise
+    append = views.append
+    for s, ba, bl, pa, pl in zip(starts.tolist(), body_at.tolist(), body_len.tolist(),
+                                 props_at.tolist(), props_len.tolist()):
+        v = new(MessageView)
+        v._data, v._at, v.topic, v._body_at, v._body_len = buf, s, topic, ba, bl
+        v._props_at, v._props_len, v._properties, v._head, v._tail = \
+            pa, pl, None, None, None
+        append(v)
+    if not matches.all():       # another topic: its own name, its own NUL check
+        for i in np.flatnonzero(~matches).tolist():
+            s = int(starts[i])
+            try:
+                views[i] = view_at(buf[s:s + int(sizes[i])])
+            except record.RecordFormatError as e:
+                e.index = i
+                raise
     return views, columns

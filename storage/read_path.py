@@ -149,26 +149,36 @@ BULK_VIEWS_MIN = 96     # fewer records are checked one by one: numpy's fixed co
 
 
 def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
-                     first: int) -> list[MessageView]:
+                     first: int, starts: np.ndarray | None = None) -> list[MessageView]:
     """``check_unit_view`` for every unit of ``units`` (logical offsets from ``first``)
     and the records ``pieces`` hold back to back (``bulk_read.read_records``; blank
-    units have no record), checked together with numpy (``message_view.views_at``)
-    when there are at least ``BULK_VIEWS_MIN``, else one by one.
-    Raises ``CorruptRecordError`` as ``check_unit_view`` would for the first unit whose
-    record is bad or another message."""
-    if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
-        return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
+    units have no record), or, with ``starts``, the records at ``starts`` of the one
+    ``bytes`` in ``pieces`` (``read_records(joined=True)``), checked together with
+    numpy (``message_view.views_at``) when there are at least ``BULK_VIEWS_MIN``, else
+    one by one. Raises ``CorruptRecordError`` as ``check_unit_view`` would for the first
+    unit whose record is bad or another message."""
     table = np.frombuffer(units, CQ_UNIT_DTYPE)
     real = np.flatnonzero(table["size"] != BLANK_UNIT_SIZE)
-    phys = table["phy"][real].astype(np.int64)
     sizes = table["size"][real].astype(np.int64)
+    if starts is not None:
+        data = pieces[0]
+        if len(starts) != len(sizes) or (len(starts) and int((starts + sizes).max()) > len(data)):
+            raise CorruptRecordError("consume queue", first, "the records read do not match "
+                                     "their units")
+        if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
+            mv = memoryview(data)
+            pieces = [mv[a:a + b] for a, b in zip(starts.tolist(), sizes.tolist())]
+    if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
+        return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
+    phys = table["phy"][real].astype(np.int64)
     offsets = real + first
-    data = b"".join(pieces)
-    if int(sizes.sum()) != len(data):
-        raise CorruptRecordError("consume queue", first, "the records read do not match "
-                                 "their units' sizes")
-    starts = np.zeros(len(sizes), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
+    if starts is None:
+        data = b"".join(pieces)
+        if int(sizes.sum()) != len(data):
+            raise CorruptRecordError("consume queue", first, "the records read do not "
+                                     "match their units' sizes")
+        starts = np.zeros(len(sizes), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
     try:
         views, got = views_at(data, starts, sizes, topic)
     except RecordFormatError as e:

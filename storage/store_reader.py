@@ -397,7 +397,7 @@ class StoreReader:
     def read_queue_records(self, topic: str, queue_id: int, offset: int, max_units: int,
                            max_bytes: int, dispatched: int, *,
                            min_commit_log_offset: int | None = None,
-                           at_least_one: bool = True) -> QueueRecords:
+                           at_least_one: bool = True, joined: bool = False) -> QueueRecords:
         """``read_queue_units`` with the records the units point at (``storage.bulk_read``):
         units from ``offset`` while their records fit ``max_bytes`` (a first record over
         it still comes when ``at_least_one``), one consume queue file at most. The
@@ -406,7 +406,8 @@ class StoreReader:
         The status is ``offset_status``'s for an offset outside the queue,
         NO_MATCHED_LOGIC_QUEUE for an unknown queue, and OFFSET_FOUND_NULL when the
         consume queue file or the first records' CommitLog file went while being read
-        (``next_begin_offset`` is past them)."""
+        (``next_begin_offset`` is past them). ``joined``: the records in one ``bytes``
+        at ``starts`` (``bulk_read.plan_joined``), for a reader that decodes them here."""
         self._check_open()
         qv = self._queue(topic, queue_id)
         if qv is None:
@@ -424,7 +425,8 @@ class StoreReader:
                                 qv.roll_next_file(offset), lo, hi, b"", [], 0)
         return read_records(got, max_bytes, at_least_one,
                             self.config.mapped_file_size_commit_log,
-                            lambda phy, size: self.read_commit_log(phy, size, dispatched))
+                            lambda phy, size: self.read_commit_log(phy, size, dispatched),
+                            joined=joined)
 
     def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
                                   dispatched: int, *,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_spans
+from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_spans
 from storage.consume_queue import BLANK_UNIT, CQ_UNIT
 
 FILE = 1 << 20
@@ -85,3 +85,68 @@ def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
     assert got == expected
     for span in spans:
         assert span.begin // FILE == (span.end - 1) // FILE
+
+
+@given(st.lists(st.one_of(st.none(), st.tuples(st.integers(-200, 3 * SPAN_GAP_BYTES),
+                                               st.integers(8, 5000))), max_size=60),
+       st.integers(1, 100_000), st.booleans(),
+       st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
+@settings(max_examples=400)
+def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_size):
+    """The numpy planner against the loop: the same units taken, the same spans, and
+    each record where the spans' bytes joined hold it (blanks, gaps, records going
+    back, file and stretch boundaries included)."""
+    phy, pairs = 0, []
+    for item in layout:
+        if item is None:
+            pairs.append(None)
+            continue
+        gap, size = item
+        phy = max(0, phy + gap)
+        if phy // file_size != (phy + size - 1) // file_size:
+            phy = (phy // file_size + 1) * file_size
+        pairs.append((phy, size))
+        phy += size
+    if file_size > FILE:     # reach past a stretch boundary now and then
+        pairs = [None if p is None else (p[0] * 97 % (2 * MAX_SPAN_BYTES), p[1])
+                 for p in pairs]
+        pairs = [None if p is None or p[0] // file_size != (p[0] + p[1] - 1) // file_size
+                 else p for p in pairs]
+    raw = units(*pairs)
+    taken, spans = plan_spans(raw, budget, at_least_one, file_size)
+    plan = plan_joined(raw, budget, at_least_one, file_size)
+    assert plan.taken == taken
+    assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
+        plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
+        plan.end_units.tolist()))
+    base, expected = 0, []
+    for s in spans:
+        expected += [base + p[0] - s.begin for p in pairs[s.first_unit:s.end_unit]
+                     if p is not None]
+        base += s.end - s.begin
+    assert plan.starts.tolist() == expected
+    assert plan.sizes.tolist() == [p[1] for p in pairs[:taken] if p is not None]
+
+
+def _same_plans(raw: bytes, file_size: int) -> None:
+    taken, spans = plan_spans(raw, 1 << 40, True, file_size)
+    plan = plan_joined(raw, 1 << 40, True, file_size)
+    assert plan.taken == taken
+    assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
+        plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
+        plan.end_units.tolist()))
+
+
+def test_plan_joined_at_the_edges_of_a_span():
+    """A gap of exactly SPAN_GAP_BYTES stays in the span, one byte more does not; a
+    record touching the last across a stretch boundary starts a new span."""
+    big = 4 * MAX_SPAN_BYTES
+    for raw, file_size, spans in [
+        (units((0, 100), (100 + SPAN_GAP_BYTES, 10)), FILE, 1),
+        (units((0, 100), (101 + SPAN_GAP_BYTES, 10)), FILE, 2),
+        (units((MAX_SPAN_BYTES - 100, 100), (MAX_SPAN_BYTES, 100)), big, 2),
+        (units((MAX_SPAN_BYTES - 300, 100), (MAX_SPAN_BYTES - 200, 100)), big, 1),
+        (units((500, 100), (0, 100)), FILE, 2),
+    ]:
+        _same_plans(raw, file_size)
+        assert len(plan_joined(raw, 1 << 40, True, file_size).begins) == spans
