@@ -25,7 +25,9 @@ connect DEALER sockets to its ROUTER at
    a SYNC_MASTER writer parked on it wakes. A REPORT past this store's end is refused
    (ACK_BEYOND_END) and the session dropped: an ack must mean bytes that exist.
 4. A session not heard from for ``ha_housekeeping_interval`` ms is dropped; SLAVES
-   counts the live ones. Every ``ha_send_heartbeat_interval`` ms without data a session
+   counts the live ones. Every ``ha_send_heartbeat_interval`` ms a slave gets the
+   configuration files it keeps as this master's when they changed (FILE: the delay
+   scheduler's ``delayOffset.json``, as RocketMQ's SlaveSynchronize copies it). Every ``ha_send_heartbeat_interval`` ms without data a session
    gets an empty DATA (a heartbeat carrying this store's end, which the slave shows as
    its lag).
 
@@ -50,6 +52,7 @@ Restart decision table (``setup``):
 from __future__ import annotations
 
 import logging
+import os
 
 import zmq
 
@@ -63,7 +66,8 @@ from storage.commit_log import CommitLog
 
 log = logging.getLogger(__name__)
 
-WINDOW_BYTES = 16 * 1024 * 1024   # sent past a slave's last report, at most
+WINDOW_BYTES = 16 * 1024 * 1024   # sent past a slave's last report, at most (or more:
+                                  # two of the largest records, so that one always fits)
 MAX_INBOUND = 64 * 1024           # a slave's frames are tiny; bigger ones disconnect it
 BLOCKS_PER_TURN = 64              # blocks sent to one slave in one turn (turns stay short)
 SNDHWM = 1000
@@ -74,7 +78,7 @@ class _Session:
     """One slave, from its HELLO on."""
 
     __slots__ = ("peer", "address", "session", "next", "acked", "started_ms", "heard",
-                 "last_sent", "caught_up_ms")
+                 "last_sent", "caught_up_ms", "files", "files_due")
 
     def __init__(self, peer: bytes, address: str, session: int, start: int, acked: int):
         self.peer, self.address, self.session = peer, address, session
@@ -84,6 +88,8 @@ class _Session:
         self.heard = monotonic_ms()
         self.last_sent = 0
         self.caught_up_ms = now_ms()  # when its ack last reached this store's end
+        self.files: dict[str, bytes] = {}   # the SYNCED_FILES it has, as sent
+        self.files_due = 0
 
 
 class HAService(Service):
@@ -112,6 +118,8 @@ class HAService(Service):
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.wakeups.socket, zmq.POLLIN)
         self.more = False            # a turn stopped with bytes still to send
+        self.window = max(WINDOW_BYTES, 2 * cfg.max_message_size + (1 << 20) +
+                          cfg.ha_transfer_batch_size)
         self.next_status = 0
         log.info("HA listening on %s (acked %d)", self.address, self.acked)
 
@@ -214,12 +222,12 @@ class HAService(Service):
                 f"the slave ends at {hello.offset}, past the master's end {end}")
         try:
             mine = replication.tail_check(self.config.commit_log_dir, self.file_size,
-                                          hello.offset, hello.tail_len)
+                                          hello.offset)
         except (OSError, ValueError) as e:
             raise hp.HAProtocolError(hp.HAError.OFFSET_UNAVAILABLE,
                                      f"cannot read the bytes before {hello.offset}: {e}") \
                 from None
-        if mine != (hello.tail_len, hello.tail_crc):
+        if hello.tail_len and mine != (0, 0) and mine != (hello.tail_len, hello.tail_crc):
             raise hp.HAProtocolError(
                 hp.HAError.DIVERGED,
                 f"the slave's {hello.tail_len} bytes before {hello.offset} differ from the "
@@ -265,7 +273,7 @@ class HAService(Service):
         """Send ``s`` its next blocks, up to ``end``, the window and the turn's share."""
         batch = self.config.ha_transfer_batch_size
         for _ in range(BLOCKS_PER_TURN):
-            if s.next >= end or s.next - s.acked >= WINDOW_BYTES:
+            if s.next >= end or s.next - s.acked >= self.window:
                 return
             block = self._block(s.next, min(end, s.next + batch))
             if block is None:
@@ -320,13 +328,30 @@ class HAService(Service):
                             s.address, now - s.heard)
                 del self.sessions[s.peer]
             elif now - s.last_sent >= self.config.ha_send_heartbeat_interval:
-                if self._send(s.peer, hp.data_head(s.session, s.next, end)):
-                    s.last_sent = now
+                self._send(s.peer, hp.data_head(s.session, s.next, end))
+                s.last_sent = now     # sent or not (a full queue, a gone peer): no spin
+            if now >= s.files_due:
+                s.files_due = now + self.config.ha_send_heartbeat_interval
+                self._send_files(s)
         if self.table.get(Slot.SLAVES) != len(self.sessions):
             self.table.set(Slot.SLAVES, len(self.sessions))
         if now >= self.next_status:
             self.next_status = now + STATUS_INTERVAL_MS
             self.stats.extra["ha"] = self.status(end)
+
+    def _send_files(self, s: _Session) -> None:
+        """The configuration files a slave keeps as its master's (``SYNCED_FILES``: the
+        delay scheduler's offsets, so a promoted slave does not deliver again what this
+        master delivered), when they changed since this session last got them."""
+        for name in hp.SYNCED_FILES:
+            try:
+                with open(os.path.join(self.config.config_dir, name), "rb") as f:
+                    content = f.read()
+            except OSError:
+                continue
+            if s.files.get(name) != content and \
+                    self._send(s.peer, hp.encode_file(name, content)):
+                s.files[name] = content
 
     def status(self, end: int) -> dict:
         """The sessions as ``rocketstore status`` shows them."""

@@ -26,6 +26,9 @@ docs/PROTOCOL.md §10):
     6     RANGE   master  session u32, offset u64, master_end u64, then the master's
                           bytes from ``offset`` (at most ``length`` and ``MAX_PROBE``,
                           fewer where its CommitLog or the file ends)
+    7     FILE    master  name str8, then the file's bytes: a configuration file the
+                          slave keeps as the master's (``SYNCED_FILES``: the delay
+                          scheduler's offsets, RocketMQ's SlaveSynchronize)
 
 A session starts with HELLO: the master checks the slave's file size and tail against
 its own bytes and streams from the slave's end (an empty slave from the master's first
@@ -62,6 +65,10 @@ class Kind(enum.IntEnum):
     ERROR = 4
     PROBE = 5
     RANGE = 6
+    FILE = 7
+
+
+SYNCED_FILES = ("delayOffset.json",)   # config/ files a slave keeps as its master's
 
 
 class HAError(enum.IntEnum):
@@ -113,6 +120,11 @@ class Range(NamedTuple):
     payload: memoryview
 
 
+class File(NamedTuple):
+    name: str
+    content: bytes
+
+
 class Error(NamedTuple):
     code: int
     text: str
@@ -145,11 +157,16 @@ def range_head(session: int, offset: int, master_end: int) -> bytes:
     return _head(Kind.RANGE) + RANGE.pack(session, offset, master_end)
 
 
+def encode_file(name: str, content: bytes) -> bytes:
+    raw = name.encode()
+    return _head(Kind.FILE) + bytes((len(raw),)) + raw + content
+
+
 def encode_error(code: HAError, text: str) -> bytes:
     return _head(Kind.ERROR) + ERROR.pack(code) + text.encode()[:4000]
 
 
-def decode(frame) -> Hello | int | Data | Error | Probe | Range:
+def decode(frame) -> Hello | int | Data | Error | Probe | Range | File:
     """One frame: ``Hello``, a REPORT's offset (int), ``Data``, ``Error``, ``Probe`` or
     ``Range``.
 
@@ -177,6 +194,10 @@ def decode(frame) -> Hello | int | Data | Error | Probe | Range:
         if kind == Kind.RANGE and len(body) >= RANGE.size:
             session, offset, end = RANGE.unpack_from(body)
             return Range(session, offset, end, body[RANGE.size:])
+        if kind == Kind.FILE and len(body) >= 1 and len(body) >= 1 + body[0]:
+            name = bytes(body[1:1 + body[0]]).decode("utf-8", "replace")
+            if name in SYNCED_FILES:
+                return File(name, bytes(body[1 + body[0]:]))
         if kind == Kind.ERROR and len(body) >= ERROR.size:
             return Error(ERROR.unpack_from(body)[0], bytes(body[ERROR.size:]).decode("utf-8", "replace"))
     except struct.error:

@@ -42,19 +42,25 @@ speaks ``procs.ha_protocol``:
    wrong master, most likely) is never cut: it stays refused (DIVERGED) for an operator.
 
 MASTER_END and MASTER_HEARD_MS (the master's end and when it last spoke) are what the
-slave's status shows as its lag.
+slave's status shows as its lag. FILE frames carry the master's ``delayOffset.json``,
+kept in this store's ``config/``: a promoted slave's scheduler goes on from where the
+master's was (at most one heartbeat interval behind: those few delayed messages may be
+delivered twice, RocketMQ's at-least-once). Consumer offsets are not copied: a slave's
+own consumer groups commit in its own ``consumerOffset.json``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import numpy as np
 import zmq
 
 from procs import curve, ha_protocol as hp
 from shm.positions import Slot, now_ms
-from storage import replication
+from storage import json_file, replication
 from storage.clock import monotonic_ms
 from storage.errors import StoreFileError
 
@@ -152,6 +158,8 @@ class Replica:
                 self._refused(message)
             elif isinstance(message, hp.Range):
                 self._compare(message)
+            elif isinstance(message, hp.File):
+                self._keep_file(message)
             else:
                 self._send(hp.encode_error(hp.HAError.MALFORMED, "HELLO, REPORT and PROBE "
                                            "go to masters"))
@@ -195,11 +203,20 @@ class Replica:
             log.error("the master's bytes are not records: %s; cut back to %d", e, written)
             self._wait_and_retry()
             return
-        if end > written:
-            w.publish_written(end, ts)
+        if end > written:     # LAST_STORE_TS never goes back (clocks of two hosts differ)
+            w.publish_written(end, max(ts, w.table.read_written()[1]))
             self._note_caught_up(w.table.get(Slot.MASTER_END))
         self._send(hp.encode_report(end))
         self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
+
+    def _keep_file(self, f: hp.File) -> None:
+        """A configuration file of the master's (``SYNCED_FILES``), kept as it is."""
+        try:
+            doc = json.loads(f.content)
+            if isinstance(doc, dict):
+                json_file.persist(os.path.join(self.writer.config.config_dir, f.name), doc)
+        except (ValueError, OSError) as e:
+            log.warning("the master's %s not kept: %s", f.name, e)
 
     def _note_caught_up(self, master_end: int) -> None:
         """Remember when this slave last held all its master had (its lag in ms)."""
@@ -224,7 +241,8 @@ class Replica:
 
     def _refused(self, e: hp.Error) -> None:
         if e.code == hp.HAError.NO_SESSION:
-            self.hello()
+            if self.search is None:    # a search needs no session: PROBEs go on
+                self.hello()
             return
         if e.code == hp.HAError.DIVERGED and self.search is None and not self.retry_at:
             log.warning("the master says this slave diverged (%s): comparing the two "
@@ -240,11 +258,15 @@ class Replica:
 
     # ================================================================== divergence
     def _probe_next(self) -> None:
-        """Ask for the master's bytes of the window before the last one compared."""
+        """Ask for the master's bytes of the window before the last one compared. At
+        this store's first file (0, or where its expired files ended) the search ends:
+        they part at the first difference found (a cut at that file's start is
+        refused by ``_found``: no common record can be shown)."""
         s = self.search
         hi = s.lo
-        if hi <= 0:
-            self._found(s.first_difference or 0, s.end)
+        first = self._first_file()
+        if hi <= first:
+            self._found(first if s.first_difference is None else s.first_difference, s.end)
             return
         s.hi = hi
         s.lo = max(hi - PROBE_WINDOW, hi - ((hi - 1) % self.file_size + 1))
@@ -255,8 +277,13 @@ class Replica:
         s = self.search
         if s is None or r.session != self.session or r.offset != s.lo:
             return
-        mine = np.frombuffer(replication.read_range(
-            self.writer.config.commit_log_dir, self.file_size, s.lo, s.hi - s.lo), np.uint8)
+        try:
+            mine = np.frombuffer(replication.read_range(
+                self.writer.config.commit_log_dir, self.file_size, s.lo, s.hi - s.lo),
+                np.uint8)
+        except FileNotFoundError:                  # expired here meanwhile
+            self._found(self._first_file(), s.end)
+            return
         theirs = np.frombuffer(r.payload, np.uint8)
         n = min(len(mine), len(theirs))
         differ = np.flatnonzero(mine[:n] != theirs[:n])
@@ -264,11 +291,17 @@ class Replica:
             s.first_difference = s.lo + int(differ[0])
         elif n < s.hi - s.lo:
             s.first_difference = s.lo + n          # one side ends inside the window
-        else:                                      # the same window: they part later
+        elif mine.any():                           # the same records: they part later
             self._found(s.end if s.first_difference is None else s.first_difference,
                         r.master_end)
             return
+        # zeros on both sides (a file's filler) prove nothing: look further back
         self._probe_next()
+
+    def _first_file(self) -> int:
+        """Where this store's oldest CommitLog file starts."""
+        names = [n for n in os.listdir(self.writer.config.commit_log_dir) if n.isdigit()]
+        return int(min(names)) if names else 0
 
     def _found(self, difference: int, master_end: int) -> None:
         """They part at ``difference``: ask for the cut at the record boundary there."""
@@ -278,9 +311,10 @@ class Replica:
             log.info("no byte differs from the master's up to %d: HELLO again", s.end)
             self.hello()
             return
-        cut = replication.last_boundary_at_or_before(w.config.commit_log_dir,
-                                                     self.file_size, difference)
-        if cut == 0:
+        first = self._first_file()
+        cut = first if difference <= first else replication.last_boundary_at_or_before(
+            w.config.commit_log_dir, self.file_size, difference)
+        if cut <= first:
             log.error("this slave's CommitLog shares no record with the master at %s (they "
                       "part at byte %d): not cut. Is it this slave's master? If so, empty "
                       "the slave's directory and start it again", self.address, difference)
@@ -312,7 +346,7 @@ class Replica:
             log.warning("no frame from the master at %s for %d ms: reconnecting",
                         self.address, now - self.heard)
             self.connect()
-        elif now >= self.next_report:
+        elif now >= self.next_report and self.search is None:
             self._send(hp.encode_report(self.writer.table.read_written()[0]))
             self.next_report = now + cfg.ha_send_heartbeat_interval
 

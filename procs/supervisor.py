@@ -37,7 +37,9 @@ the master role asked for).
     cleaner     40        expiry: unlinks old files, MIN_OFFSET, DISK_FULL
     scheduler   50        delayed messages, config/delayOffset.json
     reader      60        the reader socket for remote pulls and queries
-    ha          35        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
+    ha          25        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
+                          (it stops after the writer, whose last SYNC_MASTER replies wait
+                          for SLAVE_ACKED)
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ DEFAULT_PROCESSES = {
     "cleaner": ProcessConfig(priority=40),
     "scheduler": ProcessConfig(priority=50),
     "reader": ProcessConfig(priority=60),
-    "ha": ProcessConfig(priority=35),
+    "ha": ProcessConfig(priority=25),     # stops after the writer: SYNC_MASTER acks
 }
 MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serves no slave
 

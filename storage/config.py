@@ -336,6 +336,9 @@ class StoreConfig:
                      "ha_housekeeping_interval", "ha_transfer_batch_size"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
+        if self.ha_transfer_batch_size > 16 << 20:
+            raise StoreConfigError("ha_transfer_batch_size must be at most 16 MiB (a slave "
+                                   "takes HA frames of up to 64 MiB)")
         if self.ha_housekeeping_interval <= self.ha_send_heartbeat_interval:
             raise StoreConfigError("ha_housekeeping_interval must exceed "
                                    "ha_send_heartbeat_interval: a quiet but live peer "

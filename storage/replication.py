@@ -53,18 +53,33 @@ def read_range(commit_log_dir: str, file_size: int, offset: int, length: int) ->
 
 def tail_check(commit_log_dir: str, file_size: int, offset: int,
                length: int = TAIL_CHECK_BYTES) -> tuple[int, int]:
-    """``(n, crc32)`` of the ``n`` bytes before ``offset``: ``n`` is at most ``length``
-    and never reaches before the start of the file holding byte ``offset - 1``.
-    ``(0, 0)`` at offset 0. Raises ``FileNotFoundError``, and ``ValueError`` when the
-    file ends before ``offset``."""
+    """``(n, crc32)`` of the last ``n`` bytes before ``offset`` that end with a non-zero
+    byte: trailing zeros (the filler after a file's BLANK, which two different
+    histories share) are passed over, so the bytes compared are records' (or a BLANK's
+    header). ``n`` is at most ``length`` and never reaches before the start of the
+    file holding byte ``offset - 1``. ``(0, 0)`` at offset 0, or when that file is not
+    there (expired). Raises ``ValueError`` when the file ends before ``offset``."""
     if offset <= 0:
         return 0, 0
-    last = offset - 1
-    n = min(length, last % file_size + 1)
-    data = read_range(commit_log_dir, file_size, offset - n, n)
-    if len(data) != n:
-        raise ValueError(f"the CommitLog file holding {last} ends before it")
-    return n, zlib.crc32(data)
+    base = (offset - 1) - (offset - 1) % file_size
+    end = offset
+    while end > base:                      # the last non-zero byte, a MiB at a time
+        size = min(end - base, 1 << 20)
+        try:
+            chunk = read_range(commit_log_dir, file_size, end - size, size)
+        except FileNotFoundError:
+            return 0, 0
+        if len(chunk) != size:
+            raise ValueError(f"the CommitLog file holding {offset - 1} ends before it")
+        stripped = len(chunk.rstrip(b"\0"))
+        if stripped:
+            end = end - size + stripped
+            break
+        end -= size
+    n = min(length, end - base)
+    if n <= 0:
+        return 0, 0
+    return n, zlib.crc32(read_range(commit_log_dir, file_size, end - n, n))
 
 
 def whole_records_end(buf, file_from: int, pos: int, limit: int,

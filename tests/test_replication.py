@@ -44,6 +44,8 @@ def test_ha_frames_round_trip_and_bad_ones_are_named():
     d = hp.decode(hp.data_head(3, 10, 20) + b"abc")
     assert (d.session, d.offset, d.master_end, bytes(d.payload)) == (3, 10, 20, b"abc")
     assert hp.decode(hp.encode_probe(2, 5, 9)) == hp.Probe(2, 5, 9)
+    assert hp.decode(hp.encode_file("delayOffset.json", b"{}")) == \
+        hp.File("delayOffset.json", b"{}")
     r = hp.decode(hp.range_head(2, 5, 30) + b"xy")
     assert (r.session, r.offset, r.master_end, bytes(r.payload)) == (2, 5, 30, b"xy")
     e = hp.decode(hp.encode_error(hp.HAError.DIVERGED, "why"))
@@ -52,7 +54,8 @@ def test_ha_frames_round_trip_and_bad_ones_are_named():
                       (b"RH\x02\x01" + bytes(28), hp.HAError.UNSUPPORTED_VERSION),
                       (hp.encode_hello(1, 2, 3, 4, 5)[:-1], hp.HAError.MALFORMED),
                       (hp.encode_report(1) + b"x", hp.HAError.MALFORMED),
-                      (b"RH\x01\x09", hp.HAError.MALFORMED)]:
+                      (b"RH\x01\x09", hp.HAError.MALFORMED),
+                      (hp.encode_file("../../etc/passwd", b"x"), hp.HAError.MALFORMED)]:
         with pytest.raises(hp.HAProtocolError) as info:
             hp.decode(bad)
         assert info.value.code == code
@@ -79,10 +82,19 @@ def test_whole_records_end_tail_check_and_boundaries(tmp_path):
     assert replication.whole_records_end(data, 0, 0, 4096, 0)[0] == 4096
     with pytest.raises(ValueError, match="no record at CommitLog offset 5"):
         replication.whole_records_end(data, 0, 5, 4096, 0)
-    n, crc = replication.tail_check(cfg.commit_log_dir, 4096, last_end)
-    assert n == 4096 - (4096 - last_end) and crc == zlib.crc32(data[:last_end])
+    records = data[:last_end].rstrip(b"\0")       # a record may end in zero bytes
+    assert replication.tail_check(cfg.commit_log_dir, 4096, last_end) == \
+        (len(records), zlib.crc32(records))
     assert replication.tail_check(cfg.commit_log_dir, 4096, 0) == (0, 0)
-    assert replication.tail_check(cfg.commit_log_dir, 4096, 4096 + size)[0] == size
+    second = open(os.path.join(cfg.commit_log_dir, "00000000000000004096"), "rb").read()
+    assert replication.tail_check(cfg.commit_log_dir, 4096, 4096 + size)[0] == \
+        len(second[:size].rstrip(b"\0"))
+    # at a file's start, the previous file's zero filler is passed over: the bytes
+    # compared end with its BLANK's header, after the records
+    blank_end = last_end + 8
+    assert data[blank_end:].count(0) == 4096 - blank_end
+    assert replication.tail_check(cfg.commit_log_dir, 4096, 4096) == \
+        (blank_end, zlib.crc32(data[:blank_end]))
     for s in in_first:
         assert replication.last_boundary_at_or_before(cfg.commit_log_dir, 4096, s + 7) == s
     assert replication.last_boundary_at_or_before(cfg.commit_log_dir, 4096, 4096) == 4096
@@ -184,6 +196,11 @@ def test_slave_files_are_the_masters_after_a_mixed_load(tmp_path):
             sent.append(f"delayed {i}".encode())
         wait_for(lambda: len(consume_all(pair.master, "Mixed")) == len(sent), 20,
                  what="the delayed messages to be delivered on the master")
+        delay_offsets = os.path.join("config", "delayOffset.json")
+        wait_for(lambda: files(pair.slave, "config").get("delayOffset.json") is not None and
+                 json.loads(files(pair.slave, "config")["delayOffset.json"]) ==
+                 json.loads(files(pair.master, "config")["delayOffset.json"]), 10,
+                 what=f"the slave to keep the master's {delay_offsets}")
         pair.caught_up()
         assert len(files(pair.master, "commitlog")) > 10                 # rolled files
         assert_same_commit_log(pair)
