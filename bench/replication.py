@@ -24,7 +24,6 @@ import argparse
 import os
 import pathlib
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -37,19 +36,13 @@ from procs.client import Producer  # noqa: E402
 from shm.positions import PID, PositionTable, Slot  # noqa: E402
 from storage import Message  # noqa: E402
 from storage.status import PutMessageStatus  # noqa: E402
-from store_processes import RunningStore, wait_for  # noqa: E402
+from store_processes import RunningStore, free_port, wait_for  # noqa: E402
 
 SETTINGS = dict(mapped_file_size_commit_log=128 << 20,
                 mapped_file_size_consume_queue=300_000 * 20,
                 max_hash_slot_num=1_000_000, max_index_num=4_000_000,
                 flush_interval_commit_log=500, flush_interval_consume_queue=1000,
                 clean_resource_interval=10_000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pair(root: str, name: str, role: str) -> tuple[RunningStore, RunningStore]:

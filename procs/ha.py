@@ -190,7 +190,7 @@ class HAService(Service):
         self.sessions.pop(peer, None)
         start = self._start_for(hello)
         s = self.sessions[peer] = _Session(peer, address, hello.session, start,
-                                           min(hello.offset, start) if hello.offset else 0)
+                                           hello.offset)
         log.info("slave %s (%s) session %d: its end %d, streaming from %d", peer.hex(),
                  address, hello.session, hello.offset, start)
         self.stats.add("ha_sessions_total")

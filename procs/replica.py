@@ -98,7 +98,6 @@ class Replica:
         self.heard = monotonic_ms()
         self.next_report = 0
         self.search: _Search | None = None
-        self.caught_up_ms = 0        # when WRITTEN last reached the master's end
         writer.stats.extra["ha"] = {"master": self.address}
         self.connect()
 
@@ -221,8 +220,7 @@ class Replica:
     def _note_caught_up(self, master_end: int) -> None:
         """Remember when this slave last held all its master had (its lag in ms)."""
         if self.writer.table.read_written()[0] >= master_end:
-            self.caught_up_ms = now_ms()
-            self.writer.stats.extra["ha"]["caught_up_ms"] = self.caught_up_ms
+            self.writer.stats.extra["ha"]["caught_up_ms"] = now_ms()
 
     def _whole_end(self, written: int, ts: int) -> tuple[int, int]:
         mfq = self.writer.commit_log.mapped_file_queue

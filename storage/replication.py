@@ -71,15 +71,16 @@ def tail_check(commit_log_dir: str, file_size: int, offset: int,
             return 0, 0
         if len(chunk) != size:
             raise ValueError(f"the CommitLog file holding {offset - 1} ends before it")
-        stripped = len(chunk.rstrip(b"\0"))
-        if stripped:
-            end = end - size + stripped
-            break
+        kept = chunk.rstrip(b"\0")
+        if kept:
+            stop = end - size + len(kept)
+            start = max(base, stop - length)
+            if start < end - size:                 # the tail begins before this chunk
+                kept = read_range(commit_log_dir, file_size, start, stop - start)
+            tail = kept[start - stop:]
+            return len(tail), zlib.crc32(tail)
         end -= size
-    n = min(length, end - base)
-    if n <= 0:
-        return 0, 0
-    return n, zlib.crc32(read_range(commit_log_dir, file_size, end - n, n))
+    return 0, 0
 
 
 def whole_records_end(buf, file_from: int, pos: int, limit: int,

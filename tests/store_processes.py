@@ -13,6 +13,7 @@ import pathlib
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,13 @@ def write_config(path: str, store_dir: str, processes: dict | None = None,
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (for a store's TCP or HA socket)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:

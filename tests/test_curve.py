@@ -18,8 +18,7 @@ from procs.client import Producer, ReaderClient, RequestTimeout
 from storage import StoreConfig
 from storage.errors import StoreConfigError
 from storage.status import PutMessageStatus
-from store_processes import RunningStore, cli, wait_for
-from test_replication import free_port
+from store_processes import RunningStore, cli, free_port, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import time
 import urllib.request
 
@@ -16,15 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from procs.client import Consumer, Producer, ReaderClient
 from procs.stats import Histogram, ProcessStats, read_published
-from store_processes import RunningStore
+from store_processes import RunningStore, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scrape(port: int) -> dict[str, dict[tuple, float]]:
@@ -59,7 +52,7 @@ def _wait_for(port: int, check, timeout: float = 20):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     s = RunningStore(tmp_path_factory.mktemp("metrics"), metrics_port=port,
                      mapped_file_size_commit_log=1 << 20)
     s.start()

@@ -25,16 +25,10 @@ from shm.positions import PositionTableError, Slot
 from storage import Message, StoreConfig, replication
 from storage.errors import StoreConfigError
 from storage.status import PutMessageStatus
-from store_processes import RunningStore, cli, wait_for
+from store_processes import RunningStore, cli, free_port, wait_for
 
 HA_TIMERS = dict(ha_send_heartbeat_interval=300, ha_housekeeping_interval=1500)
 FILE_SIZE = 64 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ the pieces, alone
