@@ -402,9 +402,15 @@ class IndexFile:
                     store_timestamps: np.ndarray) -> int:
         """``put_key`` for a run of entries whose key hashes are already computed
         (``hashing.index_key_hashes``), written as ``put_key`` would write them one by
-        one, byte for byte: the entries as one block, then the header, then each slot
-        the run touched. Returns how many were put (fewer than given when the file
-        fills). Raises ``StoreClosedError`` after close.
+        one, byte for byte once done: the entries as one block, the header's counts,
+        each slot the run touched, and only then the header's endPhyOffset and end
+        time. A kill before that last step leaves endPhyOffset before the run, so a
+        restarted dispatcher indexes the whole run again: no slot points past
+        indexCount and no entry of the run stays unlinked (entries put twice are dropped
+        by queries as duplicates). Written with endPhyOffset first, a kill among the
+        slots left every entry of the run but the last unreachable for good. Returns
+        how many were put (fewer than given when the file fills). Raises
+        ``StoreClosedError`` after close.
         """
         buf = self._check_open()
         count0 = self._index_count
@@ -427,12 +433,13 @@ class IndexFile:
             self._begin_timestamp = int(stamps[0])
         self._hash_slot_count += n
         self._index_count = count0 + n
-        self._end_phy_offset = int(phys[-1])
-        self._end_timestamp = int(stamps[-1])
-        self._write_header()
+        self._write_header()       # the entries counted; endPhyOffset not yet (below)
         table = np.frombuffer(buf, _SLOT_DTYPE, self.hash_slot_num, INDEX_HEADER_SIZE)
         table[slots[last_in_slot]] = numbers[last_in_slot]
         del table
+        self._end_phy_offset = int(phys[-1])
+        self._end_timestamp = int(stamps[-1])
+        self._write_header()
         return n
 
     def _time_diffs(self, stamps: np.ndarray, count0: int) -> np.ndarray:
