@@ -47,7 +47,12 @@ from storage.clock import now_ms  # noqa: F401  (re-exported)
 from storage import file_modes
 
 OS_PAGE_SIZE = 4096
-_INSPECT_LIMIT = 4 << 20
+# How many bytes of "may hold data" regions ``file_may_hold_data`` reads before it
+# errs on the safe side. A never-written file's regions are the pages reads pulled into
+# the page cache: one touch of a mapped file reads ahead up to ``read_ahead_kb`` (8 MiB
+# on some disks), and recovery touches the first page of several files.
+_INSPECT_LIMIT = 64 << 20
+_INSPECT_CHUNK = 1 << 20
 FILE_NAME_DIGITS = 20
 
 FILE_OPS = types.SimpleNamespace(fallocate=os.posix_fallocate, fdatasync=os.fdatasync)
@@ -370,11 +375,15 @@ def file_may_hold_data(fd: int, size: int) -> bool:
     answer is True, so file systems that cannot tell cost little and err on the
     safe side.
     """
-    inspected = 0
-    for start, end in data_regions(fd, 0, size):
-        inspected += end - start
-        if inspected > _INSPECT_LIMIT or os.pread(fd, end - start, start).count(0) != end - start:
-            return True
+    regions = data_regions(fd, 0, size)
+    if sum(end - start for start, end in regions) > _INSPECT_LIMIT:
+        return True
+    for start, end in regions:
+        for at in range(start, end, _INSPECT_CHUNK):
+            n = min(_INSPECT_CHUNK, end - at)
+            chunk = os.pread(fd, n, at)
+            if len(chunk) < n or chunk.count(0) != n:
+                return True
     return False
 
 

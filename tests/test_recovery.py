@@ -904,6 +904,31 @@ def test_truncated_tail_with_its_preallocated_next_file(tmp_path):
         assert s.check() == []
 
 
+def test_files_made_ahead_are_kept_after_a_crash_though_reads_pulled_them_into_cache(tmp_path):
+    """A file made ahead of need and never written is not data: recovery keeps it for
+    use (the one after the last written file) or removes it, and quarantines nothing,
+    even when reads pulled its pages into the page cache (``read_ahead_kb`` can bring
+    8 MiB in for one touch of a mapped file, and the file system then names those
+    pages as regions that may hold data)."""
+    size = 16 << 20
+    cfg = small_config(str(tmp_path / "store"), mapped_file_size_commit_log=size)
+    s = reopen(cfg)
+    rs = s.put_batch([msg(i) for i in range(50)])
+    crash(s)
+    ahead = [os.path.join(cfg.commit_log_dir, n) for n in sorted(os.listdir(cfg.commit_log_dir))
+             if int(n) > 0]
+    assert ahead, "no file made ahead of need"
+    for path in ahead:                           # every page read: in the page cache
+        with open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    with reopen(cfg) as s:
+        assert s.commit_log.get_max_offset() == rs[-1].wrote_offset + rs[-1].wrote_bytes
+        assert s.check() == []
+    assert not os.path.exists(os.path.join(cfg.store_path_root_dir, "quarantine"))
+    assert os.path.exists(ahead[0])
+
+
 def test_cut_data_is_quarantined_not_destroyed(tmp_path):
     """A corrupt record in the middle cuts the log there (RocketMQ's rule), but every
     byte and file cut away is kept under quarantine/ for an operator."""
