@@ -221,9 +221,9 @@ class MappedFile:
                 n = min(step, region_end - pos)
                 self.buf[pos:pos + n] = bytes(n)
 
-    def may_hold_data(self) -> bool:
+    def may_hold_data(self, limit: int | None = _INSPECT_LIMIT) -> bool:
         """False only when the file was provably never written (``file_may_hold_data``)."""
-        return file_may_hold_data(self.fd, self.file_size)
+        return file_may_hold_data(self.fd, self.file_size, limit)
 
     # ------------------------------------------------------------------- flush
     def mlock(self) -> bool:
@@ -366,17 +366,17 @@ def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return regions
 
 
-def file_may_hold_data(fd: int, size: int) -> bool:
+def file_may_hold_data(fd: int, size: int, limit: int | None = _INSPECT_LIMIT) -> bool:
     """False only when the file behind ``fd`` was provably never written.
 
     The file system names the regions that may hold data (SEEK_DATA/SEEK_HOLE:
     written extents, and pages a read pulled into the cache); each is read and
-    checked for a non-zero byte. Past ``_INSPECT_LIMIT`` bytes of such regions the
-    answer is True, so file systems that cannot tell cost little and err on the
-    safe side.
+    checked for a non-zero byte. Past ``limit`` bytes of such regions the answer is
+    True, so file systems that cannot tell cost little and err on the safe side;
+    ``limit=None`` reads them all (a warmed file is zeros written over every page).
     """
     regions = data_regions(fd, 0, size)
-    if sum(end - start for start, end in regions) > _INSPECT_LIMIT:
+    if limit is not None and sum(end - start for start, end in regions) > limit:
         return True
     for start, end in regions:
         for at in range(start, end, _INSPECT_CHUNK):

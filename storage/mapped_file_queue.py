@@ -347,7 +347,7 @@ class MappedFileQueue:
                 mf.zero_tail(pos)
                 mf.set_positions(pos)
                 continue
-            never_written = not mf.may_hold_data()
+            never_written = not mf.may_hold_data(limit=None)   # warmed files are all zeros
             next_to_holder = holder is not None and \
                 mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
             if keep_files:

@@ -41,6 +41,7 @@ import re
 import random
 import shutil
 import tempfile
+import time
 from typing import Iterable
 
 import pytest
@@ -904,20 +905,24 @@ def test_truncated_tail_with_its_preallocated_next_file(tmp_path):
         assert s.check() == []
 
 
-def test_files_made_ahead_are_kept_after_a_crash_though_reads_pulled_them_into_cache(tmp_path):
+@pytest.mark.parametrize("how", ["read", "warmed"])
+def test_files_made_ahead_are_kept_after_a_crash_though_their_pages_were_touched(tmp_path, how):
     """A file made ahead of need and never written is not data: recovery keeps it for
     use (the one after the last written file) or removes it, and quarantines nothing,
     even when reads pulled its pages into the page cache (``read_ahead_kb`` can bring
     8 MiB in for one touch of a mapped file, and the file system then names those
-    pages as regions that may hold data)."""
-    size = 16 << 20
-    cfg = small_config(str(tmp_path / "store"), mapped_file_size_commit_log=size)
+    pages as regions that may hold data) or warm-up wrote zeros over all of them."""
+    size = (16 if how == "read" else 80) << 20
+    cfg = small_config(str(tmp_path / "store"), mapped_file_size_commit_log=size,
+                       warm_maped_file_enable=how == "warmed")
     s = reopen(cfg)
     rs = s.put_batch([msg(i) for i in range(50)])
+    ahead = [os.path.join(cfg.commit_log_dir, f"{size * k:020d}") for k in (1, 2)]
+    deadline = time.monotonic() + 60
+    while not all(map(os.path.exists, ahead)) and time.monotonic() < deadline:
+        time.sleep(0.05)                         # the allocation thread makes them
     crash(s)
-    ahead = [os.path.join(cfg.commit_log_dir, n) for n in sorted(os.listdir(cfg.commit_log_dir))
-             if int(n) > 0]
-    assert ahead, "no file made ahead of need"
+    assert all(map(os.path.exists, ahead)), os.listdir(cfg.commit_log_dir)
     for path in ahead:                           # every page read: in the page cache
         with open(path, "rb") as f:
             while f.read(1 << 20):
