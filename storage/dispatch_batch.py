@@ -120,7 +120,8 @@ def parse_run(buf, starts: list[int], file_from_offset: int,
     c = _check(buf, starts, file_from_offset)
     if c is None:
         return None
-    topics = [record._decode_topic(t) for t in c.topics]
+    names = {raw: record._decode_topic(raw) for raw in dict.fromkeys(c.topics)}
+    topics = list(map(names.__getitem__, c.topics))      # one str per distinct topic
     tags, keys, uniq_keys = _dispatch_properties(c.props)
     codes = _tags_codes(tags, topics, c.props, c.store_timestamps, delay_level_ms)
     return RecordRun(c.starts, int(c.starts[-1] + c.sizes[-1]), c.sizes, c.queue_ids,
@@ -136,8 +137,9 @@ def valid_end(buf, starts: list[int], file_from_offset: int, check_crc: bool) ->
     if c is None:
         return starts[0]
     if check_crc:
-        crcs = [zlib.crc32(buf[a:a + n]) & 0x7FFF_FFFF
-                for a, n in zip(c.body_at.tolist(), c.body_len.tolist())]
+        with memoryview(buf) as view:       # no copy of each body
+            crcs = [zlib.crc32(view[a:a + n]) & 0x7FFF_FFFF
+                    for a, n in zip(c.body_at.tolist(), c.body_len.tolist())]
         wrong = np.flatnonzero(np.asarray(crcs, np.int64) != c.body_crcs)
         if len(wrong):
             c = c.prefix(int(wrong[0]))
@@ -249,6 +251,9 @@ def _dispatch_properties(props: list[bytes]) -> tuple[list, list, list]:
         last = np.ones(len(sel), bool)
         last[:-1] = rec[sel][1:] != rec[sel][:-1]
         sel = sel[last]
+        if not len(sel):
+            found.append([None] * n)
+            continue
         first = np.full(n, -1, np.int64)
         stop = np.zeros(n, np.int64)
         first[rec[sel]] = ones[sel] + 1
@@ -281,16 +286,17 @@ def _tags_codes(tags: list, topics: list[str], props: list[bytes], store_ts: np.
                 delay_level_ms: Sequence[int]) -> np.ndarray:
     """Each record's consume-queue tagsCode: the Java hash of its tags (0 without),
     or for a delayed message in SCHEDULE_TOPIC_XXXX its delivery time."""
-    codes = np.zeros(len(tags), np.int64)
     known = _TAGS_CODES
-    for i, t in enumerate(tags):
+    code_of = dict.fromkeys(tags, 0)
+    for t in code_of:
         if t is not None:
             code = known.get(t)
             if code is None:
                 code = java_string_hash(t.decode("utf-8", "replace"))
                 if len(known) < 65536:
                     known[t] = code
-            codes[i] = code
+            code_of[t] = code
+    codes = np.fromiter(map(code_of.__getitem__, tags), np.int64, len(tags))
     if delay_level_ms and record.SCHEDULE_TOPIC in topics:
         for i, topic in enumerate(topics):
             delay = _value(props[i], _DELAY) if topic == record.SCHEDULE_TOPIC else None

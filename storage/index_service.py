@@ -382,26 +382,39 @@ class IndexService:
 _KEY_PREFIXES: dict[str, bytes] = {}
 
 
+def _key_prefix(topic: str) -> bytes:
+    prefix = _KEY_PREFIXES.get(topic)
+    if prefix is None:
+        prefix = (topic + "#").encode("utf-8")
+        if len(_KEY_PREFIXES) < 4096:
+            _KEY_PREFIXES[topic] = prefix
+    return prefix
+
+
 def _index_keys(topics: Sequence[str], uniq_keys: Sequence[bytes | None],
                 keys: Sequence[bytes | None], which: list[int]) -> tuple[list[bytes], list[int]]:
     """The index keys (``topic#key``, UTF-8) of messages ``which``, each message's
-    UNIQ_KEY first, then its non-empty space-separated KEYS, with each key's message."""
-    names: list[bytes] = []
-    owners: list[int] = []
+    UNIQ_KEY first, then its non-empty space-separated KEYS, with each key's message.
+    Messages with at most one key each (no UNIQ_KEY, no separator in KEYS: the common
+    case) take one comprehension."""
     separator = KEY_SEPARATOR.encode()
+    prefix_of = {t: _key_prefix(t) for t in dict.fromkeys(topics)}
+    more = [keys[i] for i in which]
+    if not any(uniq_keys[i] for i in which) and \
+            separator not in b"".join(k for k in more if k):
+        owners = [i for i, k in zip(which, more) if k]
+        names = [prefix_of[topics[i]] + keys[i] for i in owners]
+        return names, owners
+    names: list[bytes] = []
+    owners = []
     for i in which:
-        topic = topics[i]
-        prefix = _KEY_PREFIXES.get(topic)
-        if prefix is None:
-            prefix = (topic + "#").encode("utf-8")
-            if len(_KEY_PREFIXES) < 4096:
-                _KEY_PREFIXES[topic] = prefix
-        uniq, more = uniq_keys[i], keys[i]
+        prefix = prefix_of[topics[i]]
+        uniq, more_keys = uniq_keys[i], keys[i]
         if uniq:
             names.append(prefix + uniq)
             owners.append(i)
-        if more:
-            for key in more.split(separator):
+        if more_keys:
+            for key in more_keys.split(separator):
                 if key:
                     names.append(prefix + key)
                     owners.append(i)

@@ -150,8 +150,8 @@ class ReputMessageService:
 
 def _by_queue(run: RecordRun, which: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
     """The records ``which`` grouped by (topic, queue id), each group in CommitLog order."""
-    ids: dict[str, int] = {}
-    topic_ids = np.fromiter((ids.setdefault(t, len(ids)) for t in run.topics), np.int64,
+    ids = {t: i for i, t in enumerate(dict.fromkeys(run.topics))}
+    topic_ids = np.fromiter(map(ids.__getitem__, run.topics), np.int64,
                             len(run.topics))[which]
     queue_keys = (topic_ids << 32) | (run.queue_ids[which] & 0xFFFF_FFFF)
     order = np.argsort(queue_keys, kind="stable")

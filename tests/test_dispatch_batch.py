@@ -152,14 +152,25 @@ def _messages() -> list[Message]:
     return out
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """A CommitLog of many files with every kind of message; no queue or index yet."""
+def _one_key_messages() -> list[Message]:
+    """The common shape: at most one key each, no UNIQ_KEY (the index's one-pass way)."""
+    out = []
+    for i in range(700):
+        m = msg(i, topic=("Orders", "Billing")[i % 2], queue_id=i % 4)
+        m.keys = [f"k{i}"] if i % 5 else []
+        out.append(m)
+    return out
+
+
+@pytest.fixture(scope="module", params=["every kind", "one key each"])
+def written(tmp_path_factory, request):
+    """A CommitLog of many files with every kind of message, or with the common shape
+    only; no queue or index yet."""
     root = tmp_path_factory.mktemp("written") / "store"
     config = small_config(root, max_index_num=300)
     s = MessageStore(config, background=False)
     s.load()
-    for m in _messages():
+    for m in (_messages() if request.param == "every kind" else _one_key_messages()):
         assert s.put(m).ok
     end = s.get_max_phy_offset()
     s.close()
