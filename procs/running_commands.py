@@ -79,7 +79,8 @@ def store_status(store_dir: str) -> dict:
             "errors": {"flush": snap["flush_error"], "dispatch": snap["dispatch_error"],
                        "disk_full": bool(snap["disk_full"])},
             "disk": {"total": usage.total, "used": usage.used,
-                     "used_ratio": round(usage.used / usage.total, 4)},
+                     "used_ratio": round(usage.used / usage.total, 4),
+                     "quarantine": quarantine_usage(store_dir)},
             "processes": snap["processes"],
             "generation": snap["generation"],
             "supervisor_pid": snap["supervisor_pid"],
@@ -88,6 +89,24 @@ def store_status(store_dir: str) -> dict:
         }
     finally:
         table.close()
+
+
+def quarantine_usage(store_dir: str) -> dict:
+    """What ``quarantine/`` holds: the bytes recovery or a replica's cut moved there
+    (kept for an operator to inspect; nothing removes them), as disk blocks used, the
+    number of cuts (one directory each) and the files."""
+    root = os.path.join(store_dir, "quarantine")
+    used = files = 0
+    cuts = set()
+    for directory, _, names in os.walk(root):
+        for name in names:
+            try:
+                used += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue                      # removed by an operator meanwhile
+            files += 1
+            cuts.add(os.path.relpath(directory, root).split(os.sep)[0])
+    return {"path": root, "bytes": used, "cuts": len(cuts), "files": files}
 
 
 def replication_status(store_dir: str, snap: dict, now: int) -> dict:
@@ -166,6 +185,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
     print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
           f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
     print(f"disk       {st['disk']['used_ratio']:.1%} used")
+    kept = st["disk"]["quarantine"]
+    if kept["files"]:
+        print(f"quarantine {kept['bytes']} bytes in {kept['files']} files from {kept['cuts']} "
+              f"cuts under {kept['path']} (kept for inspection; remove when done)")
     for name, p in st["processes"].items():
         age = "-" if p["heartbeat_age_ms"] is None else f"{p['heartbeat_age_ms']} ms"
         print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "

@@ -314,6 +314,17 @@ def test_cli_send_consume_query_status(tmp_path):
         assert r.returncode == 0 and "hi" in r.stdout
         r = cli("status", "--config", c)
         assert r.returncode == 0 and "writer" in r.stdout and "RUNNING" in r.stdout
+        assert "quarantine" not in r.stdout
+        st = json.loads(cli("status", "--config", c, "--json").stdout)
+        assert st["disk"]["quarantine"]["files"] == 0
+        cut = os.path.join(rs.store_dir, "quarantine", "20260101000000", "commitlog")
+        os.makedirs(cut)                 # what a cut leaves, as recovery names it
+        with open(os.path.join(cut, "00000000000000000000.from-100"), "wb") as f:
+            f.write(os.urandom(10_000))
+        st = json.loads(cli("status", "--config", c, "--json").stdout)
+        assert st["disk"]["quarantine"]["files"] == 1 and st["disk"]["quarantine"]["cuts"] == 1
+        assert st["disk"]["quarantine"]["bytes"] >= 10_000
+        assert "quarantine" in cli("status", "--config", c).stdout
     r = cli("status", "--config", rs.config_path, "--json")
     assert r.returncode == 3 and json.loads(r.stdout)["state"] == "NOT_RUNNING"
 
