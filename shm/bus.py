@@ -1,23 +1,26 @@
 """The notification bus: ZeroMQ PUB/SUB wake-ups between the store's processes.
 
 Each announcing process binds one PUB socket, ``ipc://{run_dir}/bus-{process}.sock``;
-listeners connect a SUB socket to the ones they care about. A message is two frames,
-``[topic, payload]``:
+listeners connect a SUB socket to the ones they care about. A message is one frame,
+the topic (which ends with a NUL) and then the payload: one send for the publisher and
+one receive for each listener (two frames cost the publisher several times one):
 
-    topic          publisher    payload                         meaning
-    -------------  -----------  ------------------------------  ------------------------------
-    b"appended"    writer       int64 WRITTEN                   new bytes in the CommitLog
-    b"pages"       writer       int64 WRITTEN                   WRITTEN crossed a multiple of
-                                                                ``pages_span`` bytes (the
-                                                                flusher's least pages)
-    b"flushed"     flusher      int64 FLUSHED                   new bytes are durable
-    b"dispatched"  dispatcher   int64 DISPATCHED                consume queues grew
-    b"slave_acked" ha           int64 SLAVE_ACKED               a slave stored more (a
-                                                                SYNC_MASTER's writer waits)
-    b"arrival/T\0" dispatcher   topic, queue id, next offset    a queue of topic T has new
-                                (``encode_arrival``)            messages (``arrival_topic``)
+    topic             publisher    payload                       meaning
+    ----------------  -----------  ----------------------------  ----------------------------
+    b"appended\0"     writer       int64 WRITTEN                 new bytes in the CommitLog
+    b"pages\0"        writer       int64 WRITTEN                 WRITTEN crossed a multiple
+                                                                 of ``pages_span`` bytes (the
+                                                                 flusher's least pages)
+    b"flushed\0"      flusher      int64 FLUSHED                 new bytes are durable
+    b"committed\0"    flusher      int64 COMMITTED               the commit step moved
+                                                                 COMMITTED (transient pool)
+    b"dispatched\0"   dispatcher   int64 DISPATCHED              consume queues grew
+    b"slave_acked\0"  ha           int64 SLAVE_ACKED             a slave stored more (a
+                                                                 SYNC_MASTER's writer waits)
+    b"arrival/T\0"    dispatcher   topic, queue id, next offset  a queue of topic T has new
+                                   (``encode_arrival``)          messages (``arrival_topic``)
 
-ZeroMQ filters by prefix on the first frame, so a listener wakes only for what it asked:
+ZeroMQ filters by prefix, so a listener wakes only for what it asked:
 ``b"arrival"`` is every arrival, ``arrival_topic("Orders")`` only Orders' (the NUL ends
 the name, so Orders2's do not match). A wake-up costs the woken process tens of
 microseconds of CPU, which on a small machine is the producer's and the writer's.
@@ -36,13 +39,13 @@ import struct
 
 import zmq
 
-APPENDED = b"appended"
-PAGES = b"pages"
-FLUSHED = b"flushed"
-COMMITTED = b"committed"     # the flusher's commit step moved COMMITTED (transient pool)
-DISPATCHED = b"dispatched"
-SLAVE_ACKED = b"slave_acked"
-ARRIVAL = b"arrival"
+APPENDED = b"appended\0"
+PAGES = b"pages\0"
+FLUSHED = b"flushed\0"
+COMMITTED = b"committed\0"     # the flusher's commit step moved COMMITTED (transient pool)
+DISPATCHED = b"dispatched\0"
+SLAVE_ACKED = b"slave_acked\0"
+ARRIVAL = b"arrival"         # a subscription to every arrival (``arrival_topic`` names one)
 
 _OFFSET = struct.Struct(">q")
 _ARRIVAL_HEAD = struct.Struct(">H")
@@ -106,8 +109,9 @@ class Publisher:
         self.socket.bind(endpoint(store_dir, f"bus-{process}"))
 
     def publish(self, topic: bytes, payload: bytes = b"") -> None:
+        """``topic`` is one of this module's (it ends with a NUL)."""
         try:
-            self.socket.send_multipart((topic, payload), zmq.NOBLOCK)
+            self.socket.send(topic + payload, zmq.NOBLOCK)
         except zmq.Again:
             pass
 
@@ -140,12 +144,14 @@ class Subscriber:
         if not self.socket.poll(max(0, timeout_ms)):
             return []
         out = []
+        recv = self.socket.recv
         while True:
             try:
-                topic, payload = self.socket.recv_multipart(zmq.NOBLOCK)
+                frame = recv(zmq.NOBLOCK)
             except zmq.Again:
                 return out
-            out.append((topic, payload))
+            end = frame.find(b"\0") + 1
+            out.append((frame[:end], frame[end:]))
 
     def close(self) -> None:
         self.socket.close(0)
