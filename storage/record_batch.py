@@ -52,6 +52,7 @@ dictionary lookup of the topic's verdict; the rest is numpy over the frame.
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import zlib
@@ -260,7 +261,8 @@ _HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
                            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
                            PROPERTY_PRODUCER_SEQUENCE})
-_TOPIC_BYTES: dict[str, bytes] = {}
+_TOPIC_PARTS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 bytes
+_SHORT = struct.Struct(">H")
 
 
 def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
@@ -271,44 +273,48 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
     Raises ``ValueError`` (or ``TypeError``) for a message that cannot be laid out as a
     record at all; the store judges everything else and answers with a status."""
     props = msg.properties
-    if host_is_v6(msg.born_host) or (props and not _SET_BY_STORE.isdisjoint(props)):
+    born_host = msg.born_host
+    if ":" in born_host[0] or (props and not _SET_BY_STORE.isdisjoint(props)):
         return _encode_general(msg, born_timestamp, identity)
-    topic = _TOPIC_BYTES.get(msg.topic)
-    if topic is None:
+    topic_part = _TOPIC_PARTS.get(msg.topic)
+    if topic_part is None:
         topic = msg.topic.encode("utf-8")
-        if len(_TOPIC_BYTES) < 4096:
-            _TOPIC_BYTES[msg.topic] = topic
-    if not 0 < len(topic) <= record.MAX_V1_TOPIC_LENGTH:
-        return _encode_general(msg, born_timestamp, identity)
-    parts = [f"{k}\x01{v}\x02" for k, v in props.items()] if props else []
+        if not 0 < len(topic) <= record.MAX_V1_TOPIC_LENGTH:
+            return _encode_general(msg, born_timestamp, identity)
+        topic_part = bytes((len(topic),)) + topic
+        if len(_TOPIC_PARTS) < 4096:
+            _TOPIC_PARTS[msg.topic] = topic_part
+    text = "".join([f"{k}\x01{v}\x02" for k, v in props.items()]) if props else ""
     if identity is not None:
-        parts.append(f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
-                     f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")
+        text += (f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
+                 f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")
     if msg.tags:
-        parts.append(f"{PROPERTY_TAGS}\x01{msg.tags}\x02")
-    if msg.keys:
-        keys = " ".join(msg.key_list())
+        text += f"{PROPERTY_TAGS}\x01{msg.tags}\x02"
+    keys = msg.keys
+    if keys:
+        keys = keys[0] if type(keys) is list and len(keys) == 1 and type(keys[0]) is str \
+            else " ".join(msg.key_list())
         if keys:
-            parts.append(f"{PROPERTY_KEYS}\x01{keys}\x02")
+            text += f"{PROPERTY_KEYS}\x01{keys}\x02"
     if msg.delay_level:
-        parts.append(f"{PROPERTY_DELAY_TIME_LEVEL}\x01{msg.delay_level}\x02")
+        text += f"{PROPERTY_DELAY_TIME_LEVEL}\x01{msg.delay_level}\x02"
     if not msg.wait_store_msg_ok:
-        parts.append(f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02")
-    properties = "".join(parts).encode("utf-8")
+        text += f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02"
+    properties = text.encode("utf-8")
     if len(properties) > record.MAX_PROPERTIES_LENGTH:
         raise ValueError(f"properties are {len(properties)} bytes, over "
                          f"{record.MAX_PROPERTIES_LENGTH}")
     body = msg.body if type(msg.body) is bytes else bytes(msg.body)
-    total = BODY_POS + len(body) + 1 + len(topic) + 2 + len(properties)
+    queue_id = msg.queue_id
     head = _V4_FIXED.pack(
-        total, record.MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF,
-        -1 if msg.queue_id is None else msg.queue_id, msg.flag, 0, 0,
+        BODY_POS + len(body) + len(topic_part) + 2 + len(properties),
+        record.MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF,
+        -1 if queue_id is None else queue_id, msg.flag, 0, 0,
         msg.sys_flag & ~_HOST_FLAGS,
         born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
-        encode_host(msg.born_host), 0, PLACEHOLDER_STORE_HOST, msg.reconsume_times,
+        encode_host(born_host), 0, PLACEHOLDER_STORE_HOST, msg.reconsume_times,
         msg.prepared_transaction_offset, len(body))
-    return b"".join((head, body, bytes((len(topic),)), topic,
-                     len(properties).to_bytes(2, "big"), properties))
+    return b"".join((head, body, topic_part, _SHORT.pack(len(properties)), properties))
 
 
 def _encode_general(msg: Message, born_timestamp: int, identity: tuple[int, int] | None) -> bytes:
@@ -338,15 +344,13 @@ def _encode_general(msg: Message, born_timestamp: int, identity: tuple[int, int]
 def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id: int = 0,
                    first_sequence: int = 0) -> tuple[bytes, list[int]]:
     """The records of ``messages`` back to back, and the offset of each."""
-    parts: list[bytes] = []
-    offsets: list[int] = []
-    at = 0
-    for i, m in enumerate(messages):
-        rec = encode_message(m, born_timestamp,
-                             (producer_id, first_sequence + i) if producer_id else None)
-        offsets.append(at)
-        parts.append(rec)
-        at += len(rec)
+    if producer_id:
+        parts = [encode_message(m, born_timestamp, (producer_id, first_sequence + i))
+                 for i, m in enumerate(messages)]
+    else:
+        parts = [encode_message(m, born_timestamp) for m in messages]
+    offsets = list(itertools.accumulate(map(len, parts), initial=0))
+    offsets.pop()
     return b"".join(parts), offsets
 
 
