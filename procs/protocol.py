@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import ipaddress
 import struct
 from typing import Iterable, NamedTuple, Sequence
@@ -640,11 +641,10 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
         n = buf[p]
         host = buf[p + 1:p + 1 + n]
         p += 1 + n
-        cols = []
+        arrays = []
         for _, dtype in _SEND_RECORDS_REPLY_COLUMNS:
-            col = np.frombuffer(buf, dtype, count, p)
-            p += col.nbytes
-            cols.append(col.tolist())
+            arrays.append(np.frombuffer(buf, dtype, count, p))
+            p += arrays[-1].nbytes
         (n_reasons,) = U32.unpack_from(buf, p)
         p += 4
         reasons = {}
@@ -654,16 +654,33 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
     except (IndexError, ValueError, *_DECODE_FAULTS) as e:
         raise _malformed(request_id, f"SEND_RECORDS_REPLY at byte {p}: {e}") from None
     _check_end(buf, p, request_id, "the SEND_RECORDS_REPLY")
-    prefix = host.hex().upper()
-    statuses = _PUT_STATUSES
-    results = []
-    for i, (st, qid, qoff, off, ts) in enumerate(zip(*cols)):
-        status = statuses.get(st)
-        if status is None:
-            raise _malformed(request_id, f"SEND_RECORDS_REPLY record {i}: unknown status {st}")
-        results.append(SendResult(status, f"{prefix}{off:016X}" if off >= 0 and prefix else "",
-                                  qid, qoff, off, ts, reasons.get(i, "")))
+    codes, queue_ids, queue_offsets, offsets, stamps = (a.tolist() for a in arrays)
+    status_of = {}
+    for code in dict.fromkeys(codes):
+        status_of[code] = _PUT_STATUSES.get(code)
+        if status_of[code] is None:
+            raise _malformed(request_id, f"SEND_RECORDS_REPLY record {codes.index(code)}: "
+                                         f"unknown status {code}")
+    reason_of = [reasons.get(i, "") for i in range(count)] if reasons else \
+        itertools.repeat("", count)
+    results = list(map(SendResult, map(status_of.__getitem__, codes),
+                       _msg_ids(host.hex().upper(), arrays[3]), queue_ids, queue_offsets,
+                       offsets, stamps, reason_of))
     return request_id, results
+
+
+def _msg_ids(prefix: str, offsets: np.ndarray) -> list[str]:
+    """RocketMQ's offset message ids (store host in hex, then the offset as 16 hex
+    digits), "" where the offset is negative (nothing stored) or the host is unknown;
+    the hex digits of all offsets in one pass."""
+    n = len(offsets)
+    if not prefix:
+        return [""] * n
+    digits = np.maximum(offsets, 0).astype(">u8").tobytes().hex().upper()
+    ids = [prefix + digits[i:i + 16] for i in range(0, 16 * n, 16)]
+    for i in np.flatnonzero(offsets < 0).tolist():
+        ids[i] = ""
+    return ids
 
 
 # ---------------------------------------------------------------- PULL (PROTOCOL.md §4.3)

@@ -852,3 +852,28 @@ def test_random_bytes_never_leak_other_exceptions(frame):
             decode(frame)
         except ProtocolError:
             pass
+
+
+@given(U64, st.lists(st.tuples(st.sampled_from(list(PutMessageStatus)), st.integers(-1, 99),
+                               INT64, st.integers(-1, 2**62), INT64,
+                               st.one_of(st.just(""), _text(1, 20))), max_size=40),
+       st.sampled_from([bytes(8), bytes([10, 0, 0, 1, 0, 0, 0x27, 0x1F]), bytes(range(20))]))
+def test_send_records_reply_round_trip(request_id, rows, host):
+    columns = {name: [row[k] for row in rows] for k, name in enumerate(
+        ("status", "queue_id", "queue_offset", "commit_log_offset", "store_timestamp"))}
+    columns["status"] = [s.value for s in columns["status"]]
+    reasons = {i: row[5] for i, row in enumerate(rows) if row[5]}
+    frame = P.encode_send_records_reply(request_id, host, columns, reasons)
+    got_id, got = P.decode_send_records_reply(frame)
+    assert got_id == request_id
+    assert got == [P.SendResult(status, f"{host.hex().upper()}{off:016X}" if off >= 0 else "",
+                                qid, qoff, off, ts, reason)
+                   for status, qid, qoff, off, ts, reason in rows]
+
+
+def test_send_records_reply_with_an_unknown_status_is_malformed():
+    columns = {"status": [0, 250], "queue_id": [0, 0], "queue_offset": [0, 1],
+               "commit_log_offset": [0, 100], "store_timestamp": [1, 1]}
+    frame = P.encode_send_records_reply(3, bytes(8), columns, {})
+    with pytest.raises(ProtocolError, match="record 1: unknown status 250"):
+        P.decode_send_records_reply(frame)

@@ -287,6 +287,7 @@ def test_a_running_writer_stores_good_records_around_bad_ones(running):  # noqa:
     assert (got[0].queue_offset, got[3].queue_offset) == (0, 1)
     assert got[3].commit_log_offset == got[0].commit_log_offset + offsets[1]  # back to back
     assert got[0].msg_id and got[0].msg_id.endswith(f"{got[0].commit_log_offset:016X}")
+    assert got[3].msg_id[:-16] == got[0].msg_id[:-16] and got[1].msg_id == got[2].msg_id == ""
     # a malformed frame: ERROR naming the record, nothing stored, the writer goes on
     bad = bytearray(data)
     struct.pack_into(">i", bad, int(offsets[1]), 5)
