@@ -12,9 +12,10 @@ access and kept.
 The view holds a ``bytes`` copy of the record, never a view of a mapping: the cleaner
 may unmap and unlink the file under a reader at any time, and a ``memoryview`` of an
 unmapped ``mmap`` would keep the mapping from closing (``BufferError``) or, once
-unmapped by other means, read freed pages. The views ``views_at`` makes share one copy,
-the records read together (a poll's), each at its ``_at``: no copy per record, and a
-kept view keeps its neighbours' bytes alive with it.
+unmapped by other means, read freed pages. The views ``views_at`` makes share one copy
+of the records read together (a poll's) and one ``_Records`` with where each record's
+parts lie and what was decoded of it; a view is that object and its record's index (two
+slots to fill per message), and a kept view keeps its neighbours' bytes alive with it.
 
 Checked when the view is made (``RecordFormatError`` otherwise), as ``decode_at``
 does: the magic, the record's length against its BODYLENGTH, TOPICLENGTH and
@@ -41,7 +42,7 @@ import numpy as np
 
 from storage import record
 from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from storage.record_batch import gather_be
+from storage.record_batch import gather_be, gather_rows
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -50,19 +51,41 @@ _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset"
            "properties")
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _BODY_LENGTH_POS = 84   # with IPv4 hosts; each IPv6 host adds 12
+# fields 1-8 (TOTALSIZE .. SYSFLAG), read for all records with one gather
+_FIXED = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"),
+                   ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
+                   ("sys_flag", ">i4")])
+assert _FIXED.itemsize == record.SYSFLAG_POS + 4
 
 
 def _head_field(i: int) -> property:
-    return property(lambda self: (self._head or self._read_head())[i])
+    return property(lambda self: self._head()[i])
 
 
 def _tail_field(i: int) -> property:
-    return property(lambda self: (self._tail or self._read_tail())[i])
+    return property(lambda self: self._tail()[i])
+
+
+class _Records:
+    """What the views of records read together share: the bytes, the topic they were
+    read for, and per record its start, where its body and properties begin and end,
+    and what was decoded of it (``None`` until asked). Flat lists of ints: nothing per
+    record for the garbage collector to track."""
+
+    __slots__ = ("data", "topic", "starts", "body_at", "body_end", "props_at", "props_end",
+                 "properties", "heads", "tails")
+
+    def __init__(self, data: bytes, topic: str, starts: list[int], body_at: list[int],
+                 body_end: list[int], props_at: list[int], props_end: list[int]):
+        n = len(starts)
+        self.data, self.topic, self.starts = data, topic, starts
+        self.body_at, self.body_end, self.props_at, self.props_end = \
+            body_at, body_end, props_at, props_end
+        self.properties, self.heads, self.tails = [None] * n, [None] * n, [None] * n
 
 
 class MessageView(StoredMessageFields):
-    __slots__ = ("_data", "_at", "topic", "_body_at", "_body_len", "_props_at",
-                 "_props_len", "_properties", "_head", "_tail")
+    __slots__ = ("_records", "_i")
 
     # ------------------------------------------------------------ the fixed fields
     store_size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, \
@@ -70,27 +93,38 @@ class MessageView(StoredMessageFields):
     _born_host, store_timestamp, _store_host, reconsume_times, \
         prepared_transaction_offset = (_tail_field(i) for i in range(5))
 
-    def _read_head(self) -> tuple:
-        head = self._head = record.HEAD.unpack_from(self._data, self._at)
+    def _head(self) -> tuple:
+        r, i = self._records, self._i
+        head = r.heads[i]
+        if head is None:
+            head = r.heads[i] = record.HEAD.unpack_from(r.data, r.starts[i])
         return head
 
-    def _read_tail(self) -> tuple:
-        sys_flag = (self._head or self._read_head())[7]
-        tail = self._tail = record.tail_struct(sys_flag).unpack_from(
-            self._data, self._at + record.HEAD.size)
+    def _tail(self) -> tuple:
+        r, i = self._records, self._i
+        tail = r.tails[i]
+        if tail is None:
+            tail = r.tails[i] = record.tail_struct(self._head()[7]).unpack_from(
+                r.data, r.starts[i] + record.HEAD.size)
         return tail
 
     # ------------------------------------------------------------ on demand
     @property
+    def topic(self) -> str:
+        return self._records.topic
+
+    @property
     def body(self) -> bytes:
-        return self._data[self._body_at:self._body_at + self._body_len]
+        r, i = self._records, self._i
+        return r.data[r.body_at[i]:r.body_end[i]]
 
     @property
     def properties(self) -> dict[str, str]:
-        props = self._properties
+        r, i = self._records, self._i
+        props = r.properties[i]
         if props is None:
-            raw = self._data[self._props_at:self._props_at + self._props_len]
-            props = self._properties = read_properties(raw.decode("utf-8", "replace"))
+            props = r.properties[i] = read_properties(
+                r.data[r.props_at[i]:r.props_end[i]].decode("utf-8", "replace"))
         return props
 
     @property
@@ -121,15 +155,15 @@ class MessageView(StoredMessageFields):
                 f"{self.commit_log_offset}, store_size={self.store_size})")
 
 
-def _view(data: bytes, at: int, topic: str, body_at: int, body_len: int, props_at: int,
-          props_len: int, head, tail) -> MessageView:
-    """The view of the record at ``at`` in ``data``; ``body_at`` and ``props_at`` are
-    positions in ``data``."""
-    v = MessageView.__new__(MessageView)
-    v._data, v._at, v.topic, v._body_at, v._body_len = data, at, topic, body_at, body_len
-    v._props_at, v._props_len, v._properties, v._head, v._tail = \
-        props_at, props_len, None, head, tail
-    return v
+def _views(records: _Records) -> list[MessageView]:
+    new = MessageView.__new__
+    views = []
+    append = views.append
+    for i in range(len(records.starts)):
+        v = new(MessageView)
+        v._records, v._i = records, i
+        append(v)
+    return views
 
 
 def view_at(data: bytes) -> MessageView:
@@ -169,9 +203,11 @@ def view_at(data: bytes) -> MessageView:
         raise record.RecordFormatError(0, f"record size {total} disagrees with its fields")
     if 0 in raw_topic:
         raise record.RecordFormatError(0, "NUL byte in topic or properties (torn record)")
-    return _view(data if len(data) == total else data[:total], 0,
-                 raw_topic.decode("utf-8", "replace"), body_at, body_len, p, props_len,
-                 head, tail)
+    records = _Records(data if len(data) == total else data[:total],
+                       raw_topic.decode("utf-8", "replace"), [0], [body_at],
+                       [body_at + body_len], [p], [p + props_len])
+    records.heads[0], records.tails[0] = head, tail
+    return _views(records)[0]
 
 
 class ViewColumns:
@@ -195,39 +231,42 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
     ``index`` set to that record's place in ``starts``."""
     u8 = np.frombuffer(buf, np.uint8)
     last = len(u8)
-
-    def field(at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
-        return gather_be(u8, np.minimum(at, last - width), width, signed)
-
+    if last < _FIXED.itemsize:
+        u8 = np.zeros(_FIXED.itemsize, np.uint8)        # nothing is whole: all fail
     ends = starts + sizes
-    total = field(starts, 4)
-    magic = field(starts + record.MAGICCODE_POS, 4, signed=False)
-    sys_flags = field(starts + record.SYSFLAG_POS, 4)
+    fixed = gather_rows(u8, np.minimum(starts, len(u8) - _FIXED.itemsize),
+                        _FIXED.itemsize).view(_FIXED).reshape(-1)
+    magic = fixed["magic"]
+    sys_flags = fixed["sys_flag"].astype(np.int64)
     wide = (np.where(sys_flags & record.BORNHOST_V6_FLAG, 12, 0)
             + np.where(sys_flags & record.STOREHOSTADDRESS_V6_FLAG, 12, 0))
-    ok = ((magic == _V1) | (magic == _V2)) & (total == sizes) & (
-        starts + _BODY_LENGTH_POS + wide + 4 <= ends)
-    body_len_at = np.minimum(starts + _BODY_LENGTH_POS + wide, ends - 4)
-    body_len = gather_be(u8, body_len_at, 4)
+    ok = ((magic == _V1) | (magic == _V2)) & (fixed["total"] == sizes) & (
+        sizes > record.HEAD.size) & (starts + _BODY_LENGTH_POS + wide + 4 <= ends)
+    body_len_at = np.clip(starts + _BODY_LENGTH_POS + wide, 0, np.maximum(ends - 4, 0))
+    body_len = gather_be(u8, np.minimum(body_len_at, len(u8) - 4), 4)
     body_at = body_len_at + 4
     ok &= (body_len >= 0) & (body_at + body_len + 3 <= ends)
     v2 = magic == _V2
-    topic_len_at = np.clip(body_at + body_len, starts, ends - 2)
-    topic_len = np.where(v2, gather_be(u8, topic_len_at, 2), gather_be(u8, topic_len_at, 1))
+    topic_len_at = np.clip(body_at + body_len, starts, np.maximum(ends - 2, starts))
+    topic_len_at = np.minimum(topic_len_at, len(u8) - 2)
+    topic_len = gather_be(u8, topic_len_at, 1)
+    if v2.any():
+        topic_len = np.where(v2, gather_be(u8, topic_len_at, 2), topic_len)
     topic_at = topic_len_at + np.where(v2, 2, 1)
     ok &= (topic_len > 0) & (topic_at + topic_len + 2 <= ends)
-    props_len_at = np.clip(topic_at + topic_len, starts, ends - 2)
+    props_len_at = np.minimum(np.clip(topic_at + topic_len, starts, np.maximum(ends - 2, starts)),
+                              len(u8) - 2)
     props_len = gather_be(u8, props_len_at, 2)
     props_at = props_len_at + 2
     ok &= (props_len >= 0) & (props_at + props_len == ends)
     expected = topic.encode("utf-8")
     matches = ok & (topic_len == len(expected))
     if matches.any() and expected:
-        at = topic_at[matches][:, None] + np.arange(len(expected), dtype=np.int64)
-        matches[matches] = (u8[at] == np.frombuffer(expected, np.uint8)).all(axis=1)
-    columns = ViewColumns(field(starts + record.QUEUEID_POS, 4),
-                          field(starts + record.QUEUEOFFSET_POS, 8),
-                          field(starts + record.PHYSICALOFFSET_POS, 8), matches)
+        rows = gather_rows(u8, topic_at[matches], len(expected))
+        matches[matches] = (rows == np.frombuffer(expected, np.uint8)).all(axis=1)
+    columns = ViewColumns(fixed["queue_id"].astype(np.int64),
+                          fixed["queue_offset"].astype(np.int64),
+                          fixed["physical_offset"].astype(np.int64), matches)
     del u8
     if not ok.all():
         bad = int(np.argmin(ok))
@@ -238,17 +277,9 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
             e.index = bad
             raise
         raise AssertionError(f"record {bad}: the bulk check and view_at disagree")
-    # a record whose topic is not ``topic`` is decoded one by one (its own name)
-    new = MessageView.__new__
-    views = []
-    append = views.append
-    for s, ba, bl, pa, pl in zip(starts.tolist(), body_at.tolist(), body_len.tolist(),
-                                 props_at.tolist(), props_len.tolist()):
-        v = new(MessageView)
-        v._data, v._at, v.topic, v._body_at, v._body_len = buf, s, topic, ba, bl
-        v._props_at, v._props_len, v._properties, v._head, v._tail = \
-            pa, pl, None, None, None
-        append(v)
+    views = _views(_Records(buf, topic, starts.tolist(), body_at.tolist(),
+                            (body_at + body_len).tolist(), props_at.tolist(),
+                            (props_at + props_len).tolist()))
     if not matches.all():       # another topic: its own name, its own NUL check
         for i in np.flatnonzero(~matches).tolist():
             s = int(starts[i])

@@ -109,15 +109,19 @@ class RecordsFormatError(ValueError):
 
 
 # ------------------------------------------------------------------------ bulk byte access
-def gather_be(u8: np.ndarray, at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
-    """The big-endian integers of ``width`` bytes at positions ``at`` of ``u8``: rows of
-    a strided view whose row i is the ``width`` bytes from byte i (no index matrix)."""
-    kind = "i" if signed else "u"
+def gather_rows(u8: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` bytes at each position ``at`` of ``u8``, as rows of a new array:
+    rows of a strided view whose row i is the bytes from byte i (no index matrix)."""
     if len(u8) < width:
-        idx = at[:, None] + np.arange(width, dtype=np.int64)
-        return u8[idx].view(f">{kind}{width}").reshape(-1).astype(np.int64)
+        return u8[at[:, None] + np.arange(width, dtype=np.int64)]
     windows = np.ndarray((len(u8) - width + 1, width), np.uint8, buffer=u8, strides=(1, 1))
-    return windows[at].view(f">{kind}{width}").reshape(-1).astype(np.int64)
+    return windows[at]
+
+
+def gather_be(u8: np.ndarray, at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
+    """The big-endian integers of ``width`` bytes at positions ``at`` of ``u8``."""
+    kind = "i" if signed else "u"
+    return gather_rows(u8, at, width).view(f">{kind}{width}").reshape(-1).astype(np.int64)
 
 
 def scatter_be64(u8: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:

@@ -85,6 +85,16 @@ def deleted_mappings(root: str) -> list[str]:
 
 
 @pytest.fixture
+def store(config):
+    """A store without service threads: these tests dispatch when they say so (a
+    reput thread would dispatch what they wrote "not dispatched yet" behind them)."""
+    s = MessageStore(config, background=False)
+    s.load()
+    yield s
+    s.close()
+
+
+@pytest.fixture
 def reader(config):
     r = StoreReader(config)
     yield r
