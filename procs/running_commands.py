@@ -102,11 +102,11 @@ def quarantine_usage(store_dir: str) -> dict:
         for name in names:
             try:
                 used += os.lstat(os.path.join(directory, name)).st_blocks * 512
-            except FileNotFoundError:
-                continue                      # removed by an operator meanwhile
+            except OSError:
+                continue                      # removed meanwhile, or not ours to read
             files += 1
             cuts.add(os.path.relpath(directory, root).split(os.sep)[0])
-    return {"path": root, "bytes": used, "cuts": len(cuts), "files": files}
+    return {"path": root, "bytes": used, "cuts": len(cuts - {"."}), "files": files}
 
 
 def replication_status(store_dir: str, snap: dict, now: int) -> dict:

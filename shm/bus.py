@@ -77,7 +77,7 @@ def decode_offset(payload: bytes) -> int:
 
 
 def arrival_topic(topic: str) -> bytes:
-    """The first frame of an ARRIVAL of ``topic``, and the subscription to only those."""
+    """The topic of an ARRIVAL of ``topic``, and the subscription to only those."""
     return ARRIVAL + b"/" + topic.encode() + b"\0"
 
 

@@ -51,7 +51,7 @@ OS_PAGE_SIZE = 4096
 # errs on the safe side. A never-written file's regions are the pages reads pulled into
 # the page cache: one touch of a mapped file reads ahead up to ``read_ahead_kb`` (8 MiB
 # on some disks), and recovery touches the first page of several files.
-_INSPECT_LIMIT = 64 << 20
+INSPECT_LIMIT = 64 << 20
 _INSPECT_CHUNK = 1 << 20
 FILE_NAME_DIGITS = 20
 
@@ -221,7 +221,7 @@ class MappedFile:
                 n = min(step, region_end - pos)
                 self.buf[pos:pos + n] = bytes(n)
 
-    def may_hold_data(self, limit: int | None = _INSPECT_LIMIT) -> bool:
+    def may_hold_data(self, limit: int | None = INSPECT_LIMIT) -> bool:
         """False only when the file was provably never written (``file_may_hold_data``)."""
         return file_may_hold_data(self.fd, self.file_size, limit)
 
@@ -366,7 +366,7 @@ def data_regions(fd: int, start: int, end: int) -> list[tuple[int, int]]:
     return regions
 
 
-def file_may_hold_data(fd: int, size: int, limit: int | None = _INSPECT_LIMIT) -> bool:
+def file_may_hold_data(fd: int, size: int, limit: int | None = INSPECT_LIMIT) -> bool:
     """False only when the file behind ``fd`` was provably never written.
 
     The file system names the regions that may hold data (SEEK_DATA/SEEK_HOLE:

@@ -37,7 +37,8 @@ from typing import Callable
 
 from storage.errors import StoreFileError
 from storage.mapped_file import (
-    MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms, offset_to_file_name)
+    INSPECT_LIMIT as _LIMIT, MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms,
+    offset_to_file_name)
 from storage import file_modes
 
 log = logging.getLogger(__name__)
@@ -347,14 +348,18 @@ class MappedFileQueue:
                 mf.zero_tail(pos)
                 mf.set_positions(pos)
                 continue
-            never_written = not mf.may_hold_data(limit=None)   # warmed files are all zeros
-            next_to_holder = holder is not None and \
-                mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
             if keep_files:
-                if not never_written:
+                if mf.may_hold_data():              # zeroing zeros again does no harm
                     mf.zero_tail(0)
                 mf.close()
-            elif never_written and next_to_holder:
+                remove.append(mf)
+                continue
+            # before a quarantine, every byte is read: a warmed file is zeros written
+            # over every page, past any limit, and is not data
+            never_written = not mf.may_hold_data(limit=None if quarantine_dir else _LIMIT)
+            next_to_holder = holder is not None and \
+                mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
+            if never_written and next_to_holder:
                 mf.close()
             elif quarantine_dir and not never_written:
                 _quarantine_file(mf, quarantine_dir)
