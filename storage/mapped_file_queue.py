@@ -33,13 +33,16 @@ import logging
 import os
 import resource
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from storage.errors import StoreFileError
 from storage.mapped_file import (
     INSPECT_LIMIT as _LIMIT, MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms,
     offset_to_file_name)
 from storage import file_modes
+
+if TYPE_CHECKING:
+    from storage.allocate import AllocateMappedFileService
 
 log = logging.getLogger(__name__)
 
