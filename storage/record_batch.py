@@ -426,7 +426,6 @@ _HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id
                   ("born_port", ">i4"), ("store_timestamp", ">i8"), ("store_host", "V8"),
                   ("reconsume_times", ">i4"), ("prepared_offset", ">i8"), ("body_len", ">i4")])
 assert _HEAD.itemsize == BODY_POS
-_R_HEAD = np.arange(BODY_POS, dtype=np.int64)
 
 
 def _check_chain(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -483,7 +482,7 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
     """Read and check, stage by stage, the fields that place a record's parts; each
     stage is checked before the next is read, so no read runs past a record. Returns
     the sizes (TOTALSIZE, equal to the offsets table's) and the heads."""
-    head = u8[s[:, None] + _R_HEAD].view(_HEAD).reshape(-1)
+    head = gather_rows(u8, s, BODY_POS).view(_HEAD).reshape(-1)
     sizes = head["total"].astype(np.int64)
     magic = head["magic"]
     v2 = magic == record.MESSAGE_MAGIC_CODE_V2
@@ -551,9 +550,9 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
     props_at = starts + head.props_pos
     props = [raw[a:b] for a, b in zip(props_at.tolist(), (props_at + head.props_len).tolist())]
     crc32 = zlib.crc32
-    for i, (b0, b1, crc) in enumerate(zip(body_at, body_end, head.crc.tolist())):
-        if crc32(raw[b0:b1]) & 0x7FFFFFFF != crc:
-            refusals.setdefault(i, (_ILLEGAL, f"body CRC {crc} does not match the body"))
+    crcs = np.fromiter([crc32(raw[a:b]) for a, b in zip(body_at, body_end)], np.int64, n)
+    for i in np.flatnonzero(crcs & 0x7FFFFFFF != head.crc).tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
     if producer_id:
         props = _check_identities(props, producer_id, first_sequence, refusals)
     joined = b"\0".join(props) + b"\0"            # NUL may stand in no property
