@@ -104,7 +104,8 @@ from storage.commit_log import CommitLog
 from storage.logic_queues import LogicQueues
 from storage.errors import CorruptRecordError, StoreError
 from storage.index_service import IndexService
-from storage.record import BLANK_MAGIC_CODE, SIZE_MAGIC
+from storage.dispatch_batch import walk
+from storage.record import BLANK_MAGIC_CODE, HEAD, SIZE_MAGIC
 from storage.reput import ReputMessageService
 
 log = logging.getLogger(__name__)
@@ -222,15 +223,16 @@ class Dispatcher(Service):
         reput = self.reput
         total = 0
         while reput.reput_from_offset < end:
-            chunk_end = self._chunk_end(end)
-            if chunk_end is None:
+            chunk = self._chunk_end(end)
+            if chunk is None:
                 if not self._map_new_files():
                     break
                 continue
+            chunk_end, known_starts = chunk
             if chunk_end <= reput.reput_from_offset:
                 break
             t0 = time.perf_counter_ns()
-            n = reput.do_reput(chunk_end)
+            n = reput.do_reput(chunk_end, known_starts)
             self.dispatch_busy_ns += time.perf_counter_ns() - t0
             self.dispatched_messages += n
             self._count(n)
@@ -240,10 +242,11 @@ class Dispatcher(Service):
                 break
         return total
 
-    def _chunk_end(self, end: int) -> int | None:
+    def _chunk_end(self, end: int) -> tuple[int, list[int]] | None:
         """The farthest record boundary at most ``end``, at most CHUNK_RECORDS records
-        past ``reput_from_offset`` and in the same file; None when that file is not
-        mapped here yet.
+        past ``reput_from_offset`` and in the same file, with the starts of the records
+        before it (``dispatch_batch.walk``'s, which ``do_reput`` then need not walk
+        again); None when that file is not mapped here yet.
 
         Walking only the size fields keeps ``do_reput`` from ever seeing a record cut
         by its end (a confirm offset inside a record, or a chunk limit). A size that no
@@ -260,19 +263,14 @@ class Dispatcher(Service):
         mf, pos, limit = data
         base, buf, file_size = mf.file_from_offset, mf.buf, mf.file_size
         stop = min(limit, end - base)
-        unpack_from = SIZE_MAGIC.unpack_from
-        for _ in range(CHUNK_RECORDS):
-            if pos + 8 > stop:
-                break
-            size, magic = unpack_from(buf, pos)
+        starts, pos = walk(buf, pos, stop, CHUNK_RECORDS)
+        if len(starts) < CHUNK_RECORDS and pos + 8 <= stop:     # what stopped the walk
+            size, magic = SIZE_MAGIC.unpack_from(buf, pos)
             if magic == BLANK_MAGIC_CODE:
-                return base + file_size if base + file_size <= end else base + pos
-            if size <= 8 or pos + size > file_size:
-                return min(end, base + file_size)  # damage: do_reput names it
-            if pos + size > stop:
-                break
-            pos += size
-        return base + pos
+                return (base + file_size if base + file_size <= end else base + pos), starts
+            if size <= HEAD.size or pos + size > file_size:
+                return min(end, base + file_size), starts   # damage: do_reput names it
+        return base + pos, starts
 
     def _count(self, messages: int) -> None:
         """Messages dispatched, and how long after its store time the last of them

@@ -20,6 +20,8 @@ Single-writer: one process dispatches (the dispatcher, or the embedded store's c
 
 from __future__ import annotations
 
+import bisect
+
 from typing import Callable
 
 import numpy as np
@@ -59,12 +61,14 @@ class ReputMessageService:
     def behind(self, end: int) -> int:
         return max(0, end - self.reput_from_offset)
 
-    def do_reput(self, end: int) -> int:
+    def do_reput(self, end: int, known_starts: list[int] | None = None) -> int:
         """Dispatch every record below ``end``; returns how many messages went.
 
         Runs of at least ``MIN_RUN_RECORDS`` whole records go through the bulk path
         (``dispatch_batch.parse_run``, ``dispatch_run``); shorter ones, and any record
-        the bulk path stops before, one by one, with the same outcome."""
+        the bulk path stops before, one by one, with the same outcome. ``known_starts``:
+        what ``dispatch_batch.walk`` gives from ``reput_from_offset`` in its file, up to
+        ``end`` at most (a caller that walked already), taken instead of walking again."""
         count = 0
         cl = self.commit_log
         while self.reput_from_offset < end:
@@ -78,7 +82,9 @@ class ReputMessageService:
             mf, pos, limit = data
             limit = min(limit, pos + end - self.reput_from_offset)
             while pos < limit:
-                starts, _ = walk(mf.buf, pos, limit, RUN_RECORDS)
+                starts = _known_run(known_starts, pos)
+                if starts is None:
+                    starts, _ = walk(mf.buf, pos, limit, RUN_RECORDS)
                 run = parse_run(mf.buf, starts, mf.file_from_offset, cl.delay_level_ms) \
                     if len(starts) >= MIN_RUN_RECORDS else None
                 if run is not None:
@@ -94,6 +100,7 @@ class ReputMessageService:
                     pos += step
                     count += 1
             self.reput_from_offset = mf.file_from_offset + pos
+            known_starts = None             # positions in the first file only
         return count
 
     def _dispatch_one(self, mf, pos: int, limit: int) -> int:
@@ -146,6 +153,14 @@ class ReputMessageService:
                 run.topics, run.physical_offsets, run.store_timestamps, run.sys_flags,
                 run.uniq_keys, run.keys):
             self.on_index_error()
+
+
+def _known_run(known: list[int] | None, pos: int) -> list[int] | None:
+    """The next run's starts from ``known`` when it holds a record starting at ``pos``."""
+    if not known or pos > known[-1]:
+        return None
+    k = bisect.bisect_left(known, pos)
+    return known[k:k + RUN_RECORDS] if known[k] == pos else None
 
 
 def _by_queue(run: RecordRun, which: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
