@@ -42,7 +42,7 @@ import numpy as np
 from storage import record
 from storage.hashing import java_string_hash
 from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
-from storage.record_batch import gather_be
+from storage.record_batch import FIXED_HEAD, gather_be, gather_rows
 
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _IPV4_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8   # through PREPARED
@@ -165,10 +165,11 @@ def _check(buf, starts: list[int], base: int) -> _Checked | None:
 def _fields(buf, u8: np.ndarray, s: np.ndarray, base: int) -> _Checked | None:
     """The fixed-field checks, vectorised; topics and properties cut out of the
     records that pass (a prefix), None when the first fails."""
-    sizes = gather_be(u8, s, 4)
-    magic = gather_be(u8, s + record.MAGICCODE_POS, 4, signed=False)
-    phys = gather_be(u8, s + record.PHYSICALOFFSET_POS, 8)
-    sys_flags = gather_be(u8, s + record.SYSFLAG_POS, 4)
+    fixed = gather_rows(u8, s, FIXED_HEAD.itemsize).view(FIXED_HEAD).reshape(-1)  # walk:
+    sizes = fixed["total"].astype(np.int64)          # every record is longer than this
+    magic = fixed["magic"]
+    phys = fixed["physical_offset"].astype(np.int64)
+    sys_flags = fixed["sys_flag"].astype(np.int64)
     born_wide = np.where(sys_flags & BORNHOST_V6_FLAG, 12, 0)
     wide = born_wide + np.where(sys_flags & STOREHOSTADDRESS_V6_FLAG, 12, 0)
     body_at = s + _IPV4_FIXED + wide + 4
@@ -191,11 +192,12 @@ def _fields(buf, u8: np.ndarray, s: np.ndarray, base: int) -> _Checked | None:
     if good == 0:
         return None
     s = s[:good]
+    fixed = fixed[:good]
     return _Checked(
-        s, sizes[:good], gather_be(u8, s + record.QUEUEID_POS, 4),
-        gather_be(u8, s + record.QUEUEOFFSET_POS, 8), phys[:good], sys_flags[:good],
+        s, sizes[:good], fixed["queue_id"].astype(np.int64),
+        fixed["queue_offset"].astype(np.int64), phys[:good], sys_flags[:good],
         gather_be(u8, s + record.BORNHOST_POS + 8 + born_wide[:good], 8),
-        gather_be(u8, s + record.BODYCRC_POS, 4), body_at[:good], body_len[:good],
+        fixed["crc"].astype(np.int64), body_at[:good], body_len[:good],
         _slices(buf, topic_at[:good], topic_len[:good]),
         _slices(buf, props_at[:good], props_len[:good]))
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from storage import record
 from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from storage.record_batch import gather_be, gather_rows
+from storage.record_batch import FIXED_HEAD, gather_be, gather_rows
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -51,11 +51,6 @@ _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset"
            "properties")
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _BODY_LENGTH_POS = 84   # with IPv4 hosts; each IPv6 host adds 12
-# fields 1-8 (TOTALSIZE .. SYSFLAG), read for all records with one gather
-_FIXED = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"),
-                   ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
-                   ("sys_flag", ">i4")])
-assert _FIXED.itemsize == record.SYSFLAG_POS + 4
 
 
 def _head_field(i: int) -> property:
@@ -231,11 +226,11 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
     ``index`` set to that record's place in ``starts``."""
     u8 = np.frombuffer(buf, np.uint8)
     last = len(u8)
-    if last < _FIXED.itemsize:
-        u8 = np.zeros(_FIXED.itemsize, np.uint8)        # nothing is whole: all fail
+    if last < FIXED_HEAD.itemsize:
+        u8 = np.zeros(FIXED_HEAD.itemsize, np.uint8)        # nothing is whole: all fail
     ends = starts + sizes
-    fixed = gather_rows(u8, np.minimum(starts, len(u8) - _FIXED.itemsize),
-                        _FIXED.itemsize).view(_FIXED).reshape(-1)
+    fixed = gather_rows(u8, np.minimum(starts, len(u8) - FIXED_HEAD.itemsize),
+                        FIXED_HEAD.itemsize).view(FIXED_HEAD).reshape(-1)
     magic = fixed["magic"]
     sys_flags = fixed["sys_flag"].astype(np.int64)
     wide = (np.where(sys_flags & record.BORNHOST_V6_FLAG, 12, 0)

@@ -109,6 +109,14 @@ class RecordsFormatError(ValueError):
 
 
 # ------------------------------------------------------------------------ bulk byte access
+# Fields 1-8 of every record (TOTALSIZE .. SYSFLAG: the same place whatever its hosts),
+# read for a run of records with one ``gather_rows``
+FIXED_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"),
+                       ("queue_id", ">i4"), ("flag", ">i4"), ("queue_offset", ">i8"),
+                       ("physical_offset", ">i8"), ("sys_flag", ">i4")])
+assert FIXED_HEAD.itemsize == record.SYSFLAG_POS + 4
+
+
 def gather_rows(u8: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """The ``width`` bytes at each position ``at`` of ``u8``, as rows of a new array:
     rows of a strided view whose row i is the bytes from byte i (no index matrix)."""
