@@ -198,8 +198,22 @@ def _fields(buf, u8: np.ndarray, s: np.ndarray, base: int) -> _Checked | None:
         fixed["queue_offset"].astype(np.int64), phys[:good], sys_flags[:good],
         gather_be(u8, s + record.BORNHOST_POS + 8 + born_wide[:good], 8),
         fixed["crc"].astype(np.int64), body_at[:good], body_len[:good],
-        _slices(buf, topic_at[:good], topic_len[:good]),
+        _one_topic(buf, u8, topic_at[:good], topic_len[:good])
+        or _slices(buf, topic_at[:good], topic_len[:good]),
         _slices(buf, props_at[:good], props_len[:good]))
+
+
+def _one_topic(buf, u8: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> list[bytes] | None:
+    """``_slices`` of the topics when every record's is the first record's (the common
+    run: one comparison of their bytes, one slice); None when they differ."""
+    n = int(lengths[0])
+    if not (lengths == n).all() or n > 255:
+        return None
+    first = int(at[0])
+    topic = bytes(buf[first:first + n])
+    if not (gather_rows(u8, at, n) == np.frombuffer(topic, np.uint8)).all():
+        return None
+    return [topic] * len(at)
 
 
 def _slices(buf, at: np.ndarray, lengths: np.ndarray) -> list[bytes]:
