@@ -80,14 +80,18 @@ def walk(buf, pos: int, limit: int, max_records: int) -> tuple[list[int], int]:
     """The starts of the records from ``pos`` whose TOTALSIZE is plausible and which end
     at or before ``limit``, at most ``max_records``; and the position after them."""
     starts: list[int] = []
+    append = starts.append
     unpack_from = record.SIZE_MAGIC.unpack_from
     head = record.HEAD.size
     blank = record.BLANK_MAGIC_CODE
-    while len(starts) < max_records and pos + 8 <= limit:
+    last = limit - 8
+    for _ in range(max_records):
+        if pos > last:
+            break
         size, magic = unpack_from(buf, pos)
         if magic == blank or size <= head or pos + size > limit:
             break
-        starts.append(pos)
+        append(pos)
         pos += size
     return starts, pos
 
