@@ -323,14 +323,20 @@ class ConsumeQueue:
 
     def _last_unit_end(self) -> int:
         """The end (offset + size) of the last non-blank unit, -1 when none."""
+        last = self.last_unit()
+        return -1 if last is None else last[1] + last[2]
+
+    def last_unit(self) -> tuple[int, int, int, int] | None:
+        """``(queue_offset, commit_log_offset, size, tags_code)`` of the last non-blank
+        unit, None when there is none."""
         mf = self.mapped_file_queue.get_last_mapped_file()
         if mf is None:
-            return -1
+            return None
         for pos in range(mf.wrote_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
-            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, pos)
+            phy, size, tags_code = CQ_UNIT.unpack_from(mf.buf, pos)
             if size != BLANK_UNIT_SIZE:
-                return phy + size
-        return -1
+                return (mf.file_from_offset + pos) // CQ_STORE_UNIT_SIZE, phy, size, tags_code
+        return None
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """Move ``min_logic_offset`` to the first unit whose message still exists."""

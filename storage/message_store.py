@@ -285,8 +285,38 @@ class MessageStore:
         self.reput_from_offset = self._redispatch_start(
             max_cq_end, result.redispatch_from, result.process_offset,
             rebuild=l_row is plan.L3_REBUILD)
+        if not self.last_exit_ok:
+            self.reput_from_offset = min(self.reput_from_offset, self._rewind_torn_units())
         self._dispatch_to(result.process_offset)
         self._recover_topic_queue_table()
+
+    def _rewind_torn_units(self) -> int:
+        """After an unclean stop, the last unit of each consume queue against its record.
+
+        A process killed while copying units into a queue leaves a prefix of them: the
+        last one may have its offset and size but not (all of) its tags code, and it
+        looks valid. A last unit whose record does not give the same queue, queue
+        offset, size and tags code is rewound (``rewind_to``) for re-dispatch to write
+        again. Returns the earliest record rewound (``2**63`` when none was)."""
+        earliest = 2**63
+        min_offset = self.commit_log.get_min_offset()
+        for cq in self.all_consume_queues():
+            last = cq.last_unit()
+            if last is None or last[1] < min_offset:      # its record expired: nothing
+                continue                                 # to compare it with or rewrite
+            index, phy, size, tags_code = last
+            found = self.commit_log.get_data(phy)
+            req = None if found is None else self.commit_log.check_message_and_return_size(
+                found[0], found[1], found[2], False)
+            if req is not None and req.success and (
+                    req.topic, req.queue_id, req.consume_queue_offset, req.msg_size,
+                    req.tags_code) == (cq.topic, cq.queue_id, index, size, tags_code):
+                continue
+            log.warning("consume queue %s/%d: unit %d (commitlog %d) is torn or stale: "
+                        "written again", cq.topic, cq.queue_id, index, phy)
+            cq.rewind_to(phy)
+            earliest = min(earliest, phy)
+        return earliest
 
     def _commit_log_files(self) -> plan.CommitLogFiles:
         """The ``commit_log`` input as the load left it (a short file before written
