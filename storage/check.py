@@ -108,8 +108,7 @@ def _check_consume_queues(store, records: dict, report: _Report) -> None:
             if req is None:
                 report.add(f"{where} unit {index}: commitlog offset {phy} is not a record start")
                 continue
-            if (req.topic, req.queue_id, req.consume_queue_offset, req.msg_size, req.tags_code) != \
-                    (cq.topic, cq.queue_id, index, size, tags_code):
+            if not cq.is_unit_of(req, index, size, tags_code):
                 report.add(f"{where} unit {index}: points at {req.topic}/{req.queue_id}@"
                            f"{req.consume_queue_offset} size {req.msg_size}, unit says size "
                            f"{size} tags {tags_code}")

@@ -326,6 +326,12 @@ class ConsumeQueue:
         last = self.last_unit()
         return -1 if last is None else last[1] + last[2]
 
+    def is_unit_of(self, req, index: int, size: int, tags_code: int) -> bool:
+        """Whether unit ``index`` (``size``, ``tags_code``) is the one dispatch makes of
+        the record ``req`` (a ``DispatchRequest``) describes."""
+        return (req.topic, req.queue_id, req.consume_queue_offset, req.msg_size,
+                req.tags_code) == (self.topic, self.queue_id, index, size, tags_code)
+
     def last_unit(self) -> tuple[int, int, int, int] | None:
         """``(queue_offset, commit_log_offset, size, tags_code)`` of the last non-blank
         unit, None when there is none."""

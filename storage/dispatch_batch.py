@@ -169,8 +169,9 @@ def _check(buf, starts: list[int], base: int) -> _Checked | None:
 def _fields(buf, u8: np.ndarray, s: np.ndarray, base: int) -> _Checked | None:
     """The fixed-field checks, vectorised; topics and properties cut out of the
     records that pass (a prefix), None when the first fails."""
-    fixed = gather_rows(u8, s, FIXED_HEAD.itemsize).view(FIXED_HEAD).reshape(-1)  # walk:
-    sizes = fixed["total"].astype(np.int64)          # every record is longer than this
+    # every record ``walk`` found is longer than fields 1-8: one gather reads them all
+    fixed = gather_rows(u8, s, FIXED_HEAD.itemsize).view(FIXED_HEAD).reshape(-1)
+    sizes = fixed["total"].astype(np.int64)
     magic = fixed["magic"]
     phys = fixed["physical_offset"].astype(np.int64)
     sys_flags = fixed["sys_flag"].astype(np.int64)

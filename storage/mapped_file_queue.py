@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from storage.errors import StoreFileError
 from storage.mapped_file import (
-    INSPECT_LIMIT as _LIMIT, MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms,
+    INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms,
     offset_to_file_name)
 from storage import file_modes
 
@@ -359,7 +359,7 @@ class MappedFileQueue:
                 continue
             # before a quarantine, every byte is read: a warmed file is zeros written
             # over every page, past any limit, and is not data
-            never_written = not mf.may_hold_data(limit=None if quarantine_dir else _LIMIT)
+            never_written = not mf.may_hold_data(limit=None if quarantine_dir else INSPECT_LIMIT)
             next_to_holder = holder is not None and \
                 mf.file_from_offset == holder.file_from_offset + self.mapped_file_size
             if never_written and next_to_holder:

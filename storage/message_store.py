@@ -308,9 +308,7 @@ class MessageStore:
             found = self.commit_log.get_data(phy)
             req = None if found is None else self.commit_log.check_message_and_return_size(
                 found[0], found[1], found[2], False)
-            if req is not None and req.success and (
-                    req.topic, req.queue_id, req.consume_queue_offset, req.msg_size,
-                    req.tags_code) == (cq.topic, cq.queue_id, index, size, tags_code):
+            if req is not None and req.success and cq.is_unit_of(req, index, size, tags_code):
                 continue
             log.warning("consume queue %s/%d: unit %d (commitlog %d) is torn or stale: "
                         "written again", cq.topic, cq.queue_id, index, phy)

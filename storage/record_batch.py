@@ -274,7 +274,6 @@ _SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEV
                            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
                            PROPERTY_PRODUCER_SEQUENCE})
 _TOPIC_PARTS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 bytes
-_SHORT = struct.Struct(">H")
 
 
 def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
@@ -326,7 +325,7 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
         born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
         encode_host(born_host), 0, PLACEHOLDER_STORE_HOST, msg.reconsume_times,
         msg.prepared_transaction_offset, len(body))
-    return b"".join((head, body, topic_part, _SHORT.pack(len(properties)), properties))
+    return b"".join((head, body, topic_part, record.SHORT.pack(len(properties)), properties))
 
 
 def _encode_general(msg: Message, born_timestamp: int, identity: tuple[int, int] | None) -> bytes:
@@ -428,11 +427,10 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
 # Fields 1-15 of a record whose hosts are both IPv4, as one numpy record: a run's
 # headers are read with one gather. (A record with an IPv6 host has its later fields
 # shifted; only its STORETIMESTAMP and BODYLENGTH are read again, from their places.)
-_HEAD = np.dtype([("total", ">i4"), ("magic", ">u4"), ("crc", ">i4"), ("queue_id", ">i4"),
-                  ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
-                  ("sys_flag", ">i4"), ("born_timestamp", ">i8"), ("born_ip", "V4"),
-                  ("born_port", ">i4"), ("store_timestamp", ">i8"), ("store_host", "V8"),
-                  ("reconsume_times", ">i4"), ("prepared_offset", ">i8"), ("body_len", ">i4")])
+_HEAD = np.dtype(FIXED_HEAD.descr + [
+    ("born_timestamp", ">i8"), ("born_ip", "V4"), ("born_port", ">i4"),
+    ("store_timestamp", ">i8"), ("store_host", "V8"), ("reconsume_times", ">i4"),
+    ("prepared_offset", ">i8"), ("body_len", ">i4")])
 assert _HEAD.itemsize == BODY_POS
 
 
