@@ -225,8 +225,7 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
     Raises ``RecordFormatError`` (``view_at``'s, for the first record that fails) with
     ``index`` set to that record's place in ``starts``."""
     u8 = np.frombuffer(buf, np.uint8)
-    last = len(u8)
-    if last < FIXED_HEAD.itemsize:
+    if len(u8) < FIXED_HEAD.itemsize:
         u8 = np.zeros(FIXED_HEAD.itemsize, np.uint8)        # nothing is whole: all fail
     ends = starts + sizes
     fixed = gather_rows(u8, np.minimum(starts, len(u8) - FIXED_HEAD.itemsize),
