@@ -111,12 +111,14 @@ class Consumer:
         record is checked against its unit; anything unusual (a tag filter, a record
         that is not its unit's: a unit being rewritten) takes ``get_message``, which
         reads unit by unit and knows every such case."""
+        min_phy = self.table.get(Slot.MIN_OFFSET)   # the cleaner's: no file system look
         if self.tags is None:
             cfg = self.config
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset,
                 min(max_msgs, cfg.max_transfer_count_on_message_in_memory),
-                cfg.max_transfer_bytes_on_message_in_memory, dispatched, joined=True)
+                cfg.max_transfer_bytes_on_message_in_memory, dispatched, joined=True,
+                min_commit_log_offset=min_phy)
             if got.status is GetMessageStatus.FOUND:
                 try:
                     return GetMessageResult(GetMessageStatus.FOUND,
@@ -129,7 +131,7 @@ class Consumer:
                 return GetMessageResult(got.status, [], got.next_begin_offset,
                                         got.min_offset, got.max_offset)
         return self.reader.get_message(self.topic, queue_id, offset, max_msgs, dispatched,
-                                       tags=self.tags)
+                                       tags=self.tags, min_commit_log_offset=min_phy)
 
     def _views(self, got, queue_id: int) -> list[MessageView]:
         """The checked messages of ``read_queue_records``' units and records (a piece

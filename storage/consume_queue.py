@@ -388,15 +388,29 @@ def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
     return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
 
 
-def _units_within(buf, units: int, bound: int) -> int:
+def _units_within(buf, units: int, bound: int, hint: int = 0) -> int:
     """How many leading units of a consume queue file are there within ``bound``:
-    blanks, or valid units whose record ends at or below it (a prefix, by order)."""
+    blanks, or valid units whose record ends at or below it (a prefix, by order).
+
+    ``hint`` is a guess, the last answer for this file: when the prefix still reaches
+    it, the search gallops up from there (a few reads for a queue that grew a little)
+    instead of halving the whole file (~19 reads)."""
     lo, hi = 0, units
     unpack_from = CQ_UNIT.unpack_from
+
+    def within(i: int) -> bool:
+        phy, size, tags_code = unpack_from(buf, i * CQ_STORE_UNIT_SIZE)
+        return _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0
+                                                        and phy + size <= bound)
+
+    if 0 < hint <= units and within(hint - 1):
+        lo, step = hint, 1
+        while lo + step <= units and within(lo + step - 1):
+            lo, step = lo + step, step * 2
+        hi = min(units, lo + step - 1)
     while lo < hi:
         mid = (lo + hi) // 2
-        phy, size, tags_code = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
-        if _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0 and phy + size <= bound):
+        if within(mid):
             lo = mid + 1
         else:
             hi = mid
@@ -408,6 +422,10 @@ def _first_unit_at_or_above(buf, units: int, min_phy: int) -> int:
     ``min_phy`` (``units`` when none does)."""
     lo, hi = 0, units
     unpack_from = CQ_UNIT.unpack_from
+    if units:
+        phy, size, _ = unpack_from(buf, 0)
+        if size != BLANK_UNIT_SIZE and phy >= min_phy:
+            return 0      # the common answer: nothing of this file expired
     while lo < hi:
         mid = (lo + hi) // 2
         phy, size, _ = unpack_from(buf, mid * CQ_STORE_UNIT_SIZE)
@@ -438,6 +456,7 @@ class ConsumeQueueView(ConsumeQueue):
         super().__init__(topic, queue_id, root_dir, mapped_file_size, read_only=True)
         self.units_per_file = mapped_file_size // CQ_STORE_UNIT_SIZE
         self._partial: MappedFile | None = None
+        self._last: tuple[MappedFile | None, int] = (None, 0)   # _last_within's answer
 
     def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
         """``(min, max)`` logical offsets within ``dispatched``; leaves the queue showing
@@ -466,7 +485,7 @@ class ConsumeQueueView(ConsumeQueue):
         mfq, per_file = self.mapped_file_queue, self.units_per_file
         files = mfq.mapped_files
         i = len(files) - 1
-        k = _units_within(files[i].buf, per_file, bound)
+        k = _units_within(files[i].buf, per_file, bound, self._hint(files[i]))
         while k == per_file and self._next_file_exists(files[i]):
             n = len(files)
             mfq.refresh()
@@ -478,7 +497,13 @@ class ConsumeQueueView(ConsumeQueue):
         while k == 0 and i > 0:
             i -= 1
             k = _units_within(files[i].buf, per_file, bound)
+        self._last = (files[i], k)
         return i, k
+
+    def _hint(self, mf: MappedFile) -> int:
+        """The last ``_last_within`` answer when it was about ``mf``, else 0."""
+        last_mf, k = self._last
+        return k if last_mf is mf else 0
 
     def _next_file_exists(self, mf: MappedFile) -> bool:
         return os.path.exists(os.path.join(

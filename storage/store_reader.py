@@ -413,8 +413,9 @@ class StoreReader:
         if qv is None:
             return QueueRecords(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, offset, 0, 0, 0, 0,
                                 b"", [], 0)
+        min_phy = self._commit_log_min(min_commit_log_offset)
         got = self.read_queue_units(topic, queue_id, offset, max_units, dispatched,
-                                    min_commit_log_offset=min_commit_log_offset)
+                                    min_commit_log_offset=min_phy)
         lo, hi = got.min_offset, got.max_offset
         early = offset_status(offset, lo, hi)
         if early is not None:
@@ -425,7 +426,7 @@ class StoreReader:
                                 qv.roll_next_file(offset), lo, hi, b"", [], 0)
         return read_records(got, max_bytes, at_least_one,
                             self.config.mapped_file_size_commit_log,
-                            lambda phy, size: self.read_commit_log(phy, size, dispatched),
+                            lambda phy, size: self._copy(phy, size, dispatched, min_phy),
                             joined=joined)
 
     def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
@@ -455,10 +456,14 @@ class StoreReader:
         one file, at or above the CommitLog's min and below ``dispatched``; else None.
         Bulk readers copy the span covering a batch of records in one call."""
         self._check_open()
+        return self._copy(commit_log_offset, size, dispatched, self._commit_log_min(None))
+
+    def _copy(self, commit_log_offset: int, size: int, dispatched: int,
+              min_phy: int) -> bytes | None:
         if size < 0 or commit_log_offset + size > dispatched:
             return None
         self._bound_commit_log(dispatched)
-        return self._read_record(commit_log_offset, size, self._commit_log_min(None))
+        return self._read_record(commit_log_offset, size, min_phy)
 
     def _index_files(self) -> list[IndexFileView]:
         """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""

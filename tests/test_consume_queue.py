@@ -14,12 +14,14 @@ import struct
 import time
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import refcodec
 from conftest import msg, small_config
 from storage import GetMessageStatus, MessageStore
 from storage.consume_queue import (
-    BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, decode_unit, encode_unit)
+    BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, _first_unit_at_or_above,
+    _units_within, decode_unit, encode_unit)
 from storage.hashing import tags_code
 from storage.mapped_file import offset_to_file_name
 
@@ -445,3 +447,24 @@ def test_store_units_point_at_their_records(store):
             assert code == tags_code(m.tags) == refcodec.java_hash(m.tags)
     g = store.get_message("g", "TopicTest", 0, 0, 4)
     assert g.status is GetMessageStatus.FOUND and len(g.messages) == 4
+
+
+@given(st.integers(0, 10), st.integers(0, 38), st.integers(0, 50), st.integers(0, 50))
+@settings(max_examples=300)
+def test_a_view_finds_its_bounds_alike_from_any_hint(blanks, written, bound_units, hint):
+    """A reader's search for the units within a bound, started from any guess (a stale
+    one, one past the answer, one past the file), finds what the plain search finds;
+    so does the search for the first unit not expired. (Blank units lead a queue whose
+    first offset was not 0, as pre-blank filling leaves them.)"""
+    units = [BLANK] * blanks + [(100 * i, 100, 7) for i in range(blanks, blanks + written)]
+    per_file = 48
+    buf = b"".join(CQ_UNIT.pack(*u) for u in units) + \
+        bytes(CQ_STORE_UNIT_SIZE * (per_file - len(units)))
+    bound = 100 * bound_units
+    plain = _units_within(buf, per_file, bound)
+    assert plain == _units_within(buf, per_file, bound, hint)
+    assert plain == next((i for i, u in enumerate(units)
+                          if u != BLANK and u[0] + u[1] > bound), len(units))
+    for min_phy in (0, bound, 100 * hint):
+        assert _first_unit_at_or_above(buf, len(units), min_phy) == next(
+            (i for i, u in enumerate(units) if u != BLANK and u[0] >= min_phy), len(units))
