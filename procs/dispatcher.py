@@ -155,7 +155,7 @@ class Dispatcher(Service):
         self.reput.queue_listener = self._arriving
         self.reput.reput_from_offset = dispatched
         self._published = dispatched
-        self._arrivals: dict[tuple[str, int], int] = {}
+        self._arrivals: dict[str, dict[int, int]] = {}   # topic -> queue id -> next offset
         self._seen_min_offset = -1
         self._dirty = False
         self._stalled = False
@@ -165,7 +165,10 @@ class Dispatcher(Service):
                  len(self.logic_queues), rewound)
 
     def _arriving(self, topic: str, queue_id: int, next_offset: int) -> None:
-        self._arrivals[(topic, queue_id)] = next_offset
+        queues = self._arrivals.get(topic)
+        if queues is None:
+            queues = self._arrivals[topic] = {}
+        queues[queue_id] = next_offset
 
     def _index_failed(self) -> None:
         raise IndexBuildError("no index file can be created: dispatch stops rather than "
@@ -300,8 +303,8 @@ class Dispatcher(Service):
             table.set(Slot.DISPATCH_ERROR, 0)
         publish = self.publisher.publish
         publish(DISPATCHED, encode_offset(offset))
-        for (topic, queue_id), next_offset in self._arrivals.items():
-            publish(arrival_topic(topic), encode_arrival(topic, queue_id, next_offset))
+        for topic, queues in self._arrivals.items():
+            publish(arrival_topic(topic), encode_arrival(topic, queues))
         self._arrivals.clear()
 
     # ================================================================== expiry

@@ -17,8 +17,11 @@ one receive for each listener (two frames cost the publisher several times one):
     b"dispatched\0"   dispatcher   int64 DISPATCHED              consume queues grew
     b"slave_acked\0"  ha           int64 SLAVE_ACKED             a slave stored more (a
                                                                  SYNC_MASTER's writer waits)
-    b"arrival/T\0"    dispatcher   topic, queue id, next offset  a queue of topic T has new
-                                   (``encode_arrival``)          messages (``arrival_topic``)
+    b"arrival/T\0"    dispatcher   topic, then each queue id     queues of topic T have new
+                                   and its next offset           messages (``arrival_topic``):
+                                   (``encode_arrival``)          one announcement a topic per
+                                                                 dispatch step, however many
+                                                                 of its queues grew
 
 ZeroMQ filters by prefix, so a listener wakes only for what it asked:
 ``b"arrival"`` is every arrival, ``arrival_topic("Orders")`` only Orders' (the NUL ends
@@ -49,7 +52,7 @@ ARRIVAL = b"arrival"         # a subscription to every arrival (``arrival_topic`
 
 _OFFSET = struct.Struct(">q")
 _ARRIVAL_HEAD = struct.Struct(">H")
-_ARRIVAL_TAIL = struct.Struct(">iq")
+_ARRIVAL_QUEUE = struct.Struct(">iq")
 _MAX_IPC_PATH = 100  # sun_path holds 108 bytes on Linux
 
 
@@ -87,16 +90,17 @@ def pages_span(least_pages: int) -> int:
     return least_pages * 4096
 
 
-def encode_arrival(topic: str, queue_id: int, next_offset: int) -> bytes:
+def encode_arrival(topic: str, queues: dict[int, int]) -> bytes:
+    """The topic, then ``queue id -> next offset`` for each queue of it that grew."""
     raw = topic.encode()
-    return _ARRIVAL_HEAD.pack(len(raw)) + raw + _ARRIVAL_TAIL.pack(queue_id, next_offset)
+    return b"".join([_ARRIVAL_HEAD.pack(len(raw)), raw,
+                     *(_ARRIVAL_QUEUE.pack(q, offset) for q, offset in queues.items())])
 
 
-def decode_arrival(payload: bytes) -> tuple[str, int, int]:
+def decode_arrival(payload: bytes) -> tuple[str, dict[int, int]]:
     (n,) = _ARRIVAL_HEAD.unpack_from(payload)
     topic = payload[2:2 + n].decode()
-    queue_id, next_offset = _ARRIVAL_TAIL.unpack_from(payload, 2 + n)
-    return topic, queue_id, next_offset
+    return topic, dict(_ARRIVAL_QUEUE.iter_unpack(payload[2 + n:]))
 
 
 class Publisher:

@@ -241,11 +241,13 @@ class StoreReader:
             out.setdefault(topic, []).append(queue_id)
         return {topic: sorted(queue_ids) for topic, queue_ids in out.items()}
 
-    def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
+    def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int, *,
+                                min_commit_log_offset: int | None = None) -> int:
         """The number of units within ``dispatched`` (0 for an unknown queue)."""
         self._check_open()
         qv = self._queue(topic, queue_id)
-        return qv.bounds(dispatched, self._commit_log_min(None))[1] if qv else 0
+        return qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset))[1] \
+            if qv else 0
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int, dispatched: int, *,
                                 min_commit_log_offset: int | None = None) -> int:
