@@ -19,9 +19,11 @@ requests and clients:
    bytes, records taken as they are, a delayed or IPv6-born one prepared like a SEND
    message); a refused message gets its status and reason and does not stop the others;
 4. one ``CommitLog.append_batch`` for every request's records, the producer table
-   learns the identities stored, one ``publish_written`` and one bus APPENDED (and
-   PAGES when WRITTEN crossed the flusher's least pages), then the replies (columns:
-   ``procs.send_results``).
+   learns the identities stored, one ``publish_written`` of WRITTEN, the replies
+   (columns: ``procs.send_results``), then one bus APPENDED (and PAGES when WRITTEN
+   crossed the flusher's least pages): the wake-ups of the dispatcher and flusher go
+   out after the producers' answers, which they would otherwise delay on a small
+   machine.
 
 Idempotent producers: a record whose request carries a producer id is judged NEW,
 DUPLICATE or OUT_OF_ORDER against the producer table and what earlier records of the
@@ -308,15 +310,21 @@ class WriterService(Service):
 
     def _drain(self) -> list[tuple[list, bytes]]:
         """Every request waiting (up to ``MAX_BATCH_RECORDS`` records), as
-        ``(envelope, frame)``; frames whose header is bad are answered here."""
+        ``(envelope, frame)``; frames whose header is bad are answered here. After the
+        first, the socket's EVENTS says whether another waits (cheaper than a receive
+        that fails)."""
         frames = []
-        records = 0
-        recv = self.router.recv_multipart
+        records = received = 0
+        router = self.router
+        recv = router.recv_multipart
         while records < MAX_BATCH_RECORDS:
+            if received and not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                break
             try:
                 parts = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            received += 1
             envelope, frame = parts[:1], parts[-1]
             try:
                 if len(parts) != 2:
@@ -332,7 +340,7 @@ class WriterService(Service):
     # ================================================================== requests
     def _serve(self, frames: list[tuple[list, bytes]]) -> None:
         """One batch: validate and encode every request, one append, then WRITTEN and
-        LAST_STORE_TS (``publish_written``: the writer process only), APPENDED, replies."""
+        LAST_STORE_TS (``publish_written``: the writer process only), replies, APPENDED."""
         refusal = self._refusal() or self._page_cache_busy()
         now = max(now_ms(), self.last_store_ts)
         accepted: list[_Request] = []
@@ -382,18 +390,26 @@ class WriterService(Service):
         self._note_append_time(time.monotonic() - began)
         if claims is not None:
             claims.settle(accepted)
-        if end:
-            self.publish_written(end, now)
+        before = self._set_written(end, now) if end else 0
         self._answer(accepted)
+        if end:
+            self._announce_written(before, end)
 
     def publish_written(self, end: int, store_ts: int) -> None:
         """WRITTEN and LAST_STORE_TS (``publish_written``: the writer process only),
-        APPENDED, and PAGES when WRITTEN crossed the flusher's least pages."""
+        then APPENDED, and PAGES when WRITTEN crossed the flusher's least pages."""
+        self._announce_written(self._set_written(end, store_ts), end)
+
+    def _set_written(self, end: int, store_ts: int) -> int:
+        """Publish WRITTEN and LAST_STORE_TS in the table; the WRITTEN before."""
         written = self.table.read_written()[0]
         self.table.publish_written(end, store_ts)
         self.last_store_ts = store_ts
+        return written
+
+    def _announce_written(self, before: int, end: int) -> None:
         self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
-        if self.pages_span and end // self.pages_span != written // self.pages_span:
+        if self.pages_span and end // self.pages_span != before // self.pages_span:
             self.publisher.publish(bus.PAGES, bus.encode_offset(end))
         self.commit_log.unmap_all_but_last()
 
