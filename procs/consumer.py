@@ -36,13 +36,13 @@ from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
 from storage.errors import CorruptRecordError
 from storage.message_view import MessageView
-from storage.read_path import GetMessageResult, check_unit_views
+from storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
 from storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"
-BULK_READ_MIN = 16   # a queue with fewer new messages is read unit by unit: cheaper then
+BULK_READ_MIN = 16   # fewer messages to take are read unit by unit: cheaper then
 
 
 class Consumer:
@@ -87,8 +87,8 @@ class Consumer:
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
         read to its end is not read again until DISPATCHED moves: nothing new can be in
-        it (the pull after a poll that returned messages, and the queues of a topic that
-        did not grow, cost nothing)."""
+        it (the pull right after a poll that returned messages costs nothing; once
+        DISPATCHED moves, for any topic, every queue is looked at again)."""
         dispatched = self.table.get(Slot.DISPATCHED)
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
@@ -117,22 +117,30 @@ class Consumer:
     def _read(self, queue_id: int, offset: int, max_msgs: int,
               dispatched: int) -> GetMessageResult:
         """Up to ``max_msgs`` messages of a queue (within RocketMQ's per-pull count and
-        bytes limits). Without a tag filter, and with at least ``BULK_READ_MIN`` new
-        messages, the units and their records are read in bulk (one copy per CommitLog
-        span, ``StoreReader.read_queue_records``) and each record is checked against its
-        unit; a few messages (a quiet queue: ~20 µs a message less), and anything
-        unusual (a tag filter, a record that is not its unit's: a unit being rewritten),
-        take ``get_message``, which reads unit by unit and knows every such case."""
+        bytes limits). An offset with nothing to read is answered from the queue's
+        bounds alone. Without a tag filter, and with at least ``BULK_READ_MIN`` messages
+        to take, the units and their records are read in bulk (one copy per CommitLog
+        span, ``StoreReader.read_queue_records``; joined in one ``bytes`` and checked
+        with numpy from ``read_path.BULK_VIEWS_MIN`` on) and each record is checked
+        against its unit; a few messages (a quiet queue), and anything unusual (a tag
+        filter, a record that is not its unit's: a unit being rewritten), take
+        ``get_message``, which reads unit by unit and knows every such case."""
         min_phy = self.table.get(Slot.MIN_OFFSET)   # the cleaner's: no file system look
-        if self.tags is None and max_msgs >= BULK_READ_MIN and self.reader.get_max_offset_in_queue(
-                self.topic, queue_id, dispatched,
-                min_commit_log_offset=min_phy) - offset >= BULK_READ_MIN:
-            cfg = self.config
+        cfg = self.config
+        bounds = self.reader.queue_bounds(self.topic, queue_id, dispatched,
+                                          min_commit_log_offset=min_phy)
+        if bounds is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        early = offset_status(offset, *bounds)
+        if early is not None:
+            return early
+        take = min(bounds[1] - offset, max_msgs, cfg.max_transfer_count_on_message_in_memory)
+        if self.tags is None and take >= BULK_READ_MIN:
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset,
                 min(max_msgs, cfg.max_transfer_count_on_message_in_memory),
-                cfg.max_transfer_bytes_on_message_in_memory, dispatched, joined=True,
-                min_commit_log_offset=min_phy)
+                cfg.max_transfer_bytes_on_message_in_memory, dispatched,
+                joined=take >= BULK_VIEWS_MIN, min_commit_log_offset=min_phy)
             if got.status is GetMessageStatus.FOUND:
                 try:
                     return GetMessageResult(GetMessageStatus.FOUND,

@@ -18,7 +18,7 @@ One turn:
    most ``CHUNK_RECORDS`` records, never across a file), for at most
    ``DISPATCH_BUDGET_MS``; after each chunk publish DISPATCHED (every unit and index
    entry below it is in its mapped file), then announce DISPATCHED and one ARRIVAL per
-   queue that grew, with the queue's next offset;
+   topic that grew, with each of its queues that grew and that queue's next offset;
 4. flush (FlushConsumeQueueService): every ``flush_interval_consume_queue`` ms the
    consume queues with ``flush_consume_queue_least_pages``; every
    ``flush_consume_queue_thorough_interval`` ms everything: each queue until nothing
@@ -165,10 +165,7 @@ class Dispatcher(Service):
                  len(self.logic_queues), rewound)
 
     def _arriving(self, topic: str, queue_id: int, next_offset: int) -> None:
-        queues = self._arrivals.get(topic)
-        if queues is None:
-            queues = self._arrivals[topic] = {}
-        queues[queue_id] = next_offset
+        self._arrivals.setdefault(topic, {})[queue_id] = next_offset
 
     def _index_failed(self) -> None:
         raise IndexBuildError("no index file can be created: dispatch stops rather than "

@@ -19,11 +19,12 @@ requests and clients:
    bytes, records taken as they are, a delayed or IPv6-born one prepared like a SEND
    message); a refused message gets its status and reason and does not stop the others;
 4. one ``CommitLog.append_batch`` for every request's records, the producer table
-   learns the identities stored, one ``publish_written`` of WRITTEN, the replies
-   (columns: ``procs.send_results``), then one bus APPENDED (and PAGES when WRITTEN
-   crossed the flusher's least pages): the wake-ups of the dispatcher and flusher go
-   out after the producers' answers, which they would otherwise delay on a small
-   machine.
+   learns the identities stored, WRITTEN is published in the table, then the replies
+   (columns: ``procs.send_results``) and one bus APPENDED (and PAGES when WRITTEN
+   crossed the flusher's least pages). Under ASYNC_FLUSH on an ASYNC_MASTER the
+   wake-ups of the dispatcher and flusher go out after the producers' answers, which
+   they would otherwise delay on a small machine; under SYNC_FLUSH or on a SYNC_MASTER
+   before them, since the answers wait for the flusher (or the HA process) they wake.
 
 Idempotent producers: a record whose request carries a producer id is judged NEW,
 DUPLICATE or OUT_OF_ORDER against the producer table and what earlier records of the
@@ -340,7 +341,8 @@ class WriterService(Service):
     # ================================================================== requests
     def _serve(self, frames: list[tuple[list, bytes]]) -> None:
         """One batch: validate and encode every request, one append, then WRITTEN and
-        LAST_STORE_TS (``publish_written``: the writer process only), replies, APPENDED."""
+        LAST_STORE_TS in the table, the replies and APPENDED (in the order the module
+        says)."""
         refusal = self._refusal() or self._page_cache_busy()
         now = max(now_ms(), self.last_store_ts)
         accepted: list[_Request] = []
@@ -390,24 +392,34 @@ class WriterService(Service):
         self._note_append_time(time.monotonic() - began)
         if claims is not None:
             claims.settle(accepted)
-        before = self._set_written(end, now) if end else 0
+        if not end:
+            self._answer(accepted)
+            return
+        before = self._publish_written_slot(end, now)
+        answers_wait = self.sync_flush or self.sync_master   # on the flusher or HA
+        if answers_wait:
+            self._after_append(before, end)
         self._answer(accepted)
-        if end:
-            self._announce_written(before, end)
+        if not answers_wait:
+            self._after_append(before, end)
 
     def publish_written(self, end: int, store_ts: int) -> None:
-        """WRITTEN and LAST_STORE_TS (``publish_written``: the writer process only),
-        then APPENDED, and PAGES when WRITTEN crossed the flusher's least pages."""
-        self._announce_written(self._set_written(end, store_ts), end)
+        """WRITTEN and LAST_STORE_TS (the table's ``publish_written``: the writer
+        process only), then APPENDED, and PAGES when WRITTEN crossed the flusher's least
+        pages."""
+        self._after_append(self._publish_written_slot(end, store_ts), end)
 
-    def _set_written(self, end: int, store_ts: int) -> int:
-        """Publish WRITTEN and LAST_STORE_TS in the table; the WRITTEN before."""
+    def _publish_written_slot(self, end: int, store_ts: int) -> int:
+        """WRITTEN and LAST_STORE_TS in the table; returns the WRITTEN before."""
         written = self.table.read_written()[0]
         self.table.publish_written(end, store_ts)
         self.last_store_ts = store_ts
         return written
 
-    def _announce_written(self, before: int, end: int) -> None:
+    def _after_append(self, before: int, end: int) -> None:
+        """The bus wake-ups of an append that moved WRITTEN from ``before`` to ``end``
+        (APPENDED; PAGES when it crossed the flusher's least pages), and the mappings
+        of full files dropped."""
         self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
         if self.pages_span and end // self.pages_span != before // self.pages_span:
             self.publisher.publish(bus.PAGES, bus.encode_offset(end))

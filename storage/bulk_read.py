@@ -40,7 +40,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from storage import record
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE
+from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT_DTYPE
 from storage.hashing import tags_code
 from storage.status import GetMessageStatus
 
@@ -151,43 +151,8 @@ class JoinedPlan(NamedTuple):
     sizes: np.ndarray
 
 
-SMALL_PLAN_UNITS = 48   # fewer units are planned by plan_spans' loop: numpy costs more
-
-
 def plan_joined(units: bytes, max_bytes: int, at_least_one: bool,
                 file_size: int) -> JoinedPlan:
-    """``plan_spans``' spans as columns, with each record's place in their bytes joined:
-    for a few units from ``plan_spans`` itself (``joined_from_spans``), for more with
-    numpy (``plan_joined_bulk``). A poll of a quiet queue reads a few units, a catching-up
-    reader hundreds: the loop costs ~0.3 µs a unit, numpy ~60 µs a call."""
-    if len(units) < SMALL_PLAN_UNITS * CQ_STORE_UNIT_SIZE:
-        return joined_from_spans(units, max_bytes, at_least_one, file_size)
-    return plan_joined_bulk(units, max_bytes, at_least_one, file_size)
-
-
-def joined_from_spans(units: bytes, max_bytes: int, at_least_one: bool,
-                      file_size: int) -> JoinedPlan:
-    """``plan_joined`` by ``plan_spans``, then one pass over the taken units."""
-    taken, spans = plan_spans(units, max_bytes, at_least_one, file_size)
-    unit_at = CQ_UNIT.unpack_from
-    span_of, starts, sizes = [], [], []
-    base = 0
-    for k, span in enumerate(spans):
-        for u in range(span.first_unit, span.end_unit):
-            phy, size, _ = unit_at(units, u * CQ_STORE_UNIT_SIZE)
-            if size != BLANK_UNIT_SIZE:
-                span_of.append(k)
-                starts.append(base + phy - span.begin)
-                sizes.append(size)
-        base += span.end - span.begin
-    columns = [[s.begin for s in spans], [s.end for s in spans],
-               [s.first_unit for s in spans], [s.end_unit for s in spans],
-               span_of, starts, sizes]
-    return JoinedPlan(taken, *(np.array(c, np.int64) for c in columns))
-
-
-def plan_joined_bulk(units: bytes, max_bytes: int, at_least_one: bool,
-                     file_size: int) -> JoinedPlan:
     """``plan_spans``' spans without a loop over the units: a record continues the
     span of the one before when it starts at or after that one's end, at most
     ``SPAN_GAP_BYTES`` later, in the same file and ``MAX_SPAN_BYTES`` stretch."""
@@ -271,7 +236,7 @@ def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
                         int(sizes.sum()), plan.starts[:kept])
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)
 def _units_struct(n: int) -> struct.Struct:
     return struct.Struct(">" + "qiq" * n)
 

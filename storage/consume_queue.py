@@ -449,7 +449,9 @@ class ConsumeQueueView(ConsumeQueue):
 
     Units of one queue point at increasing CommitLog offsets and are followed by zeros,
     so "unit n is within the bound" holds for a prefix of every file: both ends are
-    found by binary search. Never writes, creates, truncates or unlinks a file.
+    found by search (the max galloping up from the last answer, the min at once when
+    nothing of the first file expired). Never writes, creates, truncates or unlinks a
+    file.
     """
 
     def __init__(self, topic: str, queue_id: int, root_dir: str, mapped_file_size: int):

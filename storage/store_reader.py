@@ -241,13 +241,18 @@ class StoreReader:
             out.setdefault(topic, []).append(queue_id)
         return {topic: sorted(queue_ids) for topic, queue_ids in out.items()}
 
-    def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int, *,
-                                min_commit_log_offset: int | None = None) -> int:
+    def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
         """The number of units within ``dispatched`` (0 for an unknown queue)."""
+        bounds = self.queue_bounds(topic, queue_id, dispatched)
+        return bounds[1] if bounds else 0
+
+    def queue_bounds(self, topic: str, queue_id: int, dispatched: int, *,
+                     min_commit_log_offset: int | None = None) -> tuple[int, int] | None:
+        """``(min, max)`` logical offsets of a queue within ``dispatched``; None for an
+        unknown queue."""
         self._check_open()
         qv = self._queue(topic, queue_id)
-        return qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset))[1] \
-            if qv else 0
+        return qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset)) if qv else None
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int, dispatched: int, *,
                                 min_commit_log_offset: int | None = None) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from storage.bulk_read import (MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, joined_from_spans,
-                               plan_joined, plan_joined_bulk, plan_spans)
+from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_spans
 from storage.consume_queue import BLANK_UNIT, CQ_UNIT
 
 FILE = 1 << 20
@@ -94,10 +93,9 @@ def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
        st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
 @settings(max_examples=400)
 def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_size):
-    """Both joined planners (numpy, and the one by plan_spans for a few units) against
-    the loop: the same units taken, the same spans, and each record where the spans'
-    bytes joined hold it (blanks, gaps, records going back, file and stretch boundaries
-    included)."""
+    """The numpy planner against the loop: the same units taken, the same spans, and
+    each record where the spans' bytes joined hold it, with its span (blanks, gaps,
+    records going back, file and stretch boundaries included)."""
     phy, pairs = 0, []
     for item in layout:
         if item is None:
@@ -115,14 +113,8 @@ def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_s
         pairs = [None if p is None or p[0] // file_size != (p[0] + p[1] - 1) // file_size
                  else p for p in pairs]
     raw = units(*pairs)
-    for planner in (plan_joined_bulk, joined_from_spans, plan_joined):
-        _joined_plan_is(planner(raw, budget, at_least_one, file_size), raw, pairs, budget,
-                        at_least_one, file_size)
-
-
-def _joined_plan_is(plan, raw: bytes, pairs: list, budget: int, at_least_one: bool,
-                    file_size: int) -> None:
     taken, spans = plan_spans(raw, budget, at_least_one, file_size)
+    plan = plan_joined(raw, budget, at_least_one, file_size)
     assert plan.taken == taken
     assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
         plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
@@ -140,12 +132,11 @@ def _joined_plan_is(plan, raw: bytes, pairs: list, budget: int, at_least_one: bo
 
 def _same_plans(raw: bytes, file_size: int) -> None:
     taken, spans = plan_spans(raw, 1 << 40, True, file_size)
-    for plan in (plan_joined_bulk(raw, 1 << 40, True, file_size),
-                 joined_from_spans(raw, 1 << 40, True, file_size)):
-        assert plan.taken == taken
-        assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
-            plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
-            plan.end_units.tolist()))
+    plan = plan_joined(raw, 1 << 40, True, file_size)
+    assert plan.taken == taken
+    assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
+        plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
+        plan.end_units.tolist()))
 
 
 def test_plan_joined_at_the_edges_of_a_span():

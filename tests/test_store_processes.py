@@ -15,6 +15,7 @@ import zmq
 
 from procs import protocol
 from procs.client import Consumer, Producer, ReaderClient, RequestTimeout
+from procs.consumer import BULK_READ_MIN
 from shm import bus
 from shm.positions import Slot
 from storage import Message, MessageStore, StoreConfig
@@ -230,7 +231,8 @@ def test_consumers_of_one_group_share_the_queues(tmp_path):
 def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path, per_read):
     """Records of one queue stored back to back share a piece of the bulk read, and
     reads of many records are checked with numpy (``read_path.check_unit_views``):
-    every one comes back, in order, without the unit-by-unit fallback."""
+    every one comes back, in order, and no read of ``BULK_READ_MIN`` or more goes unit
+    by unit (only the last few messages of the queue, by design)."""
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir) as p:
             for start in range(0, 300, 50):
@@ -243,7 +245,13 @@ def test_a_queue_whose_records_touch_is_read_in_bulk(tmp_path, per_read):
         with Consumer(rs.store_dir, "touching", "Adjacent", config=config) as c:
             fallbacks = []
             slow = c.reader.get_message
-            c.reader.get_message = lambda *a, **kw: fallbacks.append(a) or slow(*a, **kw)
+
+            def spied(topic, queue_id, offset, max_msgs, *rest, **kw):
+                if min(300 - offset, max_msgs, per_read) >= BULK_READ_MIN:
+                    fallbacks.append((queue_id, offset, max_msgs))
+                return slow(topic, queue_id, offset, max_msgs, *rest, **kw)
+
+            c.reader.get_message = spied
             got = []
             deadline = time.monotonic() + 30
             while len(got) < 300 and time.monotonic() < deadline:
