@@ -72,6 +72,8 @@ class _Dealer:
         self.socket.setsockopt(zmq.LINGER, 0)
         curve.client_options(self.socket, curve_server_key, curve_client_key)
         self.socket.connect(endpoint)
+        self._poller = zmq.Poller()          # one for every wait
+        self._poller.register(self.socket, zmq.POLLIN)
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
         self.replies: dict[int, bytes] = {}
@@ -87,7 +89,7 @@ class _Dealer:
         deadline = time.monotonic() + self.timeout_ms / 1000
         while request_id not in self.replies:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.socket.poll(int(left * 1000) + 1):
+            if left <= 0 or not self._poller.poll(int(left * 1000) + 1):
                 raise RequestTimeout(f"no answer to request {request_id} within "
                                      f"{self.timeout_ms} ms; its outcome is unknown")
             frame = self.socket.recv()
