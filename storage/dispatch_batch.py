@@ -42,7 +42,7 @@ import numpy as np
 from storage import record
 from storage.hashing import java_string_hash
 from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
-from storage.record_batch import FIXED_HEAD, gather_be, gather_rows
+from storage.record_batch import FIXED_HEAD, gather_be, gather_rows, same_bytes
 
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _IPV4_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8   # through PREPARED
@@ -212,13 +212,10 @@ def _one_topic(buf, u8: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> list
     """``_slices`` of the topics when every record's is the first record's (the common
     run: one comparison of their bytes, one slice); None when they differ."""
     n = int(lengths[0])
-    if not (lengths == n).all() or n > 255:
+    if n > 255 or not same_bytes(u8, at, lengths):
         return None
     first = int(at[0])
-    topic = bytes(buf[first:first + n])
-    if not (gather_rows(u8, at, n) == np.frombuffer(topic, np.uint8)).all():
-        return None
-    return [topic] * len(at)
+    return [bytes(buf[first:first + n])] * len(at)
 
 
 def _slices(buf, at: np.ndarray, lengths: np.ndarray) -> list[bytes]:

@@ -126,6 +126,16 @@ def gather_rows(u8: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return windows[at]
 
 
+def same_bytes(u8: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether the ``lengths[i]`` bytes at each ``at[i]`` of ``u8`` are all the first
+    one's (a run of records that name one topic: one comparison, no loop)."""
+    n = int(lengths[0])
+    if not (lengths == n).all():
+        return False
+    rows = gather_rows(u8, at, n)
+    return bool((rows == rows[0]).all())
+
+
 def gather_be(u8: np.ndarray, at: np.ndarray, width: int, signed: bool = True) -> np.ndarray:
     """The big-endian integers of ``width`` bytes at positions ``at`` of ``u8``."""
     kind = "i" if signed else "u"
@@ -605,14 +615,7 @@ def _topics(raw: bytes, starts: np.ndarray, head: Heads, verdicts: dict,
     at = starts + head.topic_pos
     lengths = head.topic_len
     first = raw[int(at[0]):int(at[0] + lengths[0])]
-    if n > 1 and (lengths == lengths[0]).all():
-        u8 = np.frombuffer(raw, np.uint8)
-        idx = at[:, None] + np.arange(int(lengths[0]), dtype=np.int64)
-        same = bool((u8[idx] == u8[idx[0]]).all())
-        del u8
-    else:
-        same = n == 1
-    if same:
+    if n == 1 or same_bytes(np.frombuffer(raw, np.uint8), at, lengths):
         verdict = _verdict(first, verdicts)
         if type(verdict) is str:
             return [verdict] * n

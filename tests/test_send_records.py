@@ -28,7 +28,7 @@ from storage import commit_log as commit_log_module
 from storage.commit_log import CommitLog, EncodedMessage
 from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from storage.put_path import QueueSelector, prepare_batch
-from storage.record_batch import RecordsFormatError, check_records, encode_records
+from storage.record_batch import RecordsFormatError, check_records, encode_records, same_bytes
 from storage.status import PutMessageStatus
 from storage.validation import check_message
 from test_writer_flusher import message, running  # noqa: F401  (fixture)
@@ -339,3 +339,14 @@ def test_every_field_survives_the_wire_and_a_delayed_delivery(tmp_path):
         assert sorted((bytes(m.body), m.reconsume_times, m.prepared_transaction_offset)
                       for m in got) == [(b"later", 7, 9), (b"now", 12345, 3)]
         assert rs.stop() == 0, rs.log()
+
+
+def test_same_bytes_tells_one_topic_from_several_of_one_length():
+    """The bulk topic comparison the writer and the dispatcher share: equal only when
+    every slice has the first one's length and bytes."""
+    raw = np.frombuffer(b"OrdersOrdersOrdxrsOrders", np.uint8)
+    six = np.full(4, 6)
+    assert same_bytes(raw, np.array([0, 6, 18]), six[:3])
+    assert not same_bytes(raw, np.array([0, 6, 12, 18]), six)      # one byte differs
+    assert not same_bytes(raw, np.array([0, 6]), np.array([6, 5]))  # lengths differ
+    assert same_bytes(raw, np.array([6]), six[:1])
