@@ -134,11 +134,11 @@ class Consumer:
         early = offset_status(offset, *bounds)
         if early is not None:
             return early
-        take = min(bounds[1] - offset, max_msgs, cfg.max_transfer_count_on_message_in_memory)
+        most = min(max_msgs, cfg.max_transfer_count_on_message_in_memory)
+        take = min(bounds[1] - offset, most)
         if self.tags is None and take >= BULK_READ_MIN:
             got = self.reader.read_queue_records(
-                self.topic, queue_id, offset,
-                min(max_msgs, cfg.max_transfer_count_on_message_in_memory),
+                self.topic, queue_id, offset, most,
                 cfg.max_transfer_bytes_on_message_in_memory, dispatched,
                 joined=take >= BULK_VIEWS_MIN, min_commit_log_offset=min_phy)
             if got.status is GetMessageStatus.FOUND:
