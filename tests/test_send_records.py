@@ -269,6 +269,80 @@ def test_bytes_that_are_not_records_are_refused_whole(tmp_path):
     refused(topic, offsets, "topic length", 0)
 
 
+def _verdict_fields(checked) -> tuple:
+    return (checked.count, checked.refusals, checked.long_way, checked.topics,
+            checked.queue_ids, checked.consumable, checked.waits, checked.starts.tolist(),
+            checked.sizes.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=120), st.sampled_from(["TopicA", "TopicB"]),
+                          st.one_of(st.none(), st.sampled_from(["t", "é"])),
+                          st.sampled_from([None, 0, 3]), st.booleans(),
+                          st.sampled_from([0, 0, TRANSACTION_PREPARED_TYPE])),
+                min_size=1, max_size=record_batch.SMALL_CHECK - 1),
+       st.sampled_from([0, 7]), st.data())
+def test_a_short_run_is_judged_record_by_record_as_in_bulk(tmp_path_factory, rows, producer_id,
+                                                           data):
+    """A short run goes record by record when every record is taken as it is: then the
+    bulk check gives the same verdict; with one byte changed anywhere, the record-by-record
+    path either agrees with the bulk check or leaves the run to it."""
+    cfg = config(tmp_path_factory.mktemp("s"))
+    cfg.max_message_size = data.draw(st.sampled_from([cfg.max_message_size, 130]))
+    msgs = [Message(topic, body, tags=tags, queue_id=queue_id, wait_store_msg_ok=wait,
+                    sys_flag=sys_flag, born_timestamp=BORN_TS)
+            for body, topic, tags, queue_id, wait, sys_flag in rows]
+    buf, offsets = encode_records(msgs, BORN_TS, producer_id, 5)
+    buf = bytearray(buf)
+    changed = data.draw(st.booleans())
+    if changed:                         # half the time in a record's fixed fields
+        start = int(offsets[data.draw(st.integers(0, len(offsets) - 1))])
+        at = data.draw(st.one_of(st.integers(start, start + record_batch.BODY_POS - 1),
+                                 st.integers(0, len(buf) - 1)))
+        buf[at] ^= data.draw(st.integers(1, 255))
+    raw, offs = bytes(buf), np.array(offsets)
+    small = record_batch._check_clean_run(raw, offs, cfg, producer_id, 5, {})
+    sizes = np.diff(np.append(offsets, len(buf)))
+    if not changed and all(m.tags != "é" for m in msgs) and max(sizes) <= cfg.max_message_size:
+        assert small is not None
+    try:
+        bulk = record_batch._check_bulk(raw, offs, cfg, False, producer_id, 5, {})
+    except RecordsFormatError:
+        assert small is None
+        return
+    if small is not None:
+        assert _verdict_fields(small) == _verdict_fields(bulk)
+    elif not bulk.refusals and not bulk.long_way:
+        assert "é".encode() in raw      # the one clean run it leaves: non-ASCII properties
+    assert _verdict_fields(check_records(raw, offs, cfg, producer_id=producer_id,
+                                         first_sequence=5)) == _verdict_fields(bulk)
+
+
+def test_a_short_run_leaves_every_record_not_taken_as_it_is_to_the_bulk_check(tmp_path):
+    cfg = config(tmp_path)
+    cfg.max_message_size = 300
+    good = Message("TopicA", b"fine", tags="t", queue_id=0)
+
+    def one(msg=good, patch=None):
+        buf, offsets = frame_records([good, msg, good])
+        if patch:
+            patch(buf, int(offsets[1]))
+        return record_batch._check_clean_run(bytes(buf), offsets, cfg, 0, 0, {})
+
+    assert one() is not None
+    cases = [Message("TopicA", b"x", queue_id=99), Message("bad/topic", b"x", queue_id=0),
+             Message("TopicA", b"x" * 400, queue_id=0), Message("TopicA", b"x", tags="é"),
+             Message("TopicA", b"x", delay_level=2), Message("TopicA", b"x", born_host=("::1", 1)),
+             Message("T" * 200, b"x")]
+    for msg in cases:
+        assert one(msg) is None, msg
+    patches = [lambda b, s: struct.pack_into(">i", b, s + record_batch.BORNPORT_POS, 70_000),
+               lambda b, s: b.__setitem__(s + record_batch.BODY_POS, ord("F") ^ 1),   # CRC
+               lambda b, s: struct.pack_into(">q", b, s + record_batch.STORETIMESTAMP_POS, 1)]
+    for patch in patches:
+        assert one(patch=patch) is None
+
+
 # ============================================================================ 3. end to end
 def test_a_running_writer_stores_good_records_around_bad_ones(running):  # noqa: F811
     s = running().start()
