@@ -459,10 +459,17 @@ class ConsumeQueueView(ConsumeQueue):
         self.units_per_file = mapped_file_size // CQ_STORE_UNIT_SIZE
         self._partial: MappedFile | None = None
         self._last: tuple[MappedFile | None, int] = (None, 0)   # _last_within's answer
+        self._bounded: tuple[int, int, tuple[int, int]] | None = None  # the last bounds
 
     def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
         """``(min, max)`` logical offsets within ``dispatched``; leaves the queue showing
-        exactly the units in ``[min, max)``."""
+        exactly the units in ``[min, max)``. Asked again with the same ``dispatched`` and
+        ``min_phy``, it answers as it did: the queue shows those units already, and what
+        lies within a bound does not change while the bound stands."""
+        last = self._bounded
+        if last is not None and last[0] == dispatched and last[1] == min_phy:
+            return last[2]
+        self._bounded = None
         mfq = self.mapped_file_queue
         mfq.show_all()
         if not mfq.mapped_files:
@@ -480,6 +487,7 @@ class ConsumeQueueView(ConsumeQueue):
             return self.bounds(dispatched, min_phy)
         self.min_logic_offset = lo * CQ_STORE_UNIT_SIZE
         mfq.show_first(len(visible))
+        self._bounded = (dispatched, min_phy, (lo, hi))
         return lo, hi
 
     def _last_within(self, bound: int) -> tuple[int, int]:
