@@ -18,6 +18,18 @@ For each requested offset (the appender asks for the two files after the one it 
    made itself meanwhile: then the made one is dropped), unlink the temporary name, and
    fsync the directory.
 
+Read-ahead (without warm-up): the appender says where it writes (``keep_ahead``), and
+between allocations the thread reads the CommitLog from there to ``READ_AHEAD`` bytes
+past it (``preadv``, 1 MiB at a time, into one buffer; into the next file when the
+appender nears the end of one). The read brings those pages into the page cache as clean
+zeros with no disk I/O (the extents are unwritten), so the appender's first write to a
+page finds it there instead of allocating it in a page fault. It costs about the CPU
+those faults took, in this thread instead of on the appender's path: on a 2-core virtual
+machine whose fresh memory is slow to touch, copying 300-byte records into a new file
+cost the appender 0.3-0.6 µs a record, 0.03 behind the read, and the ASYNC ingest of
+``bench/pipeline.py`` rose ~5% (alternating runs). A store that is not written reads
+nothing; the pages are page cache like any other, dropped under memory pressure.
+
 ``take(offset)`` hands the appender the file's path: at once when it is ready, after
 waiting up to ``wait_ms`` when it is being made, and None when it was never asked for or
 failed (the appender then creates it itself, as before). The appender maps the file and,
@@ -43,6 +55,7 @@ log = logging.getLogger(__name__)
 SUFFIX = ".allocating"
 WARM_CHUNK = 1 << 20
 ZEROS = bytes(WARM_CHUNK)
+READ_AHEAD = 64 << 20       # how far past the appender the page cache is read
 
 
 def remove_leftovers(directory: str) -> int:
@@ -73,6 +86,10 @@ class AllocateMappedFileService:
         self._ready: dict[int, str] = {}    # offset -> path, made and not yet taken
         self._failed: set[int] = set()
         self._stopping = False
+        self._read_to = 0                   # read-ahead: the CommitLog is read up to here
+        self._read_want = 0                 # ... and is to be read up to here
+        self._reading: tuple[int, int] | None = None    # (file offset, fd) read from
+        self._buf: bytearray | None = None
         self.allocated = 0                  # files made, for status and tests
         self._thread = threading.Thread(target=self._run, name="allocate-mapped-file",
                                         daemon=True)
@@ -104,6 +121,18 @@ class AllocateMappedFileService:
                     return None
             return self._ready.pop(offset, None)
 
+    def keep_ahead(self, offset: int) -> None:
+        """The appender writes at CommitLog ``offset``: have the pages up to
+        ``READ_AHEAD`` past it read into the page cache. Cheap when nothing new is
+        asked: it asks again only every half ``READ_AHEAD``. Nothing with warm-up (the
+        files' pages were written already)."""
+        if self.warm or offset + READ_AHEAD // 2 <= self._read_want:
+            return
+        with self._cond:
+            self._read_to = max(self._read_to, offset - offset % OS_PAGE_SIZE)
+            self._read_want = offset + READ_AHEAD
+            self._cond.notify_all()
+
     def shutdown(self) -> None:
         with self._cond:
             self._stopping = True
@@ -113,26 +142,66 @@ class AllocateMappedFileService:
 
     # ---------------------------------------------------------------- the thread
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._stopping)
-                if self._stopping:
-                    return
+        try:
+            while self._turn():
+                pass
+        finally:
+            self._stop_reading()
+
+    def _turn(self) -> bool:
+        """Make the next file asked for, else read one chunk ahead; False to stop."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._queue or self._stopping
+                                or self._read_to < self._read_want)
+            if self._stopping:
+                return False
+            if self._queue:
                 offset = self._busy = self._queue.pop(0)
-            path = None
+            else:
+                at = self._read_to
+                end = self._read_to = min(at + WARM_CHUNK,
+                                          at - at % self.file_size + self.file_size)
+                offset = None
+        if offset is None:
+            self._read_chunk(at, end)
+            return True
+        path = None
+        try:
+            path = self._make(offset)
+        except OSError as e:
+            log.warning("allocating %s failed (the appender will create it): %s",
+                        offset_to_file_name(offset), e)
+        with self._cond:
+            self._busy = None
+            if path is None:
+                self._failed.add(offset)
+            else:
+                self._ready[offset] = path
+                self.allocated += 1
+            self._cond.notify_all()
+        return True
+
+    def _read_chunk(self, at: int, end: int) -> None:
+        """Read the CommitLog from ``at`` to ``end`` (one file's; nothing when that file
+        is not there)."""
+        base = at - at % self.file_size
+        if self._reading is None or self._reading[0] != base:
+            self._stop_reading()
             try:
-                path = self._make(offset)
-            except OSError as e:
-                log.warning("allocating %s failed (the appender will create it): %s",
-                            offset_to_file_name(offset), e)
-            with self._cond:
-                self._busy = None
-                if path is None:
-                    self._failed.add(offset)
-                else:
-                    self._ready[offset] = path
-                    self.allocated += 1
-                self._cond.notify_all()
+                self._reading = (base, os.open(self._path(base), os.O_RDONLY))
+            except OSError:
+                return                  # not made yet: the appender will fault it in
+        if self._buf is None:
+            self._buf = bytearray(WARM_CHUNK)
+        try:
+            os.preadv(self._reading[1], [memoryview(self._buf)[:end - at]], at - base)
+        except OSError as e:
+            log.debug("read-ahead at %d: %s", at, e)
+
+    def _stop_reading(self) -> None:
+        if self._reading is not None:
+            os.close(self._reading[1])
+            self._reading = None
 
     def _make(self, offset: int) -> str | None:
         final = self._path(offset)

@@ -395,6 +395,8 @@ class CommitLog:
             mf.store_timestamp = store_timestamp
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
+        if self._allocator is not None and mf is not None:
+            self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
         return Appended(done, physical, queue_offsets[:done])
 
     def append_verbatim(self, offset: int, data) -> None:
@@ -640,7 +642,7 @@ class CommitLog:
     def start_allocation(self) -> None:
         """The single appender's: from now on the next two files are made ready ahead of
         need by a service thread (``storage.allocate``), warmed when
-        ``warm_maped_file_enable``."""
+        ``warm_maped_file_enable``, and the page cache is read ahead of the appends."""
         cfg = self.config
         leftovers = allocate.remove_leftovers(cfg.commit_log_dir)
         if leftovers:

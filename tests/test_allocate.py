@@ -89,3 +89,48 @@ def test_an_embedded_store_with_warm_up_rolls_through_files_made_ahead(tmp_path)
         assert again.get_max_offset_in_queue("TopicTest", 0) == 400
         last = again.get_message("g", "TopicTest", 0, 399, 1).messages[0]
         assert last.body == msg(399).body
+
+
+def _resident_pages(file_path: str) -> list[bool]:
+    """Which pages of the file are in the page cache (``mincore`` over a mapping)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = os.path.getsize(file_path)
+    fd = os.open(file_path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            vec = ctypes.create_string_buffer(size // mmap.PAGESIZE)
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+            return [b & 1 == 1 for b in vec.raw]
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def test_the_page_cache_is_read_ahead_of_the_appender_into_the_next_file(tmp_path):
+    """``keep_ahead``: the pages from the appender's offset to READ_AHEAD past it come into
+    the page cache (across the end of a file), those before it are left alone, and a
+    file not made yet is skipped."""
+    d = str(tmp_path)
+    size = 4 << 20
+    a = AllocateMappedFileService(d, size)
+    try:
+        a.request(0, size)
+        wait_for(lambda: a.allocated == 2)
+        assert not any(_resident_pages(path(d, 0)))      # made, not read
+        a.keep_ahead(3 << 20)                             # 1 MiB before the first's end
+        wait_for(lambda: a._read_to >= a._read_want)
+        first, second = _resident_pages(path(d, 0)), _resident_pages(path(d, size))
+        page = len(first) // 4                            # pages in 1 MiB
+        assert not any(first[:3 * page]) and all(first[3 * page:]) and all(second)
+    finally:
+        a.shutdown()
