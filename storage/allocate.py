@@ -27,8 +27,10 @@ page finds it there instead of allocating it in a page fault. It costs about the
 those faults took, in this thread instead of on the appender's path: on a 2-core virtual
 machine whose fresh memory is slow to touch, copying 300-byte records into a new file
 cost the appender 0.3-0.6 µs a record, 0.03 behind the read, and the ASYNC ingest of
-``bench/pipeline.py`` rose ~5% (alternating runs). A store that is not written reads
-nothing; the pages are page cache like any other, dropped under memory pressure.
+``bench/pipeline.py`` rose 3-5% (alternating runs). A store that is not written reads
+nothing; the pages are page cache like any other, dropped under memory pressure. With
+the transient store pool the appender writes no file page (the commit step's ``pwrite``
+does), so it asks for no read-ahead.
 
 ``take(offset)`` hands the appender the file's path: at once when it is ready, after
 waiting up to ``wait_ms`` when it is being made, and None when it was never asked for or

@@ -395,7 +395,8 @@ class CommitLog:
             mf.store_timestamp = store_timestamp
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
-        if self._allocator is not None and mf is not None:
+        if self._allocator is not None and mf is not None and self._pool is None:
+            # through the pool, the commit step's pwrite allocates the file's pages itself
             self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
         return Appended(done, physical, queue_offsets[:done])
 
