@@ -191,8 +191,10 @@ class AllocateMappedFileService:
             self._stop_reading()
             try:
                 self._reading = (base, os.open(self._path(base), os.O_RDONLY))
-            except OSError:
-                return                  # not made yet: the appender will fault it in
+            except OSError:             # not made yet: the window ends here until the
+                with self._cond:        # appender asks again
+                    self._read_to = max(self._read_to, self._read_want)
+                return
         if self._buf is None:
             self._buf = bytearray(WARM_CHUNK)
         try:
