@@ -184,15 +184,16 @@ class AllocateMappedFileService:
         return True
 
     def _read_chunk(self, at: int, end: int) -> None:
-        """Read the CommitLog from ``at`` to ``end`` (one file's; nothing when that file
-        is not there)."""
+        """Read the CommitLog from ``at`` to ``end`` (within one file). A file not made
+        yet ends the window: what it would have read is left to the appender's faults,
+        and the next ``keep_ahead`` reads on from the window's end."""
         base = at - at % self.file_size
         if self._reading is None or self._reading[0] != base:
             self._stop_reading()
             try:
                 self._reading = (base, os.open(self._path(base), os.O_RDONLY))
-            except OSError:             # not made yet: the window ends here until the
-                with self._cond:        # appender asks again
+            except OSError:
+                with self._cond:
                     self._read_to = max(self._read_to, self._read_want)
                 return
         if self._buf is None:
