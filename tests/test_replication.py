@@ -292,8 +292,8 @@ def test_killed_slave_and_master_catch_up_with_nothing_missing_or_doubled(tmp_pa
                         except ProcessLookupError:
                             pass                             # it had just died
         load(300)
-        # the kills took: each victim is restarted after its back-off (0.5 s), which the
-        # load may outrun when the kills fall in its last half second
+        # the kills took: each victim is restarted after its back-off (0.5 s), which can
+        # outlast the rest of the load (300 batches take well under a second)
         wait_for(lambda: pair.slave.restarts("writer") + pair.master.restarts("ha") > 0,
                  10, "a killed process restarted")
         pair.master.kill_all()
