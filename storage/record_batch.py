@@ -483,7 +483,7 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
     for i in range(n):
         s, e = offs[i], offs[i + 1]
         size = e - s
-        if size < MIN_RECORD_SIZE:
+        if size < MIN_RECORD_SIZE or e > end:       # the offsets table is the bulk's
             return None
         (total, magic, crc, queue_id, _, queue_offset, physical_offset, sys_flag, _, _,
          port, store_ts, _, _, _, body_len) = unpack(raw, s)
