@@ -388,6 +388,14 @@ def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
     return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
 
 
+def _unit_within(buf, index: int, bound: int) -> bool:
+    """Whether unit ``index`` of a consume queue file is a blank or a valid unit whose
+    record ends at or below ``bound``."""
+    phy, size, tags_code = CQ_UNIT.unpack_from(buf, index * CQ_STORE_UNIT_SIZE)
+    return _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0
+                                                    and phy + size <= bound)
+
+
 def _units_within(buf, units: int, bound: int, hint: int = 0) -> int:
     """How many leading units of a consume queue file are there within ``bound``:
     blanks, or valid units whose record ends at or below it (a prefix, by order).
@@ -396,12 +404,9 @@ def _units_within(buf, units: int, bound: int, hint: int = 0) -> int:
     it, the search gallops up from there (a few reads for a queue that grew a little)
     instead of halving the whole file (~19 reads)."""
     lo, hi = 0, units
-    unpack_from = CQ_UNIT.unpack_from
 
     def within(i: int) -> bool:
-        phy, size, tags_code = unpack_from(buf, i * CQ_STORE_UNIT_SIZE)
-        return _is_blank_unit(phy, size, tags_code) or (phy >= 0 and size > 0
-                                                        and phy + size <= bound)
+        return _unit_within(buf, i, bound)
 
     if 0 < hint <= units and within(hint - 1):
         lo, step = hint, 1
@@ -459,15 +464,20 @@ class ConsumeQueueView(ConsumeQueue):
         self.units_per_file = mapped_file_size // CQ_STORE_UNIT_SIZE
         self._partial: MappedFile | None = None
         self._last: tuple[MappedFile | None, int] = (None, 0)   # _last_within's answer
-        self._bounded: tuple[int, int, tuple[int, int]] | None = None  # the last bounds
+        # the last bounds: (dispatched, min_phy, answer, file and index of its last unit)
+        self._bounded: tuple | None = None
 
     def bounds(self, dispatched: int, min_phy: int) -> tuple[int, int]:
         """``(min, max)`` logical offsets within ``dispatched``; leaves the queue showing
         exactly the units in ``[min, max)``. Asked again with the same ``dispatched`` and
-        ``min_phy``, it answers as it did: the queue shows those units already, and what
-        lies within a bound does not change while the bound stands."""
+        ``min_phy``, it answers as it did (the queue shows those units already, and what
+        lies within a bound does not change while the bound stands) once the last unit
+        it counted is read again and still lies within: a unit the dispatcher was
+        writing past the bound can look inside it when read torn, and is then counted
+        once, never remembered."""
         last = self._bounded
-        if last is not None and last[0] == dispatched and last[1] == min_phy:
+        if last is not None and last[0] == dispatched and last[1] == min_phy and (
+                last[3] is None or _unit_within(last[3].buf, last[4], dispatched)):
             return last[2]
         self._bounded = None
         mfq = self.mapped_file_queue
@@ -487,7 +497,7 @@ class ConsumeQueueView(ConsumeQueue):
             return self.bounds(dispatched, min_phy)
         self.min_logic_offset = lo * CQ_STORE_UNIT_SIZE
         mfq.show_first(len(visible))
-        self._bounded = (dispatched, min_phy, (lo, hi))
+        self._bounded = (dispatched, min_phy, (lo, hi), files[i] if k else None, k - 1)
         return lo, hi
 
     def _last_within(self, bound: int) -> tuple[int, int]:

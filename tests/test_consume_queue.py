@@ -20,8 +20,8 @@ import refcodec
 from conftest import msg, small_config
 from storage import GetMessageStatus, MessageStore
 from storage.consume_queue import (
-    BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, _first_unit_at_or_above,
-    _units_within, decode_unit, encode_unit)
+    BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, ConsumeQueueView,
+    _first_unit_at_or_above, _units_within, decode_unit, encode_unit)
 from storage.hashing import tags_code
 from storage.mapped_file import offset_to_file_name
 
@@ -447,6 +447,25 @@ def test_store_units_point_at_their_records(store):
             assert code == tags_code(m.tags) == refcodec.java_hash(m.tags)
     g = store.get_message("g", "TopicTest", 0, 0, 4)
     assert g.status is GetMessageStatus.FOUND and len(g.messages) == 4
+
+
+def test_a_view_remembers_its_bounds_but_not_a_unit_read_torn(tmp_path):
+    """Asked again with the same bound, a reader's view answers as before; but a unit
+    the dispatcher was writing past the bound, read torn so that it looked inside it
+    (its old zero offset, its new size), is counted once and not remembered."""
+    cq = new_queue(tmp_path)
+    put_units(cq, 0, 5)                              # records [0, 500)
+    view = ConsumeQueueView("TopicTest", 0, str(tmp_path), FILE_SIZE)
+    assert view.bounds(500, 0) == (0, 5) == view.bounds(500, 0)
+    mf = cq.mapped_file_queue.get_last_mapped_file()
+    torn = CQ_UNIT.pack(0, 100, 0)                   # unit 5 half written: looks within
+    mf.buf[5 * CQ_STORE_UNIT_SIZE:6 * CQ_STORE_UNIT_SIZE] = torn
+    assert view.bounds(499, 0) == (0, 4)             # another bound: searched again
+    assert view.bounds(500, 0) == (0, 6)             # the torn unit counted
+    put_units(cq, 5, 6)                              # ... then written whole: [500, 600)
+    assert view.bounds(500, 0) == (0, 5)             # read again, not remembered
+    view.close()
+    cq.close()
 
 
 @given(st.integers(0, 10), st.integers(0, 38), st.integers(0, 50), st.integers(0, 50))
