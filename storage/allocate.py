@@ -27,8 +27,10 @@ page finds it there instead of allocating it in a page fault. It costs about the
 those faults took, in this thread instead of on the appender's path: on a 2-core virtual
 machine whose fresh memory is slow to touch, copying 300-byte records into a new file
 cost the appender 0.3-0.6 µs a record, 0.03 behind the read, and the ASYNC ingest of
-``bench/pipeline.py`` rose 3-5% (alternating runs). A store that is not written reads
-nothing; the pages are page cache like any other, dropped under memory pressure. With
+``bench/pipeline.py`` rose 3-5% (alternating runs). At a file not made yet, the read
+waits until this thread makes it (or the appender reaches it, having made it itself). A
+store that is not written reads nothing; the pages are page cache like any other,
+dropped under memory pressure. With
 the transient store pool the appender writes no file page (the commit step's ``pwrite``
 does), so it asks for no read-ahead.
 
@@ -90,6 +92,7 @@ class AllocateMappedFileService:
         self._stopping = False
         self._read_to = 0                   # read-ahead: the CommitLog is read up to here
         self._read_want = 0                 # ... and is to be read up to here
+        self._read_blocked: int | None = None   # the file read-ahead waits for
         self._reading: tuple[int, int] | None = None    # (file offset, fd) read from
         self._buf: bytearray | None = None
         self.allocated = 0                  # files made, for status and tests
@@ -133,6 +136,8 @@ class AllocateMappedFileService:
         with self._cond:
             self._read_to = max(self._read_to, offset - offset % OS_PAGE_SIZE)
             self._read_want = offset + READ_AHEAD
+            if self._read_blocked is not None and self._read_to >= self._read_blocked:
+                self._read_blocked = None   # the appender is there: it made the file
             self._cond.notify_all()
 
     def shutdown(self) -> None:
@@ -153,8 +158,8 @@ class AllocateMappedFileService:
     def _turn(self) -> bool:
         """Make the next file asked for, else read one chunk ahead; False to stop."""
         with self._cond:
-            self._cond.wait_for(lambda: self._queue or self._stopping
-                                or self._read_to < self._read_want)
+            self._cond.wait_for(lambda: self._queue or self._stopping or (
+                self._read_blocked is None and self._read_to < self._read_want))
             if self._stopping:
                 return False
             if self._queue:
@@ -180,13 +185,15 @@ class AllocateMappedFileService:
             else:
                 self._ready[offset] = path
                 self.allocated += 1
+                if self._read_blocked == offset:
+                    self._read_blocked = None
             self._cond.notify_all()
         return True
 
     def _read_chunk(self, at: int, end: int) -> None:
-        """Read the CommitLog from ``at`` to ``end`` (within one file). A file not made
-        yet ends the window: what it would have read is left to the appender's faults,
-        and the next ``keep_ahead`` reads on from the window's end."""
+        """Read the CommitLog from ``at`` to ``end`` (within one file). At a file not
+        made yet, read-ahead waits until this thread makes it or the appender reaches it
+        (then it made the file itself)."""
         base = at - at % self.file_size
         if self._reading is None or self._reading[0] != base:
             self._stop_reading()
@@ -194,7 +201,8 @@ class AllocateMappedFileService:
                 self._reading = (base, os.open(self._path(base), os.O_RDONLY))
             except OSError:
                 with self._cond:
-                    self._read_to = max(self._read_to, self._read_want)
+                    if self._read_to == end:    # keep_ahead did not move it meanwhile
+                        self._read_to, self._read_blocked = at, base
                 return
         if self._buf is None:
             self._buf = bytearray(WARM_CHUNK)

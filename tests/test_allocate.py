@@ -116,10 +116,10 @@ def _resident_pages(file_path: str) -> list[bool]:
         os.close(fd)
 
 
-def test_the_page_cache_is_read_ahead_of_the_appender_into_the_next_file(tmp_path):
+def test_the_page_cache_is_read_ahead_of_the_appender_into_the_next_files(tmp_path):
     """``keep_ahead``: the pages from the appender's offset to READ_AHEAD past it come into
-    the page cache (across the end of a file), those before it are left alone, and a
-    file not made yet is skipped."""
+    the page cache (across the end of a file), those before it are left alone, and at a
+    file not made yet the read waits until it is made."""
     d = str(tmp_path)
     size = 4 << 20
     a = AllocateMappedFileService(d, size)
@@ -128,9 +128,12 @@ def test_the_page_cache_is_read_ahead_of_the_appender_into_the_next_file(tmp_pat
         wait_for(lambda: a.allocated == 2)
         assert not any(_resident_pages(path(d, 0)))      # made, not read
         a.keep_ahead(3 << 20)                             # 1 MiB before the first's end
-        wait_for(lambda: a._read_to >= a._read_want)
+        wait_for(lambda: a._read_blocked == 2 * size)     # the third is not made
         first, second = _resident_pages(path(d, 0)), _resident_pages(path(d, size))
         page = len(first) // 4                            # pages in 1 MiB
         assert not any(first[:3 * page]) and all(first[3 * page:]) and all(second)
+        a.request(2 * size)
+        wait_for(lambda: a._read_blocked == 3 * size)     # read the third once made
+        assert all(_resident_pages(path(d, 2 * size)))
     finally:
         a.shutdown()
