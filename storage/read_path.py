@@ -268,6 +268,8 @@ def read_queue(cq: ConsumeQueue, offset: int, max_msgs: int, tags: set[str], lo:
         if phy < next_phy_file_start or size == BLANK_UNIT_SIZE:
             index += 1
             continue
+        if phy + size > max_phy:    # past the bound (``hi`` counted it from a torn read):
+            break                   # it is read once the bound passes it, never skipped
         if batch_full(config, size, total_bytes, len(messages), max_msgs,
                       max_phy - phy > memory_limit):
             break

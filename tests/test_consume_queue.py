@@ -23,6 +23,7 @@ from storage.consume_queue import (
     BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, ConsumeQueueView,
     _first_unit_at_or_above, _units_within, decode_unit, encode_unit)
 from storage.hashing import tags_code
+from storage.read_path import read_queue
 from storage.mapped_file import offset_to_file_name
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -465,6 +466,22 @@ def test_a_view_remembers_its_bounds_but_not_a_unit_read_torn(tmp_path):
     put_units(cq, 5, 6)                              # ... then written whole: [500, 600)
     assert view.bounds(500, 0) == (0, 5)             # read again, not remembered
     view.close()
+    cq.close()
+
+
+def test_a_unit_past_the_bound_ends_a_read_and_is_never_skipped(tmp_path):
+    """A unit counted within the bound from a torn read, read again whole and past the
+    bound (the reader has no bytes for its record yet), ends the read at itself: the
+    next read starts there instead of past a message nobody read."""
+    cq = new_queue(tmp_path)
+    put_units(cq, 0, 6)                              # records [0, 600)
+
+    def read_unit(index, phy, size, where):          # as StoreReader's: nothing past 500
+        return f"m{index}" if phy + size <= 500 else None
+
+    got = read_queue(cq, 4, 32, set(), 0, 6, read_unit, config=small_config(tmp_path),
+                     max_phy=500, memory_limit=1 << 30, roll_next_file=lambda phy: phy + 1)
+    assert got.messages == ["m4"] and got.next_begin_offset == 5
     cq.close()
 
 
