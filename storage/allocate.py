@@ -30,9 +30,8 @@ cost the appender 0.3-0.6 µs a record, 0.03 behind the read, and the ASYNC inge
 ``bench/pipeline.py`` rose 3-5% (alternating runs). At a file not made yet, the read
 waits until this thread makes it (or the appender reaches it, having made it itself). A
 store that is not written reads nothing; the pages are page cache like any other,
-dropped under memory pressure. With
-the transient store pool the appender writes no file page (the commit step's ``pwrite``
-does), so it asks for no read-ahead.
+dropped under memory pressure. With the transient store pool the appender writes no
+file page (the commit step's ``pwrite`` does), so it asks for no read-ahead.
 
 ``take(offset)`` hands the appender the file's path: at once when it is ready, after
 waiting up to ``wait_ms`` when it is being made, and None when it was never asked for or
