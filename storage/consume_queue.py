@@ -388,7 +388,7 @@ def _is_blank_unit(phy: int, size: int, tags_code: int) -> bool:
     return size == BLANK_UNIT_SIZE and phy == 0 and tags_code == 0
 
 
-def _unit_within(buf, index: int, bound: int) -> bool:
+def unit_within(buf, index: int, bound: int) -> bool:
     """Whether unit ``index`` of a consume queue file is a blank or a valid unit whose
     record ends at or below ``bound``."""
     phy, size, tags_code = CQ_UNIT.unpack_from(buf, index * CQ_STORE_UNIT_SIZE)
@@ -406,7 +406,7 @@ def _units_within(buf, units: int, bound: int, hint: int = 0) -> int:
     lo, hi = 0, units
 
     def within(i: int) -> bool:
-        return _unit_within(buf, i, bound)
+        return unit_within(buf, i, bound)
 
     if 0 < hint <= units and within(hint - 1):
         lo, step = hint, 1
@@ -477,7 +477,7 @@ class ConsumeQueueView(ConsumeQueue):
         once, never remembered."""
         last = self._bounded
         if last is not None and last[0] == dispatched and last[1] == min_phy and (
-                last[3] is None or _unit_within(last[3].buf, last[4], dispatched)):
+                last[3] is None or unit_within(last[3].buf, last[4], dispatched)):
             return last[2]
         self._bounded = None
         mfq = self.mapped_file_queue

@@ -91,7 +91,8 @@ from typing import Callable, Iterable
 from storage.bulk_read import QueueRecords, QueueUnits, read_records
 from storage.commit_log import CommitLog
 from storage.config import StoreConfig
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueView
+from storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT,
+                                   ConsumeQueueView, unit_within)
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.index_file import IndexFileView
 from storage.logic_queues import queue_dirs
@@ -104,6 +105,25 @@ from storage.status import GetMessageStatus
 from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
+
+
+def _being_written(units: bytes, count: int, dispatched: int, min_phy: int) -> bool:
+    """Whether the last of ``count`` units, the last one the bounds counted, is one the
+    dispatcher is writing past the bound: read torn, its old offset 0 and its new size
+    looked inside the bound. Now it lies past the bound, or (torn still) points below
+    the unit before it or below the CommitLog min, which no unit after the queue's min
+    does. Read as it is, its record would look expired and be stepped over."""
+    if not unit_within(units, count - 1, dispatched):
+        return True
+    phy, size, _ = CQ_UNIT.unpack_from(units, (count - 1) * CQ_STORE_UNIT_SIZE)
+    if size == BLANK_UNIT_SIZE:
+        return False
+    floor = min_phy
+    if count > 1:
+        before, before_size, _ = CQ_UNIT.unpack_from(units, (count - 2) * CQ_STORE_UNIT_SIZE)
+        if before_size != BLANK_UNIT_SIZE:
+            floor = max(floor, before + before_size)
+    return phy < floor
 
 
 def _digit_names(directory: str) -> list[str]:
@@ -315,6 +335,10 @@ class StoreReader:
             self._bound_commit_log(dispatched)
 
         def read_unit(index: int, phy: int, size: int, where: tuple[str, int]):
+            if phy < min_phy and index >= lo:
+                # no unit from the queue's min on points below the CommitLog min: this
+                # one is being written past the bound, read torn (offset 0, its size)
+                return NOT_YET
             data = self._read_record(phy, size, min_phy)
             if data is None:
                 return None
@@ -394,12 +418,17 @@ class StoreReader:
         qv = self._queue(topic, queue_id)
         if qv is None:
             return QueueUnits(b"", offset, 0, 0, 0)
-        lo, hi = qv.bounds(dispatched, self._commit_log_min(min_commit_log_offset))
+        min_phy = self._commit_log_min(min_commit_log_offset)
+        lo, hi = qv.bounds(dispatched, min_phy)
         first = max(offset, lo)
         if first >= hi or max_units <= 0:
             return QueueUnits(b"", first, 0, lo, hi)
         units = qv.read_units(first, max_units, hi)   # empty: its file went meanwhile
-        return QueueUnits(units, first, len(units) // CQ_STORE_UNIT_SIZE, lo, hi)
+        count = len(units) // CQ_STORE_UNIT_SIZE
+        if count and first + count == hi and _being_written(units, count, dispatched, min_phy):
+            count, hi = count - 1, hi - 1           # not there yet
+            units = units[:count * CQ_STORE_UNIT_SIZE]
+        return QueueUnits(units, first, count, lo, hi)
 
     def read_queue_records(self, topic: str, queue_id: int, offset: int, max_units: int,
                            max_bytes: int, dispatched: int, *,

@@ -218,6 +218,42 @@ def test_a_unit_changing_under_the_reader_ends_the_batch_instead_of_raising(stor
     mf.buf[60:80] = good
 
 
+def test_a_unit_being_written_past_the_bound_is_never_read_past(store, reader):
+    """The dispatcher writing the unit after the bound: read torn, its old zero offset
+    and its new size look inside the bound. Bulk and unit-by-unit reads at that offset
+    may find nothing, never a skip past it (its record is not there yet: it would look
+    expired and be stepped over)."""
+    rs = fill(store, 6, queues=1)
+    store.dispatch()
+    bound = rs[5].wrote_offset                   # units 0..4 within, unit 5 past it
+    mf = store.find_consume_queue(TOPIC, 0).mapped_file_queue.mapped_files[0]
+    whole = bytes(mf.buf[100:120])
+    torn = encode_unit(0, rs[5].wrote_bytes, 0)  # the old zeros of its offset, its size
+    stop = threading.Event()
+
+    def write():                                 # unit 5 keeps "being written"
+        while not stop.is_set():
+            mf.buf[100:120] = torn
+            time.sleep(0.0002)
+            mf.buf[100:120] = whole
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        for _ in range(300):
+            r = reader.read_queue_records(TOPIC, 0, 5, 32, 1 << 20, bound,
+                                          min_commit_log_offset=rs[1].wrote_offset)
+            assert r.next_begin_offset <= 5 and r.count == 0, (r.status, r.next_begin_offset)
+            g = reader.get_message(TOPIC, 0, 5, 32, bound,
+                                   min_commit_log_offset=rs[1].wrote_offset)
+            assert g.next_begin_offset <= 5 and not g.messages, (g.status, g.next_begin_offset)
+    finally:
+        stop.set()
+        t.join()
+    mf.buf[100:120] = whole
+
+
 # --------------------------------------------------------------------------- equal answers
 def test_get_message_equals_message_store_for_every_status(store, reader, config):
     fill(store, 200, queues=3)   # many CommitLog and consume queue files
