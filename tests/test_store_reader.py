@@ -9,6 +9,7 @@ reader bounded by the store's dispatched position (``store.reput_from_offset``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import mmap
@@ -190,32 +191,41 @@ def test_a_unit_pointing_at_the_wrong_record_raises(store, reader, config):
     assert reader.get_message(TOPIC, 0, 0, 1, store.reput_from_offset).status is S.FOUND
 
 
+@contextlib.contextmanager
+def unit_being_written(mf, index: int, states: list[bytes], period_s: float):
+    """Unit ``index`` of consume queue file ``mf`` keeps changing among ``states`` in a
+    thread, as a unit the dispatcher is writing does, until the block ends; then it is
+    left as the last state."""
+    stop = threading.Event()
+    at = slice(index * CQ_STORE_UNIT_SIZE, (index + 1) * CQ_STORE_UNIT_SIZE)
+
+    def write():
+        while not stop.is_set():
+            for state in states:
+                mf.buf[at] = state
+                time.sleep(period_s)
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        mf.buf[at] = states[-1]
+
+
 def test_a_unit_changing_under_the_reader_ends_the_batch_instead_of_raising(store, reader):
     rs = fill(store, 6, queues=1)
     store.dispatch()
     mf = store.find_consume_queue(TOPIC, 0).mapped_file_queue.mapped_files[0]
     good, bad = bytes(mf.buf[60:80]), encode_unit(rs[0].wrote_offset, rs[0].wrote_bytes, 0)
-    stop = threading.Event()
-
-    def flip():  # unit 3 is "being written": its bytes keep changing
-        while not stop.is_set():
-            mf.buf[60:80] = bad
-            time.sleep(0.0003)
-            mf.buf[60:80] = good
-            time.sleep(0.0003)
-
-    t = threading.Thread(target=flip)
-    t.start()
-    try:
+    with unit_being_written(mf, 3, [bad, good], 0.0003):
         for _ in range(20):
             r = reader.get_message(TOPIC, 0, 0, 32, store.reput_from_offset)
             offsets = [m.queue_offset for m in r.messages]
             assert offsets in ([0, 1, 2], [0, 1, 2, 3, 4, 5])
             assert r.next_begin_offset == len(offsets)
-    finally:
-        stop.set()
-        t.join()
-    mf.buf[60:80] = good
 
 
 def test_a_unit_being_written_past_the_bound_is_never_read_past(store, reader):
@@ -225,33 +235,17 @@ def test_a_unit_being_written_past_the_bound_is_never_read_past(store, reader):
     expired and be stepped over)."""
     rs = fill(store, 6, queues=1)
     store.dispatch()
-    bound = rs[5].wrote_offset                   # units 0..4 within, unit 5 past it
+    bound, floor = rs[5].wrote_offset, rs[1].wrote_offset   # units 0..4 within the bound
     mf = store.find_consume_queue(TOPIC, 0).mapped_file_queue.mapped_files[0]
     whole = bytes(mf.buf[100:120])
     torn = encode_unit(0, rs[5].wrote_bytes, 0)  # the old zeros of its offset, its size
-    stop = threading.Event()
-
-    def write():                                 # unit 5 keeps "being written"
-        while not stop.is_set():
-            mf.buf[100:120] = torn
-            time.sleep(0.0002)
-            mf.buf[100:120] = whole
-            time.sleep(0.0002)
-
-    t = threading.Thread(target=write)
-    t.start()
-    try:
+    with unit_being_written(mf, 5, [torn, whole], 0.0002):
         for _ in range(300):
             r = reader.read_queue_records(TOPIC, 0, 5, 32, 1 << 20, bound,
-                                          min_commit_log_offset=rs[1].wrote_offset)
+                                          min_commit_log_offset=floor)
             assert r.next_begin_offset <= 5 and r.count == 0, (r.status, r.next_begin_offset)
-            g = reader.get_message(TOPIC, 0, 5, 32, bound,
-                                   min_commit_log_offset=rs[1].wrote_offset)
+            g = reader.get_message(TOPIC, 0, 5, 32, bound, min_commit_log_offset=floor)
             assert g.next_begin_offset <= 5 and not g.messages, (g.status, g.next_begin_offset)
-    finally:
-        stop.set()
-        t.join()
-    mf.buf[100:120] = whole
 
 
 # --------------------------------------------------------------------------- equal answers
