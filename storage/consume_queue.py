@@ -596,16 +596,19 @@ class ConsumeQueueView(ConsumeQueue):
                 lo = mid + 1
         return lo
 
-    def unit_changing(self, where: tuple[str, int]) -> bool:
-        """True when the unit at ``where`` (file path, position) changes within a few
-        milliseconds: it was read while being written (a unit past the bound whose torn
-        bytes looked inside it)."""
+    def unit_changing(self, where: tuple[str, int], read: tuple[int, int]) -> bool:
+        """True when the unit at ``where`` (file path, position) is no longer the
+        ``read`` (offset, size) it was read as, or changes within a few milliseconds: it
+        was read while being written (a unit past the bound whose torn bytes looked
+        inside it)."""
         path, pos = where
         mf = next((f for f in self.mapped_file_queue.all_mapped_files() if f.path == path),
                   None)
         if mf is None:
             return False
         seen = bytes(mf.buf[pos:pos + CQ_STORE_UNIT_SIZE])
+        if CQ_UNIT.unpack_from(seen)[:2] != read:
+            return True
         for _ in range(_UNIT_SETTLE_CHECKS):
             time.sleep(_UNIT_SETTLE_SLEEP_S)
             if mf.buf[pos:pos + CQ_STORE_UNIT_SIZE] != seen:

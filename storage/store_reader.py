@@ -345,7 +345,7 @@ class StoreReader:
             try:
                 return check(data, topic, queue_id, index, phy, size, where)
             except CorruptRecordError:
-                if qv.unit_changing(where):
+                if qv.unit_changing(where, (phy, size)):
                     return NOT_YET
                 raise
 

@@ -248,6 +248,20 @@ def test_a_unit_being_written_past_the_bound_is_never_read_past(store, reader):
             assert g.next_begin_offset <= 5 and not g.messages, (g.status, g.next_begin_offset)
 
 
+def test_a_unit_read_torn_and_whole_since_counts_as_changing(store, reader):
+    """A young store still has CommitLog offset 0: a unit read torn (offset 0) points at
+    a real record, which does not match it. The unit, whole by the time it is looked at
+    again, is not what was read: changing (the read ends there), not corrupt."""
+    rs = fill(store, 6, queues=1)
+    store.dispatch()
+    reader.get_max_offset_in_queue(TOPIC, 0, store.reput_from_offset)   # maps the queue
+    qv = reader._queue(TOPIC, 0)
+    path = qv.mapped_file_queue.mapped_files[0].path
+    where = (path, 5 * CQ_STORE_UNIT_SIZE)
+    assert qv.unit_changing(where, (0, rs[5].wrote_bytes))             # read torn
+    assert not qv.unit_changing(where, (rs[5].wrote_offset, rs[5].wrote_bytes))
+
+
 # --------------------------------------------------------------------------- equal answers
 def test_get_message_equals_message_store_for_every_status(store, reader, config):
     fill(store, 200, queues=3)   # many CommitLog and consume queue files
