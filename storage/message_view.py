@@ -42,7 +42,7 @@ import numpy as np
 
 from storage import record
 from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from storage.record_batch import FIXED_HEAD, gather_be, gather_rows
+from storage.record_batch import BODY_POS, FIXED_HEAD, gather_be, gather_rows
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -51,6 +51,11 @@ _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset"
            "properties")
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _BODY_LENGTH_POS = 84   # with IPv4 hosts; each IPv6 host adds 12
+_HOST_FLAGS = record.BORNHOST_V6_FLAG | record.STOREHOSTADDRESS_V6_FLAG
+# Fields 1-15 of a record whose hosts are both IPv4, through BODYLENGTH
+_V4_HEAD = np.dtype(FIXED_HEAD.descr + [("between", f"V{_BODY_LENGTH_POS - FIXED_HEAD.itemsize}"),
+                                        ("body_len", ">i4")])
+assert _V4_HEAD.itemsize == BODY_POS
 
 
 def _head_field(i: int) -> property:
@@ -174,6 +179,8 @@ def view_at(data: bytes) -> MessageView:
     if total <= record.HEAD.size or total > end:
         raise record.RecordFormatError(0, f"record size {total} runs past the data")
     tail_struct = record.tail_struct(sys_flag)
+    if total < record.HEAD.size + tail_struct.size:   # IPv6 bits on a short record
+        raise record.RecordFormatError(0, f"record size {total} cannot hold its header")
     p = record.HEAD.size
     tail = tail_struct.unpack_from(data, p)
     body_len = tail[5]
@@ -225,6 +232,9 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
     Raises ``RecordFormatError`` (``view_at``'s, for the first record that fails) with
     ``index`` set to that record's place in ``starts``."""
     u8 = np.frombuffer(buf, np.uint8)
+    plain = _plain_run(buf, u8, starts, sizes, topic)
+    if plain is not None:
+        return plain
     if len(u8) < FIXED_HEAD.itemsize:
         u8 = np.zeros(FIXED_HEAD.itemsize, np.uint8)        # nothing is whole: all fail
     ends = starts + sizes
@@ -262,24 +272,55 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
                           fixed["queue_offset"].astype(np.int64),
                           fixed["physical_offset"].astype(np.int64), matches)
     del u8
-    if not ok.all():
-        bad = int(np.argmin(ok))
-        s = int(starts[bad])
+    alone = {}       # a bad record (view_at names it), or another topic (its name, NULs)
+    for i in np.flatnonzero(~matches).tolist():     # not ok: not matching either
+        s = int(starts[i])
         try:
-            view_at(buf[s:s + int(sizes[bad])])
+            alone[i] = view_at(buf[s:s + int(sizes[i])])
         except record.RecordFormatError as e:
-            e.index = bad
+            e.index = i
             raise
-        raise AssertionError(f"record {bad}: the bulk check and view_at disagree")
+        if not ok[i]:
+            raise AssertionError(f"record {i}: the bulk check and view_at disagree")
     views = _views(_Records(buf, topic, starts.tolist(), body_at.tolist(),
                             (body_at + body_len).tolist(), props_at.tolist(),
                             (props_at + props_len).tolist()))
-    if not matches.all():       # another topic: its own name, its own NUL check
-        for i in np.flatnonzero(~matches).tolist():
-            s = int(starts[i])
-            try:
-                views[i] = view_at(buf[s:s + int(sizes[i])])
-            except record.RecordFormatError as e:
-                e.index = i
-                raise
+    for i, view in alone.items():
+        views[i] = view
     return views, columns
+
+
+def _plain_run(buf: bytes, u8: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+               topic: str) -> tuple[list[MessageView], ViewColumns] | None:
+    """``views_at`` for the common run, in about half its numpy operations: every
+    record v1, both hosts IPv4, of ``topic``, and well formed. Then BODYLENGTH has one
+    place, and TOPICLENGTH, the topic and PROPERTIESLENGTH lie back to back at a place
+    known from it: two gathers read all that is checked. None when any record is
+    anything else, for the general path to judge and name."""
+    expected = topic.encode("utf-8")
+    tail = 1 + len(expected) + 2                    # TOPICLENGTH, topic, PROPERTIESLENGTH
+    ends = starts + sizes
+    if (not 0 < len(expected) <= record.MAX_V1_TOPIC_LENGTH or len(u8) < BODY_POS + tail
+            or not len(starts) or int(ends.max()) > len(u8)):
+        return None
+    head = gather_rows(u8, np.minimum(starts, len(u8) - BODY_POS),
+                       BODY_POS).view(_V4_HEAD).reshape(-1)
+    body_at = starts + BODY_POS
+    body_end = body_at + head["body_len"].astype(np.int64)
+    rows = gather_rows(u8, np.clip(body_end, 0, len(u8) - tail), tail)
+    props_len = rows[:, -2].astype(np.int64) * 256 + rows[:, -1]
+    props_at = body_end + tail
+    ok = ((head["magic"] == _V1) & (head["total"] == sizes)
+          & ((head["sys_flag"] & _HOST_FLAGS) == 0) & (body_end >= body_at)
+          & (rows[:, -2] < 0x80) & (props_at + props_len == ends)   # a signed short
+          & (rows[:, :-2] == np.frombuffer(bytes((len(expected),)) + expected,
+                                           np.uint8)).all(axis=1))
+    if not ok.all():
+        return None
+    views = _views(_Records(buf, topic,
+                            starts.tolist(), body_at.tolist(), body_end.tolist(),
+                            props_at.tolist(), ends.tolist()))
+    return views, ViewColumns(head["queue_id"].astype(np.int64),
+                              head["queue_offset"].astype(np.int64),
+                              head["physical_offset"].astype(np.int64),
+                              np.ones(len(starts), bool))

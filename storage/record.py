@@ -191,10 +191,12 @@ def decode_at(buf, pos: int, *, check_crc: bool = False) -> MessageExt:
     if total <= HEAD.size or pos + total > end:
         raise RecordFormatError(pos, f"record size {total} runs past the data")
     tail = _tail(sys_flag)
+    if total < HEAD.size + tail.size:                 # IPv6 bits on a short record
+        raise RecordFormatError(pos, f"record size {total} cannot hold its header")
     p = pos + HEAD.size
     born_host, store_ts, store_host, reconsume, prepared, body_len = tail.unpack_from(buf, p)
     p += tail.size
-    if body_len < 0 or p + body_len > pos + total:
+    if body_len < 0 or p + body_len + 3 > pos + total:   # and TOPICLENGTH, PROPERTIESLENGTH
         raise RecordFormatError(pos, f"body length {body_len} runs past the record")
     body = bytes(buf[p:p + body_len])
     p += body_len

@@ -13,6 +13,7 @@ from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, encode_h
 from storage.consume_queue import CQ_UNIT
 from storage.errors import CorruptRecordError
 from storage.message_view import MessageView, view_at, views_at
+from storage.record_batch import BODYLENGTH_POS
 from storage.read_path import check_unit_views
 
 HOSTS = [("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 9876), ("fe80::1", 65535)]
@@ -79,15 +80,25 @@ record_args = st.tuples(st.binary(max_size=60), st.sampled_from(["T", "Other", "
                         st.sampled_from(HOSTS), st.sampled_from(HOSTS))
 
 
+# What the common run is made of (v1, IPv4 hosts, the topic read for): views_at's
+# plain path takes such a run whole, or leaves it to the general path when damaged.
+plain_args = st.tuples(st.binary(max_size=60), st.just("T"),
+                       st.sampled_from(["", "TAGS\x01t\x02", "KEYS\x01a b\x02W\x01x\x02"]),
+                       st.sampled_from(HOSTS[:2]), st.sampled_from(HOSTS[:2]))
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(record_args, min_size=1, max_size=10), st.data())
+@given(st.one_of(st.lists(record_args, min_size=1, max_size=10),
+                 st.lists(plain_args, min_size=1, max_size=10)), st.data())
 def test_views_at_checks_as_view_at_does(records, data):
     """The bulk ``views_at`` against ``view_at`` record by record, with damage: the same
-    views, or the same refusal of the first bad record (its index)."""
+    views, or the same refusal of the first bad record (its index). Half the runs are
+    plain ones (``plain_args``), damaged or not."""
     raws = [make(*args, po=i) for i, args in enumerate(records)]
     buf = bytearray(b"".join(raws))
-    if data.draw(st.booleans(), "damage"):
-        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.sampled_from([0, 0x80, 0xFF]))
+    for _ in range(data.draw(st.integers(0, 2), "damage")):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(
+            st.sampled_from([0, 1, 0x7F, 0x80, 0xFF]))
     buf = bytes(buf)
     sizes = np.array([len(r) for r in raws], np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -108,6 +119,72 @@ def test_views_at_checks_as_view_at_does(records, data):
     assert columns.topic_matches.tolist() == [v.topic == "T" for v in views]
     assert columns.commit_log_offsets.tolist() == [v.commit_log_offset for v in views]
     assert columns.queue_offsets.tolist() == [v.queue_offset for v in views]
+
+
+def _agree(buf: bytes, sizes: list[int]) -> None:
+    """``views_at`` over the records of ``buf`` against ``view_at`` one by one (and
+    ``decode_at`` refusing what ``view_at`` refuses)."""
+    sizes = np.array(sizes, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    expected = []
+    for s, n in zip(starts.tolist(), sizes.tolist()):
+        try:
+            expected.append(view_at(buf[s:s + n]))
+        except record.RecordFormatError as e:
+            expected.append(e)
+            with pytest.raises(record.RecordFormatError):     # never a struct.error
+                record.decode_at(buf[s:s + n], 0)
+            break
+    try:
+        views, _ = views_at(buf, starts, sizes, "T")
+    except record.RecordFormatError as e:
+        assert isinstance(expected[-1], record.RecordFormatError), e
+        assert e.index == len(expected) - 1 and str(e) == str(expected[-1])
+        return
+    assert views == expected
+
+
+def test_views_at_over_a_plain_run_damaged_at_every_byte():
+    """A plain run (what ``views_at`` takes in two gathers) with each of its bytes
+    changed in turn, to values that set the IPv6 host bits, a negative length or a
+    NUL: the same views, or the same refusal, as ``view_at``'s."""
+    raws = [make(b"body%d" % i, "T", "TAGS\x01t\x02" * i, HOSTS[0], HOSTS[1], po=i)
+            for i in range(3)]
+    good = b"".join(raws)
+    sizes = [len(r) for r in raws]
+    _agree(good, sizes)
+    for at in range(len(good)):
+        for value in {0, 0x10, 0x20, 0x80, 0xFF} - {good[at]}:
+            _agree(good[:at] + bytes((value,)) + good[at + 1:], sizes)
+
+
+def test_views_at_refuses_a_negative_body_length_that_fits_elsewhere():
+    """BODYLENGTH -8 puts TOPICLENGTH back inside PREPARED TRANSACTION OFFSET, whose
+    last four bytes read as a length-1 topic "T" and a PROPERTIESLENGTH that ends the
+    record where its TOTALSIZE says: everything adds up but the length itself."""
+    head = bytearray(make(b"", "T", "", HOSTS[0], HOSTS[0]))[:BODYLENGTH_POS]
+    size = BODYLENGTH_POS + 4 + 10
+    head[0:4] = size.to_bytes(4, "big")
+    head[80:84] = bytes((1, ord("T"))) + (size - 84).to_bytes(2, "big")
+    raw = bytes(head) + (-8).to_bytes(4, "big", signed=True) + b"p" * 10
+    with pytest.raises(record.RecordFormatError, match="body length -8"):
+        view_at(raw)
+    _agree(raw, [size])
+
+
+def test_views_at_refuses_a_properties_length_over_a_signed_short():
+    """PROPERTIESLENGTH is a Java short: 0x8000 properties bytes read as -32768, even
+    where the record holds that many."""
+    props = "k\x01" + "v" * 32764 + "\x02"
+    raw = bytearray(make(b"", "T", props, HOSTS[0], HOSTS[0]))
+    assert len(props) == 32767
+    raw += b"w"
+    raw[0:4] = len(raw).to_bytes(4, "big")
+    at = len(raw) - 32768 - 2
+    raw[at:at + 2] = b"\x80\x00"
+    with pytest.raises(record.RecordFormatError, match="disagrees"):
+        view_at(bytes(raw))
+    _agree(bytes(raw), [len(raw)])
 
 
 def test_check_unit_views_in_bulk_agrees_with_one_by_one():
