@@ -160,6 +160,10 @@ def plan_joined(units: bytes, max_bytes: int, at_least_one: bool,
     phy = table["phy"].astype(np.int64)
     size = table["size"].astype(np.int64)
     blank = size == BLANK_UNIT_SIZE
+    if len(table) and not blank.any():
+        whole = _one_span(phy, size, max_bytes, file_size)
+        if whole is not None:
+            return whole
     counted = np.where(blank, 0, size)
     total = np.cumsum(counted)
     over = ~blank & (total > max_bytes) & ((total - counted > 0) | (not at_least_one))
@@ -181,6 +185,22 @@ def plan_joined(units: bytes, max_bytes: int, at_least_one: bool,
     span_of = np.repeat(np.arange(len(firsts)), np.diff(np.append(firsts, len(real))))
     return JoinedPlan(taken, begins, ends, real[firsts], np.append(real[firsts[1:]], taken),
                       span_of, at[span_of] + p - begins[span_of], s)
+
+
+def _one_span(phy: np.ndarray, size: np.ndarray, max_bytes: int,
+              file_size: int) -> JoinedPlan | None:
+    """``plan_joined``'s plan when every unit is taken and their records lie back to
+    back in one stretch (a queue written in runs, read in order: the common read); None
+    otherwise."""
+    n = len(phy)
+    first, end = int(phy[0]), int(phy[-1] + size[-1])
+    if (end - first > max_bytes or (phy[1:] != phy[:-1] + size[:-1]).any()
+            or first // file_size != (end - 1) // file_size
+            or first % file_size // MAX_SPAN_BYTES != (end - 1) % file_size // MAX_SPAN_BYTES):
+        return None
+    one = np.zeros(1, np.int64)
+    return JoinedPlan(n, one + first, one + end, one, one + n, np.zeros(n, np.int64),
+                      phy - first, size)
 
 
 def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,

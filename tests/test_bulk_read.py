@@ -87,8 +87,10 @@ def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
         assert span.begin // FILE == (span.end - 1) // FILE
 
 
-@given(st.lists(st.one_of(st.none(), st.tuples(st.integers(-200, 3 * SPAN_GAP_BYTES),
-                                               st.integers(8, 5000))), max_size=60),
+@given(st.one_of(
+    st.lists(st.one_of(st.none(), st.tuples(st.integers(-200, 3 * SPAN_GAP_BYTES),
+                                            st.integers(8, 5000))), max_size=60),
+    st.lists(st.tuples(st.just(0), st.integers(8, 5000)), max_size=60)),   # back to back
        st.integers(1, 100_000), st.booleans(),
        st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
 @settings(max_examples=400)
@@ -141,7 +143,7 @@ def _same_plans(raw: bytes, file_size: int) -> None:
 
 def test_plan_joined_at_the_edges_of_a_span():
     """A gap of exactly SPAN_GAP_BYTES stays in the span, one byte more does not; a
-    record touching the last across a stretch boundary starts a new span."""
+    record touching the last across a stretch or file boundary starts a new span."""
     big = 4 * MAX_SPAN_BYTES
     for raw, file_size, spans in [
         (units((0, 100), (100 + SPAN_GAP_BYTES, 10)), FILE, 1),
@@ -149,6 +151,8 @@ def test_plan_joined_at_the_edges_of_a_span():
         (units((MAX_SPAN_BYTES - 100, 100), (MAX_SPAN_BYTES, 100)), big, 2),
         (units((MAX_SPAN_BYTES - 300, 100), (MAX_SPAN_BYTES - 200, 100)), big, 1),
         (units((500, 100), (0, 100)), FILE, 2),
+        (units((FILE - 100, 100), (FILE, 100)), FILE, 2),      # back to back, two files
+        (units((FILE - 200, 100), (FILE - 100, 100)), FILE, 1),
     ]:
         _same_plans(raw, file_size)
         assert len(plan_joined(raw, 1 << 40, True, file_size).begins) == spans
