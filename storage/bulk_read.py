@@ -189,12 +189,15 @@ def plan_joined(units: bytes, max_bytes: int, at_least_one: bool,
 
 def _one_span(phy: np.ndarray, size: np.ndarray, max_bytes: int,
               file_size: int) -> JoinedPlan | None:
-    """``plan_joined``'s plan when every unit is taken and their records lie back to
-    back in one stretch (a queue written in runs, read in order: the common read); None
-    otherwise."""
+    """``plan_joined``'s plan when every unit is taken and their records make one span
+    (each at or after the end of the one before, at most ``SPAN_GAP_BYTES`` later, all
+    in one stretch): the common read of a queue, its records back to back or between
+    other queues' in the CommitLog. None otherwise."""
     n = len(phy)
-    first, end = int(phy[0]), int(phy[-1] + size[-1])
-    if (end - first > max_bytes or (phy[1:] != phy[:-1] + size[:-1]).any()
+    ends = phy + size
+    gaps = phy[1:] - ends[:-1]
+    first, end = int(phy[0]), int(ends[-1])
+    if (int(size.sum()) > max_bytes or (gaps < 0).any() or (gaps > SPAN_GAP_BYTES).any()
             or first // file_size != (end - 1) // file_size
             or first % file_size // MAX_SPAN_BYTES != (end - 1) % file_size // MAX_SPAN_BYTES):
         return None

@@ -70,18 +70,32 @@ class _Records:
     """What the views of records read together share: the bytes, the topic they were
     read for, and per record its start, where its body and properties begin and end,
     and what was decoded of it (``None`` until asked). Flat lists of ints: nothing per
-    record for the garbage collector to track."""
+    record for the garbage collector to track. The bodies' places are lists from the
+    start (every reader reads bodies); the starts and the properties' places may come
+    as arrays, made lists when a header or properties are first asked for (a poll of
+    512 saves three ``tolist`` calls, ~14 µs, when only bodies are read)."""
 
-    __slots__ = ("data", "topic", "starts", "body_at", "body_end", "props_at", "props_end",
+    __slots__ = ("data", "topic", "body_at", "body_end", "_starts", "_props",
                  "properties", "heads", "tails")
 
-    def __init__(self, data: bytes, topic: str, starts: list[int], body_at: list[int],
-                 body_end: list[int], props_at: list[int], props_end: list[int]):
-        n = len(starts)
-        self.data, self.topic, self.starts = data, topic, starts
-        self.body_at, self.body_end, self.props_at, self.props_end = \
-            body_at, body_end, props_at, props_end
+    def __init__(self, data: bytes, topic: str, starts, body_at: list[int],
+                 body_end: list[int], props_at, props_end):
+        n = len(body_at)
+        self.data, self.topic, self.body_at, self.body_end = data, topic, body_at, body_end
+        self._starts, self._props = starts, (props_at, props_end)
         self.properties, self.heads, self.tails = [None] * n, [None] * n, [None] * n
+
+    def start(self, i: int) -> int:
+        starts = self._starts
+        if type(starts) is not list:
+            starts = self._starts = starts.tolist()
+        return starts[i]
+
+    def props(self, i: int) -> bytes:
+        at, end = self._props
+        if type(at) is not list:
+            at, end = self._props = at.tolist(), end.tolist()
+        return self.data[at[i]:end[i]]
 
 
 class MessageView(StoredMessageFields):
@@ -97,7 +111,7 @@ class MessageView(StoredMessageFields):
         r, i = self._records, self._i
         head = r.heads[i]
         if head is None:
-            head = r.heads[i] = record.HEAD.unpack_from(r.data, r.starts[i])
+            head = r.heads[i] = record.HEAD.unpack_from(r.data, r.start(i))
         return head
 
     def _tail(self) -> tuple:
@@ -105,7 +119,7 @@ class MessageView(StoredMessageFields):
         tail = r.tails[i]
         if tail is None:
             tail = r.tails[i] = record.tail_struct(self._head()[7]).unpack_from(
-                r.data, r.starts[i] + record.HEAD.size)
+                r.data, r.start(i) + record.HEAD.size)
         return tail
 
     # ------------------------------------------------------------ on demand
@@ -124,7 +138,7 @@ class MessageView(StoredMessageFields):
         props = r.properties[i]
         if props is None:
             props = r.properties[i] = read_properties(
-                r.data[r.props_at[i]:r.props_end[i]].decode("utf-8", "replace"))
+                r.props(i).decode("utf-8", "replace"))
         return props
 
     @property
@@ -159,7 +173,7 @@ def _views(records: _Records) -> list[MessageView]:
     new = MessageView.__new__
     views = []
     append = views.append
-    for i in range(len(records.starts)):
+    for i in range(len(records.body_at)):
         v = new(MessageView)
         v._records, v._i = records, i
         append(v)
@@ -282,9 +296,8 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
             raise
         if not ok[i]:
             raise AssertionError(f"record {i}: the bulk check and view_at disagree")
-    views = _views(_Records(buf, topic, starts.tolist(), body_at.tolist(),
-                            (body_at + body_len).tolist(), props_at.tolist(),
-                            (props_at + props_len).tolist()))
+    views = _views(_Records(buf, topic, starts, body_at.tolist(),
+                            (body_at + body_len).tolist(), props_at, props_at + props_len))
     for i, view in alone.items():
         views[i] = view
     return views, columns
@@ -318,8 +331,7 @@ def _plain_run(buf: bytes, u8: np.ndarray, starts: np.ndarray, sizes: np.ndarray
     if not ok.all():
         return None
     views = _views(_Records(buf, topic,
-                            starts.tolist(), body_at.tolist(), body_end.tolist(),
-                            props_at.tolist(), ends.tolist()))
+                            starts, body_at.tolist(), body_end.tolist(), props_at, ends))
     return views, ViewColumns(head["queue_id"].astype(np.int64),
                               head["queue_offset"].astype(np.int64),
                               head["physical_offset"].astype(np.int64),
