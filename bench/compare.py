@@ -24,7 +24,7 @@ ingest. Redis runs when ``redis-server`` is installed (``apt-get install redis-s
 the client is ``pip install redis hiredis``); without it only rocketstore's column is
 filled. The rocketstore side reuses ``bench/pipeline.py``'s measurements.
 
-    python bench/compare.py [--quick] [--seconds 5] [--json]
+    python bench/compare.py [--quick] [--seconds 5] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -218,25 +218,64 @@ def redis_available() -> str:
 
 
 # ============================================================================ table
-def print_table(rs: dict, rd: dict, missing: str) -> None:
-    print(f"{'figure':<26} {'rocketstore':>14} {'Redis':>14} {'ratio':>7} {'goal':>6}")
-    for name in ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time"):
-        mine, theirs = rs.get(name), rd.get(name)
-        ratio = f"{mine / theirs:.2f}x" if mine and theirs else "-"
-        print(f"{name + ' (msgs/s)':<26} {mine or 0:>14,.0f} "
-              f"{'-' if theirs is None else f'{theirs:,.0f}':>14} {ratio:>7} "
-              f"{GOALS[name]:>5}x")
-    print(f"{'send->visible p99 (ms)':<26} {rs.get('latency p99 ms', 0):>14.2f} "
-          f"{'-':>14} {'-':>7} {'< 2':>6}   (p50 {rs.get('latency p50 ms', 0):.2f} ms)")
-    print(f"  (right after the ingest, while its {rs.get('flush settle s', 0):.1f} s of "
-          f"write-back ran: p99 {rs.get('latency p99 ms, right after', 0):.2f} ms)")
+ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time")
+
+
+def _middle(values: list[float]) -> float:
+    """The median (the lower middle of an even count)."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """The median, and the range when there is more than one value."""
+    text = format(_middle(values), fmt)
+    if len(values) > 1:
+        text += f" ({format(min(values), fmt)}-{format(max(values), fmt)})"
+    return text
+
+
+def summary(rounds: list[tuple[dict, dict]]) -> dict:
+    """Per figure, its values in each round and each round's ratio (rocketstore's
+    figure over Redis's of the same round: the two sides ran minutes apart at most)."""
+    out: dict = {}
+    for name in ROWS:
+        mine = [rs[name] for rs, _ in rounds if rs.get(name)]
+        theirs = [rd[name] for _, rd in rounds if rd.get(name)]
+        ratios = [rs[name] / rd[name] for rs, rd in rounds if rs.get(name) and rd.get(name)]
+        out[name] = {"rocketstore": mine, "redis": theirs, "ratio": ratios}
+    for key in ("latency p99 ms", "latency p50 ms", "latency p99 ms, right after",
+                "flush settle s", "pool ingest ASYNC_FLUSH", "pool latency p99 ms"):
+        out[key] = [rs[key] for rs, _ in rounds if key in rs]
+    for key in ("cpu_us_per_msg", "pool cpu_us_per_msg"):
+        names = dict.fromkeys(n for rs, _ in rounds for n in rs.get(key, {}))
+        out[key] = {n: [rs[key][n] for rs, _ in rounds if n in rs.get(key, {})] for n in names}
+    return out
+
+
+def print_table(s: dict, rounds: int, missing: str) -> None:
+    if rounds > 1:
+        print(f"{rounds} rounds, each side in turn: the median of each figure, its range in "
+              "brackets; each ratio is of one round's two figures")
+    print(f"{'figure':<28} {'rocketstore':>31} {'Redis':>27} {'ratio':>18} {'goal':>5}")
+    for name in ROWS:
+        row = s[name]
+        mine = _spread(row["rocketstore"], ",.0f") if row["rocketstore"] else "-"
+        theirs = _spread(row["redis"], ",.0f") if row["redis"] else "-"
+        ratio = _spread(row["ratio"], ".2f") + "x" if row["ratio"] else "-"
+        print(f"{name + ' (msgs/s)':<28} {mine:>31} {theirs:>27} {ratio:>18} "
+              f"{GOALS[name]:>4}x")
+    print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
+          f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms)")
+    print(f"  (right after the ingest, while its {_spread(s['flush settle s'], '.1f')} s of "
+          f"write-back ran: p99 {_spread(s['latency p99 ms, right after'], '.2f')} ms)")
     for key, label in (("cpu_us_per_msg", "ASYNC ingest"),
                        ("pool cpu_us_per_msg", "ASYNC ingest, transient pool")):
-        cpu = rs.get(key, {})
+        cpu = sorted(s[key].items(), key=lambda kv: -_middle(kv[1]))
         print(f"CPU per message of the {label} (us): "
-              + ", ".join(f"{n} {v:.1f}" for n, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
-    print(f"{'with the transient pool:':<26} ingest ASYNC {rs.get('pool ingest ASYNC_FLUSH', 0):,.0f}"
-          f" msgs/s, send->visible p99 {rs.get('pool latency p99 ms', 0):.1f} ms")
+              + ", ".join(f"{n} {_spread(v, '.1f')}" for n, v in cpu))
+    print(f"{'with the transient pool:':<28} ingest ASYNC "
+          f"{_spread(s['pool ingest ASYNC_FLUSH'], ',.0f')} msgs/s, send->visible p99 "
+          f"{_spread(s['pool latency p99 ms'], '.1f')} ms")
     if missing:
         print(f"Redis not run: {missing}")
 
@@ -245,6 +284,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs")
     ap.add_argument("--seconds", type=float, help="time per throughput row (5; quick 1.5)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure both sides this many times, in turn (the machine's speed "
+                         "drifts: 3 gives a median and a range)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = ap.parse_args()
     if args.seconds is None:
@@ -253,17 +295,23 @@ def main() -> None:
     args.latency_rate, args.latency_batch = 4000, 20   # 200 frames of 20 a second
     args.latency_seconds = 2.0 if args.quick else 5.0
     args.consume_count = 100_000 if args.quick else 500_000
-    root = tempfile.mkdtemp(prefix="rscompare-", dir=".")
-    try:
-        rs = rocketstore_rows(args, root)
-        missing = redis_available()
-        rd = {} if missing else redis_rows(args, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    missing = redis_available()
+    rounds = []
+    for k in range(max(1, args.rounds)):
+        root = tempfile.mkdtemp(prefix="rscompare-", dir=".")
+        try:
+            rs = rocketstore_rows(args, root)
+            rd = {} if missing else redis_rows(args, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        rounds.append((rs, rd))
+        if args.rounds > 1 and not args.json:
+            print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"rocketstore": rs, "redis": rd, "redis_missing": missing}))
+        print(json.dumps({"rounds": [{"rocketstore": rs, "redis": rd} for rs, rd in rounds],
+                          "summary": summary(rounds), "redis_missing": missing}))
     else:
-        print_table(rs, rd, missing)
+        print_table(summary(rounds), len(rounds), missing)
 
 
 if __name__ == "__main__":
