@@ -35,6 +35,7 @@ import os
 import pathlib
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -222,8 +223,7 @@ ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time")
 
 
 def _middle(values: list[float]) -> float:
-    """The median (the lower middle of an even count)."""
-    return sorted(values)[(len(values) - 1) // 2]
+    return statistics.median(values)
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -239,9 +239,9 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
     figure over Redis's of the same round: the two sides ran minutes apart at most)."""
     out: dict = {}
     for name in ROWS:
-        mine = [rs[name] for rs, _ in rounds if rs.get(name)]
-        theirs = [rd[name] for _, rd in rounds if rd.get(name)]
-        ratios = [rs[name] / rd[name] for rs, rd in rounds if rs.get(name) and rd.get(name)]
+        mine = [rs[name] for rs, _ in rounds if name in rs]
+        theirs = [rd[name] for _, rd in rounds if name in rd]
+        ratios = [rs[name] / rd[name] for rs, rd in rounds if name in rs and rd.get(name)]
         out[name] = {"rocketstore": mine, "redis": theirs, "ratio": ratios}
     for key in ("latency p99 ms", "latency p50 ms", "latency p99 ms, right after",
                 "flush settle s", "pool ingest ASYNC_FLUSH", "pool latency p99 ms"):

@@ -191,19 +191,20 @@ def _one_span(phy: np.ndarray, size: np.ndarray, max_bytes: int,
               file_size: int) -> JoinedPlan | None:
     """``plan_joined``'s plan when every unit is taken and their records make one span
     (each at or after the end of the one before, at most ``SPAN_GAP_BYTES`` later, all
-    in one stretch): the common read of a queue, its records back to back or between
-    other queues' in the CommitLog. None otherwise."""
+    starting in one stretch): the common read of a queue, its records back to back or
+    between other queues' in the CommitLog. None otherwise (a size that is not
+    positive included: then the budget is not a sum)."""
     n = len(phy)
     ends = phy + size
     gaps = phy[1:] - ends[:-1]
-    first, end = int(phy[0]), int(ends[-1])
-    if (int(size.sum()) > max_bytes or (gaps < 0).any() or (gaps > SPAN_GAP_BYTES).any()
-            or first // file_size != (end - 1) // file_size
-            or first % file_size // MAX_SPAN_BYTES != (end - 1) % file_size // MAX_SPAN_BYTES):
+    first, last = int(phy[0]), int(phy[-1])
+    if (int(size.min()) <= 0 or int(size.sum()) > max_bytes or (gaps < 0).any()
+            or (gaps > SPAN_GAP_BYTES).any() or first // file_size != last // file_size
+            or first % file_size // MAX_SPAN_BYTES != last % file_size // MAX_SPAN_BYTES):
         return None
     one = np.zeros(1, np.int64)
-    return JoinedPlan(n, one + first, one + end, one, one + n, np.zeros(n, np.int64),
-                      phy - first, size)
+    return JoinedPlan(n, one + first, one + int(ends[-1]), one, one + n,
+                      np.zeros(n, np.int64), phy - first, size)
 
 
 def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,

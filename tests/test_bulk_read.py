@@ -141,6 +141,23 @@ def _same_plans(raw: bytes, file_size: int) -> None:
         plan.end_units.tolist()))
 
 
+def test_plan_joined_with_units_of_no_or_negative_size():
+    """Units a reader may meet in a damaged queue: what the loop plans, the numpy
+    planner plans (a size-0 unit starting a stretch, a negative size within a budget)."""
+    big = 4 * MAX_SPAN_BYTES
+    for raw, budget, at_least_one, file_size in [
+        (units((2 * MAX_SPAN_BYTES - 150, 150), (2 * MAX_SPAN_BYTES, 0)), 1 << 40, True, big),
+        (units((0, 100), (105, -60), (50, 5)), 50, False, FILE),       # sums to 45
+        (units((0, 100), (100, 0), (100, 10)), 1 << 40, True, FILE),
+    ]:
+        taken, spans = plan_spans(raw, budget, at_least_one, file_size)
+        plan = plan_joined(raw, budget, at_least_one, file_size)
+        assert plan.taken == taken
+        assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
+            plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
+            plan.end_units.tolist()))
+
+
 def test_plan_joined_at_the_edges_of_a_span():
     """A gap of exactly SPAN_GAP_BYTES stays in the span, one byte more does not; a
     record touching the last across a stretch or file boundary starts a new span."""

@@ -190,3 +190,38 @@ def test_check_unit_views_in_bulk_agrees_with_one_by_one():
             check_unit_views(wrong[:n * 20], [b"".join(raws[:n])], "T", 1, 0)
         errors.append(str(e.value))
     assert errors[0] == errors[1] and "unit 7" in errors[0]
+
+
+def test_a_unit_longer_than_its_record_is_a_corrupt_unit_in_bulk_and_one_by_one():
+    """A unit whose size runs 8 bytes past its record's TOTALSIZE (into the next
+    record): the same CorruptRecordError from the bulk check as from the one-by-one
+    one, never an AssertionError."""
+    raws = [make(b"b%d" % i, "T", "", HOSTS[0], HOSTS[0], q=1, qo=i, po=1000 + 200 * i)
+            for i in range(120)]
+    data = b"".join(raws) + bytes(8)
+    starts = np.concatenate([[0], np.cumsum([len(r) for r in raws])[:-1]]).astype(np.int64)
+    sizes = [len(r) + (8 if i == 7 else 0) for i, r in enumerate(raws)]
+    units = b"".join(CQ_UNIT.pack(1000 + 200 * i, n, 0) for i, n in enumerate(sizes))
+    errors = []
+    for n in (120, 20):
+        with pytest.raises(CorruptRecordError) as e:
+            check_unit_views(units[:n * 20], [data], "T", 1, 0, starts[:n])
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "unit 7" in errors[0] and "size" in errors[0]
+
+
+def test_views_keep_their_own_starts_and_refuse_a_negative_one():
+    raws = [make(b"b%d" % i, "T", "", HOSTS[0], HOSTS[0], qo=i) for i in range(3)]
+    buf = b"".join(raws)
+    sizes = np.array([len(r) for r in raws], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    views, _ = views_at(buf, starts, sizes, "T")
+    starts[:] = 0                                   # the caller's array, reused
+    assert [v.queue_offset for v in views] == [0, 1, 2]
+    # a start of -5 would read the window 5 from the end (numpy's negative index): built
+    # so that what lies there reads as a whole record of topic "T"
+    raw = bytearray(make(b"", "T", "", HOSTS[0], HOSTS[0], pto=0))
+    raw[79:83] = b"\x01T\x00\x00"       # TOPICLENGTH 1, "T", PROPERTIESLENGTH 0
+    buf = b"\x01T\x00\x00" + bytes(raw)
+    with pytest.raises(record.RecordFormatError, match="truncated"):
+        views_at(buf, np.array([91 - len(buf)], np.int64), np.array([len(raw)], np.int64), "T")
