@@ -115,12 +115,7 @@ def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_s
         pairs = [None if p is None or p[0] // file_size != (p[0] + p[1] - 1) // file_size
                  else p for p in pairs]
     raw = units(*pairs)
-    taken, spans = plan_spans(raw, budget, at_least_one, file_size)
-    plan = plan_joined(raw, budget, at_least_one, file_size)
-    assert plan.taken == taken
-    assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
-        plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
-        plan.end_units.tolist()))
+    taken, spans, plan = _same_plans(raw, file_size, budget, at_least_one)
     base, expected, span_of = 0, [], []
     for k, s in enumerate(spans):
         records = [p for p in pairs[s.first_unit:s.end_unit] if p is not None]
@@ -132,13 +127,16 @@ def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_s
     assert plan.sizes.tolist() == [p[1] for p in pairs[:taken] if p is not None]
 
 
-def _same_plans(raw: bytes, file_size: int) -> None:
-    taken, spans = plan_spans(raw, 1 << 40, True, file_size)
-    plan = plan_joined(raw, 1 << 40, True, file_size)
+def _same_plans(raw: bytes, file_size: int, budget: int = 1 << 40, at_least_one: bool = True):
+    """The loop's plan and the numpy planner's take the same units in the same spans;
+    returns (taken, spans, the numpy plan)."""
+    taken, spans = plan_spans(raw, budget, at_least_one, file_size)
+    plan = plan_joined(raw, budget, at_least_one, file_size)
     assert plan.taken == taken
     assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
         plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
         plan.end_units.tolist()))
+    return taken, spans, plan
 
 
 def test_plan_joined_with_units_of_no_or_negative_size():
@@ -150,12 +148,7 @@ def test_plan_joined_with_units_of_no_or_negative_size():
         (units((0, 100), (105, -60), (50, 5)), 50, False, FILE),       # sums to 45
         (units((0, 100), (100, 0), (100, 10)), 1 << 40, True, FILE),
     ]:
-        taken, spans = plan_spans(raw, budget, at_least_one, file_size)
-        plan = plan_joined(raw, budget, at_least_one, file_size)
-        assert plan.taken == taken
-        assert [(s.begin, s.end, s.first_unit, s.end_unit) for s in spans] == list(zip(
-            plan.begins.tolist(), plan.ends.tolist(), plan.first_units.tolist(),
-            plan.end_units.tolist()))
+        _same_plans(raw, file_size, budget, at_least_one)
 
 
 def test_plan_joined_at_the_edges_of_a_span():
