@@ -42,7 +42,7 @@ import numpy as np
 
 from storage import record
 from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from storage.record_batch import BODY_POS, FIXED_HEAD, gather_be, gather_rows
+from storage.record_batch import BODY_POS, FIXED_HEAD, V4_HEAD, gather_be, gather_rows
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -51,11 +51,6 @@ _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset"
            "properties")
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _BODY_LENGTH_POS = 84   # with IPv4 hosts; each IPv6 host adds 12
-_HOST_FLAGS = record.BORNHOST_V6_FLAG | record.STOREHOSTADDRESS_V6_FLAG
-# Fields 1-15 of a record whose hosts are both IPv4, through BODYLENGTH
-_V4_HEAD = np.dtype(FIXED_HEAD.descr + [("between", f"V{_BODY_LENGTH_POS - FIXED_HEAD.itemsize}"),
-                                        ("body_len", ">i4")])
-assert _V4_HEAD.itemsize == BODY_POS
 
 
 def _head_field(i: int) -> property:
@@ -319,14 +314,14 @@ def _plain_run(buf: bytes, u8: np.ndarray, starts: np.ndarray, sizes: np.ndarray
             or not len(starts) or int(starts.min()) < 0 or int(ends.max()) > len(u8)):
         return None
     head = gather_rows(u8, np.minimum(starts, len(u8) - BODY_POS),
-                       BODY_POS).view(_V4_HEAD).reshape(-1)
+                       BODY_POS).view(V4_HEAD).reshape(-1)
     body_at = starts + BODY_POS
     body_end = body_at + head["body_len"].astype(np.int64)
     rows = gather_rows(u8, np.clip(body_end, 0, len(u8) - tail), tail)
     props_len = rows[:, -2].astype(np.int64) * 256 + rows[:, -1]
     props_at = body_end + tail
     ok = ((head["magic"] == _V1) & (head["total"] == sizes)
-          & ((head["sys_flag"] & _HOST_FLAGS) == 0) & (body_end >= body_at)
+          & ((head["sys_flag"] & record.HOST_FLAGS) == 0) & (body_end >= body_at)
           & (rows[:, -2] < 0x80) & (props_at + props_len == ends)   # a signed short
           & (rows[:, :-2] == np.frombuffer(bytes((len(expected),)) + expected,
                                            np.uint8)).all(axis=1))

@@ -99,17 +99,17 @@ def _fixed_struct(flags: int) -> struct.Struct:
     return struct.Struct(f">iIiiiqqiq{born}sq{store}siqi")
 
 
-_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _FIXED = {flags: _fixed_struct(flags) for flags in (0, BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG,
-                                                   _HOST_FLAGS)}
-assert _FIXED[0].size == 88 and _FIXED[_HOST_FLAGS].size == 112
+                                                   HOST_FLAGS)}
+assert _FIXED[0].size == 88 and _FIXED[HOST_FLAGS].size == 112
 # the tail of the fixed part, after the 48 bytes shared by every layout (for decoding)
 _TAILS = {flags: struct.Struct(">" + st.format[10:]) for flags, st in _FIXED.items()}
 
 
 def tail_struct(sys_flag: int) -> struct.Struct:
     """Fields 10-15 (BORNHOST .. BODYLENGTH) for the host widths ``sys_flag`` names."""
-    return _TAILS[sys_flag & _HOST_FLAGS]
+    return _TAILS[sys_flag & HOST_FLAGS]
 
 
 _tail = tail_struct
@@ -147,7 +147,7 @@ def encode(*, topic: bytes, body: bytes, properties: bytes, queue_id: int, flag:
         raise ValueError(f"topic length {len(topic)} is outside 1..{MAX_TOPIC_LENGTH}")
     total = calc_msg_length(sys_flag, len(body), len(topic), len(properties))
     v2 = len(topic) > MAX_V1_TOPIC_LENGTH
-    out = bytearray(_FIXED[sys_flag & _HOST_FLAGS].pack(
+    out = bytearray(_FIXED[sys_flag & HOST_FLAGS].pack(
         total, MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE,
         body_crc(body) if crc is None else crc, queue_id, flag, queue_offset,
         physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,

@@ -282,7 +282,6 @@ def stamp(batch: RecordBatch, lo: int, hi: int, queue_ids: Sequence[int],
 # ------------------------------------------------------------------------ producer side
 _V4_FIXED = struct.Struct(">iIiiiqqiq8sq8siqi")    # fields 1-15, both hosts IPv4
 assert _V4_FIXED.size == BODY_POS
-_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEVEL,
                            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
                            PROPERTY_PRODUCER_SEQUENCE})
@@ -334,7 +333,7 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
         BODY_POS + len(body) + len(topic_part) + 2 + len(properties),
         record.MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF,
         -1 if queue_id is None else queue_id, msg.flag, 0, 0,
-        msg.sys_flag & ~_HOST_FLAGS,
+        msg.sys_flag & ~record.HOST_FLAGS,
         born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
         encode_host(born_host), 0, PLACEHOLDER_STORE_HOST, msg.reconsume_times,
         msg.prepared_transaction_offset, len(body))
@@ -353,7 +352,7 @@ def _encode_general(msg: Message, born_timestamp: int, identity: tuple[int, int]
     else:
         props = msg.all_properties()
     born_v6 = host_is_v6(msg.born_host)
-    sys_flag = (msg.sys_flag & ~_HOST_FLAGS) | (BORNHOST_V6_FLAG if born_v6 else 0)
+    sys_flag = (msg.sys_flag & ~record.HOST_FLAGS) | (BORNHOST_V6_FLAG if born_v6 else 0)
     return bytes(record.encode(
         topic=msg.topic.encode("utf-8"), body=bytes(msg.body),
         properties=encode_properties(props).encode("utf-8"),
@@ -456,8 +455,8 @@ def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, produce
 
 
 # Fields 1-15 of a record whose hosts are both IPv4, the born host as address and port.
-_V4_HEAD = struct.Struct(">iIiiiqqiq4siq8siqi")
-assert _V4_HEAD.size == BODY_POS
+_V4_HEAD_STRUCT = struct.Struct(">iIiiiqqiq4siq8siqi")
+assert _V4_HEAD_STRUCT.size == BODY_POS
 _TRAN_TAKES_UNIT = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
 
@@ -473,7 +472,7 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
     if n == 0 or offs[0] != 0:
         return None
     raw = data if type(data) is bytes else bytes(data)
-    unpack, crc32 = _V4_HEAD.unpack_from, zlib.crc32
+    unpack, crc32 = _V4_HEAD_STRUCT.unpack_from, zlib.crc32
     largest = min(config.max_message_size,
                   config.mapped_file_size_commit_log - record.END_FILE_MIN_BLANK_LENGTH)
     queue_nums = config.default_topic_queue_nums
@@ -489,7 +488,7 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
          port, store_ts, _, _, _, body_len) = unpack(raw, s)
         at = s + BODY_POS + body_len                    # TOPICLENGTH (v1: one byte)
         if (total != size or magic != record.MESSAGE_MAGIC_CODE or queue_offset
-                or physical_offset or store_ts or sys_flag & _HOST_FLAGS or body_len < 0
+                or physical_offset or store_ts or sys_flag & record.HOST_FLAGS or body_len < 0
                 or at + 4 > e or size > largest or not -1 <= queue_id < queue_nums
                 or not 0 <= port <= 0xFFFF):
             return None
@@ -525,11 +524,11 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
 # Fields 1-15 of a record whose hosts are both IPv4, as one numpy record: a run's
 # headers are read with one gather. (A record with an IPv6 host has its later fields
 # shifted; only its STORETIMESTAMP and BODYLENGTH are read again, from their places.)
-_HEAD = np.dtype(FIXED_HEAD.descr + [
+V4_HEAD = np.dtype(FIXED_HEAD.descr + [
     ("born_timestamp", ">i8"), ("born_ip", "V4"), ("born_port", ">i4"),
     ("store_timestamp", ">i8"), ("store_host", "V8"), ("reconsume_times", ">i4"),
     ("prepared_offset", ">i8"), ("body_len", ">i4")])
-assert _HEAD.itemsize == BODY_POS
+assert V4_HEAD.itemsize == BODY_POS
 
 
 def _check_chain(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -586,7 +585,7 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
     """Read and check, stage by stage, the fields that place a record's parts; each
     stage is checked before the next is read, so no read runs past a record. Returns
     the sizes (TOTALSIZE, equal to the offsets table's) and the heads."""
-    head = gather_rows(u8, s, BODY_POS).view(_HEAD).reshape(-1)
+    head = gather_rows(u8, s, BODY_POS).view(V4_HEAD).reshape(-1)
     sizes = head["total"].astype(np.int64)
     magic = head["magic"]
     v2 = magic == record.MESSAGE_MAGIC_CODE_V2
@@ -595,7 +594,7 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
     body_len_pos = np.full(len(s), BODYLENGTH_POS, np.int64)
     store_ts = head["store_timestamp"].astype(np.int64)
     body_len = head["body_len"].astype(np.int64)
-    if (sys_flag & _HOST_FLAGS).any():
+    if (sys_flag & record.HOST_FLAGS).any():
         body_len_pos += np.where(born_v6, 12, 0) + np.where(sys_flag & STOREHOSTADDRESS_V6_FLAG, 12, 0)
         shifted = np.nonzero(body_len_pos != BODYLENGTH_POS)[0]
         fits = body_len_pos[shifted] + 4 + 4 <= gaps[shifted]
