@@ -335,9 +335,10 @@ class StoreReader:
             self._bound_commit_log(dispatched)
 
         def read_unit(index: int, phy: int, size: int, where: tuple[str, int]):
-            if phy < min_phy and index >= lo:
-                # no unit from the queue's min on points below the CommitLog min: this
-                # one is being written past the bound, read torn (offset 0, its size)
+            if phy < min_phy:
+                # no unit from the queue's min on (the only ones read) points below the
+                # CommitLog min: this one is being written past the bound, read torn
+                # (offset 0, its size)
                 return NOT_YET
             data = self._read_record(phy, size, min_phy)
             if data is None:
