@@ -222,13 +222,9 @@ def redis_available() -> str:
 ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time")
 
 
-def _middle(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def _spread(values: list[float], fmt: str) -> str:
     """The median, and the range when there is more than one value."""
-    text = format(_middle(values), fmt)
+    text = format(statistics.median(values), fmt)
     if len(values) > 1:
         text += f" ({format(min(values), fmt)}-{format(max(values), fmt)})"
     return text
@@ -270,7 +266,7 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
           f"write-back ran: p99 {_spread(s['latency p99 ms, right after'], '.2f')} ms)")
     for key, label in (("cpu_us_per_msg", "ASYNC ingest"),
                        ("pool cpu_us_per_msg", "ASYNC ingest, transient pool")):
-        cpu = sorted(s[key].items(), key=lambda kv: -_middle(kv[1]))
+        cpu = sorted(s[key].items(), key=lambda kv: -statistics.median(kv[1]))
         print(f"CPU per message of the {label} (us): "
               + ", ".join(f"{n} {_spread(v, '.1f')}" for n, v in cpu))
     print(f"{'with the transient pool:':<28} ingest ASYNC "
