@@ -391,12 +391,12 @@ class IndexFile:
         self._hash_slot_count += 1
         self._index_count = index_count + 1
         self._end_phy_offset = phy_offset
-        self._end_timestamp = store_timestamp
         INDEX_HEADER.pack_into(buf, 0, self._begin_timestamp, store_timestamp,
                                self._begin_phy_offset, phy_offset,
                                self._hash_slot_count, index_count + 1)
         HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
-        return True
+        self._end_timestamp = store_timestamp   # last: a flush on another thread that
+        return True                             # reads it has every byte of this entry
 
     def put_entries(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,
                     store_timestamps: np.ndarray) -> int:

@@ -8,7 +8,9 @@ Files are kept oldest first; only the last one is written. The layout of one fil
 
 Single writer: one dispatching process owns an IndexService and is the only one that
 builds, flushes or deletes. Nothing here locks; callers in one process that query from
-another thread serialise access themselves.
+another thread serialise access themselves. ``flush`` alone may run on another thread
+beside puts (the dispatcher's flush thread): it reads the endTimestamp before the
+fdatasync, and a put moves that time only once its entry, header and slot are written.
 
 Durability and the checkpoint. The index is flushed when its last file is full and the
 next one is created (RocketMQ's FlushIndexFileThread, done here synchronously), and
@@ -285,9 +287,10 @@ class IndexService:
         if not self._files:
             return 0
         last = self._files[-1]
+        end_timestamp = last.end_timestamp    # read first: a put may come during the flush
         last.flush()
-        self.durable_timestamp = last.end_timestamp
-        return self.durable_timestamp
+        self.durable_timestamp = end_timestamp
+        return end_timestamp
 
     # ----------------------------------------------------------------- query
     def query_offset(self, topic: str, key: str, max_num: int, begin_ms: int,

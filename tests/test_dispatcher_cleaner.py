@@ -34,6 +34,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 
 import multiprocess
@@ -45,12 +46,13 @@ import procs.service
 import refcodec
 from conftest import destroy_context, msg, small_config
 from procs.cleaner import Cleaner, clean_now_path
+from procs.dispatcher import Dispatcher
 from procs.recovery import recover_and_publish
 from shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
 from shm.positions import (
     HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState, now_ms)
-from storage import Message, MessageStore, StoreConfig, record
+from storage import Message, MessageStore, StoreConfig, mapped_file, record
 from storage.commit_log import CommitLog
 from storage.message import is_consumable
 from storage.store_lock import remove_abort
@@ -508,6 +510,112 @@ def test_a_corrupt_record_stops_dispatch_loudly_and_a_restart_resumes(env_factor
     assert env.table.get(Slot.DISPATCH_ERROR) == 0
     env.stop(p)
     assert_queues_match(env)
+
+
+# ============================================================================ the flush thread
+class InProcessDispatcher:
+    """The dispatcher's code in this process, turned by the test, so that
+    ``FILE_OPS.fdatasync`` can be replaced in its flush thread: a disk cannot be made
+    slow or failing on demand. Only the flush thread's calls are replaced (the dispatch
+    loop flushes an index file that fills, and must not be held by the stand-in)."""
+
+    def __init__(self, env: Env, monkeypatch, fdatasync):
+        real = mapped_file.FILE_OPS.fdatasync
+
+        def flush_thread_only(fd):
+            if threading.current_thread().name == "flush-consume-queue":
+                fdatasync(fd)
+            real(fd)
+        monkeypatch.setattr(mapped_file.FILE_OPS, "fdatasync", flush_thread_only)
+        self.env = env
+        self.service = Dispatcher(env.store_dir, env.config)
+        self.service.table = PositionTable.attach(env.store_dir, process="dispatcher")
+        self.service.context = env.context
+        self.service.setup()
+
+    def dispatch(self, n: int) -> None:
+        """Append ``n`` messages and turn until they are dispatched."""
+        self.env.appender.append_new(n)
+        self.service.turn()
+        assert self.env.table.get(Slot.DISPATCHED) == self.env.appender.written
+
+    def close(self) -> None:
+        try:
+            self.service.flush_service.stop()
+            self.service._close_files()
+        finally:
+            self.service.table.close()
+
+
+def logics_time(env: Env) -> int:
+    with open(os.path.join(env.store_dir, "checkpoint"), "rb") as f:
+        return refcodec.decode_checkpoint(f.read())["logics"]
+
+
+def test_a_flush_that_hangs_does_not_hold_up_dispatch(env_factory, monkeypatch):
+    """FlushConsumeQueueService runs on its own thread: while its fdatasync is held,
+    the dispatch loop goes on dispatching; once released, the thorough flush moves the
+    checkpoint's logics time only to what was dispatched before the flush began."""
+    # flushes 100 ms apart (the thread looks twice an interval): each one's checkpoint
+    # is seen before the next
+    env = env_factory(fill=60, flush_interval_consume_queue=200,
+                      flush_consume_queue_thorough_interval=0)
+    inside, release = threading.Event(), threading.Event()
+
+    def held(fd):
+        inside.set()
+        assert release.wait(DEADLINE_S)
+    d = InProcessDispatcher(env, monkeypatch, held)
+    try:
+        d.dispatch(20)
+        assert inside.wait(DEADLINE_S), "the flush thread never flushed"
+        first_flush_covers = d.service.reput.logics_timestamp
+        before = logics_time(env)
+        for _ in range(3):                      # the flush is still held: dispatch goes on
+            d.dispatch(15)
+        assert d.service.flush_service.lock.locked()     # the flush is still in it
+        assert logics_time(env) == before
+        release.set()
+        newest = max(r["store_timestamp"] for r in commit_log_records(env.config,
+                                                                      env.appender.written))
+        assert newest > first_flush_covers > before
+        seen = [before]
+        deadline = time.monotonic() + DEADLINE_S
+        while seen[-1] != newest:               # the held flush, then the next one
+            if logics_time(env) != seen[-1]:
+                seen.append(logics_time(env))
+            assert time.monotonic() < deadline, (seen, newest)
+            time.sleep(0.002)
+        assert seen == [before, first_flush_covers, newest]
+        assert d.service.flush_service.error is None
+    finally:
+        release.set()
+        d.close()
+    assert_queues_match(env)
+
+
+def test_a_failed_flush_on_the_flush_thread_stops_dispatch_with_its_errno(env_factory,
+                                                                          monkeypatch):
+    """An fdatasync that fails with EIO on the flush thread: the next turn of the dispatch
+    loop raises it and sets DISPATCH_ERROR to EIO, as a failed flush in the loop did."""
+    env = env_factory(fill=30, flush_consume_queue_thorough_interval=0)
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    d = InProcessDispatcher(env, monkeypatch, eio)
+    try:
+        d.dispatch(10)
+        deadline = time.monotonic() + DEADLINE_S
+        while d.service.flush_service.error is None:
+            assert time.monotonic() < deadline, "the flush thread never failed"
+            time.sleep(0.01)
+        env.appender.append_new(5)
+        with pytest.raises(OSError) as raised:
+            d.service.turn()
+        assert raised.value.errno == errno.EIO
+        assert env.table.get(Slot.DISPATCH_ERROR) == errno.EIO
+    finally:
+        d.close()
 
 
 def test_dispatch_throughput(env_factory, capfd):
