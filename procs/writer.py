@@ -473,6 +473,8 @@ class WriterService(Service):
         """Check a SEND_RECORDS frame's records in bulk (``record_batch.check_records``),
         choose queues, judge idempotent records, and take the records as they are; a
         record the check sends the long way is prepared like a SEND record."""
+        if not len(send.offsets):
+            return      # nothing to store: an empty reply, as to a SEND of no message
         if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
             self.topic_verdicts.clear()
         try:

@@ -658,8 +658,8 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
         refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
     if producer_id:
         props = _check_identities(props, producer_id, first_sequence, refusals)
-    joined = b"\0".join(props) + b"\0"            # NUL may stand in no property
-    if _ALL_PAIRS.fullmatch(joined) is None:
+    joined = b"\0".join(props) + b"\0"            # NUL may stand in no property:
+    if joined.count(0) != n or _ALL_PAIRS.fullmatch(joined) is None:   # n NULs, the joins'
         for i, p in enumerate(props):
             if _PAIRS.fullmatch(p) is None:
                 refusals.setdefault(i, (_ILLEGAL, _BAD_PAIRS))

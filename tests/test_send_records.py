@@ -19,7 +19,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from procs import protocol
 from procs.client import Producer
@@ -78,9 +78,17 @@ def put_through_records_path(store: MessageStore, msgs: list[Message]) -> None:
     data, offsets = encode_records(msgs, BORN_TS)
     checked = check_records(data, np.array(offsets), store.config)
     assert not checked.refusals, checked.refusals
+    append_taken(store, data, checked)
+
+
+def append_taken(store: MessageStore, data: bytes, checked) -> int:
+    """Append what ``check_records`` did not refuse, as the writer does (a record sent
+    the long way prepared like a SEND message); the number appended."""
     selector = QueueSelector(store.config.default_topic_queue_nums)
     pieces = []
     for i in range(checked.count):
+        if i in checked.refusals:
+            continue
         msg = checked.long_way.get(i)
         if msg is not None:
             one = prepare_batch(store.commit_log, store.config, [msg], STORE_TS, selector, [None])
@@ -93,8 +101,10 @@ def put_through_records_path(store: MessageStore, msgs: list[Message]) -> None:
             s, n = int(checked.starts[i]), int(checked.sizes[i])
             pieces.append((data[s:s + n], checked.topics[i], q, q, checked.consumable[i],
                            record_batch.STORETIMESTAMP_POS, True))
+    if not pieces:
+        return 0
     batch = record_batch.from_pieces(pieces)
-    store.commit_log.append_batch(batch, batch.queue_ids, STORE_TS)
+    return store.commit_log.append_batch(batch, batch.queue_ids, STORE_TS).count
 
 
 def store_files(root) -> dict[str, bytes]:
@@ -326,6 +336,85 @@ def test_a_short_run_is_judged_record_by_record_as_in_bulk(tmp_path_factory, row
                                          first_sequence=5)) == _verdict_fields(bulk)
 
 
+def _insert_byte(buf: bytearray, offsets: list[int], i: int, region: str, at: int,
+                 value: int) -> None:
+    """Put ``value`` into record ``i``'s topic, body or properties at ``at`` (a fraction
+    of the field's length) and make every length, TOTALSIZE, the body CRC and the later
+    offsets agree: damage that only the content rules can see."""
+    s = offsets[i]
+    body_len = struct.unpack_from(">i", buf, s + record_batch.BODYLENGTH_POS)[0]
+    topic_len_pos = s + record_batch.BODY_POS + body_len
+    topic_len = buf[topic_len_pos]
+    props_len_pos = topic_len_pos + 1 + topic_len
+    props_len = struct.unpack_from(">H", buf, props_len_pos)[0]
+    if region == "topic":
+        pos, length_pos, fmt, length = topic_len_pos + 1, topic_len_pos, ">B", topic_len
+    elif region == "body":
+        pos, length_pos, fmt, length = (s + record_batch.BODY_POS,
+                                        s + record_batch.BODYLENGTH_POS, ">i", body_len)
+    else:
+        pos, length_pos, fmt, length = props_len_pos + 2, props_len_pos, ">H", props_len
+    buf.insert(pos + round(at * length), value)
+    struct.pack_into(fmt, buf, length_pos, length + 1)
+    struct.pack_into(">i", buf, s, struct.unpack_from(">i", buf, s)[0] + 1)
+    if region == "body":
+        body = bytes(buf[s + record_batch.BODY_POS:s + record_batch.BODY_POS + body_len + 1])
+        struct.pack_into(">i", buf, s + 8, record.body_crc(body))
+    for k in range(i + 1, len(offsets)):
+        offsets[k] += 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.sampled_from(["TopicA", "TopicB"]),
+                          st.one_of(st.none(), st.sampled_from(["t", "tag"])),
+                          st.dictionaries(st.sampled_from(["a", "bb"]),
+                                          st.sampled_from(["x", "yy"]), max_size=2)),
+                min_size=1, max_size=12),
+       st.data())
+def test_every_record_the_check_takes_is_read_back_by_dispatch_and_recovery(
+        tmp_path_factory, rows, data):
+    """What the writer takes, its readers must read: the dispatcher stops at a record it
+    cannot read below WRITTEN, and recovery cuts the CommitLog there (every later message
+    lost). So records are damaged, by a byte changed or by a byte put into a field with
+    every length, TOTALSIZE, the body CRC and the offsets made to agree (a NUL or \\x01
+    after the last property once passed the bulk check, and stopped the dispatcher); the
+    records ``check_records`` takes are appended as the writer does, dispatched, and the
+    store reopened through abnormal recovery (CRCs checked): every one is still there."""
+    msgs = [Message(topic, body, tags=tags, properties=props, queue_id=0,
+                    born_timestamp=BORN_TS) for body, topic, tags, props in rows]
+    buf, offsets = encode_records(msgs, BORN_TS)
+    buf, offsets = bytearray(buf), list(offsets)
+    value = data.draw(st.one_of(st.sampled_from([0, 1, 2, 0x7F, 0x80, 0xFF]),
+                                st.integers(0, 255)))
+    i = data.draw(st.integers(0, len(offsets) - 1))
+    if data.draw(st.booleans()):
+        _insert_byte(buf, offsets, i, data.draw(st.sampled_from(["topic", "body", "props"])),
+                     data.draw(st.floats(0, 1)), value)
+    else:
+        end = offsets[i + 1] if i + 1 < len(offsets) else len(buf)
+        buf[data.draw(st.integers(offsets[i], end - 1))] = value
+    root = tmp_path_factory.mktemp("s")
+    cfg = config(root, max_hash_slot_num=64, max_index_num=256)
+    try:
+        checked = check_records(bytes(buf), np.array(offsets), cfg)
+    except RecordsFormatError:
+        event("not records")
+        return
+    event("refused" if checked.refusals else "all taken")
+    with MessageStore(cfg, background=False) as store:
+        taken = append_taken(store, bytes(buf), checked)
+        written = store.commit_log.get_max_offset()
+        store.dispatch()                          # raises on a record it cannot read
+        assert store.check() == []
+        queues = dict(store.commit_log.topic_queue_table)
+    assert taken >= sum(queues.values())          # a transaction's half takes no unit
+    open(os.path.join(str(root), "abort"), "w").close()
+    with MessageStore(cfg, background=False) as store:      # abnormal recovery
+        assert store.commit_log.get_max_offset() == written
+        assert dict(store.commit_log.topic_queue_table) == queues
+        assert {q: store.get_max_offset_in_queue(*q) for q in queues} == queues
+
+
 def test_a_short_run_leaves_every_record_not_taken_as_it_is_to_the_bulk_check(tmp_path):
     cfg = config(tmp_path)
     cfg.max_message_size = 300
@@ -380,6 +469,10 @@ def test_a_running_writer_stores_good_records_around_bad_ones(running):  # noqa:
     frame = c.socket.recv() if c.socket.poll(10_000) else None
     err = protocol.decode_error(frame)
     assert err[:2] == (6, protocol.ErrorCode.MALFORMED_FRAME) and "record" in err.message
+    # no record at all: an empty reply, as to a SEND of none (it was an INTERNAL error)
+    c.socket.send(protocol.encode_send_records(7, b"", []))
+    frame = c.socket.recv() if c.socket.poll(10_000) else None
+    assert protocol.decode_send_records_reply(frame) == (7, [])
     for r, m in zip(got, msgs):
         if r.ok:
             s.acks.append((m, r))
