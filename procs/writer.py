@@ -473,8 +473,6 @@ class WriterService(Service):
         """Check a SEND_RECORDS frame's records in bulk (``record_batch.check_records``),
         choose queues, judge idempotent records, and take the records as they are; a
         record the check sends the long way is prepared like a SEND record."""
-        if not len(send.offsets):
-            return      # nothing to store: an empty reply, as to a SEND of no message
         if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
             self.topic_verdicts.clear()
         try:
@@ -486,6 +484,8 @@ class WriterService(Service):
         except RecordsFormatError as e:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"SEND_RECORDS {e}",
                                 send.request_id) from None
+        if not checked.count:
+            return      # nothing to store: an empty reply, as to a SEND of no message
         results = req.results
         for i, (status, reason) in checked.refusals.items():
             results[i] = PutMessageResult.refused(status, reason)

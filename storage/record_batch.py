@@ -412,6 +412,10 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
     run is judged in bulk (``_check_bulk``), which names what is wrong.
     """
     verdicts = {} if topic_verdicts is None else topic_verdicts
+    if not len(offsets):            # no record: bytes there mean the count is wrong
+        none = np.empty(0, np.int64)
+        return CheckedRecords(0, {}, {}, [], [], [], [], none,
+                              _check_chain(np.frombuffer(data, np.uint8), none))
     if len(offsets) < SMALL_CHECK and not store_host_v6:
         clean = _check_clean_run(data, offsets, config, producer_id, first_sequence, verdicts)
         if clean is not None:

@@ -473,6 +473,10 @@ def test_a_running_writer_stores_good_records_around_bad_ones(running):  # noqa:
     c.socket.send(protocol.encode_send_records(7, b"", []))
     frame = c.socket.recv() if c.socket.poll(10_000) else None
     assert protocol.decode_send_records_reply(frame) == (7, [])
+    c.socket.send(protocol.encode_send_records(8, data, []))    # records, but a count of 0
+    frame = c.socket.recv() if c.socket.poll(10_000) else None
+    err = protocol.decode_error(frame)
+    assert err[:2] == (8, protocol.ErrorCode.MALFORMED_FRAME) and "count of 0" in err.message
     for r, m in zip(got, msgs):
         if r.ok:
             s.acks.append((m, r))
