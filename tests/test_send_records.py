@@ -30,6 +30,7 @@ from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from storage.put_path import QueueSelector, prepare_batch
 from storage.record_batch import RecordsFormatError, check_records, encode_records, same_bytes
 from storage.status import PutMessageStatus
+from storage.store_reader import StoreReader
 from storage.validation import check_message
 from test_writer_flusher import message, running  # noqa: F401  (fixture)
 
@@ -407,6 +408,12 @@ def test_every_record_the_check_takes_is_read_back_by_dispatch_and_recovery(
         store.dispatch()                          # raises on a record it cannot read
         assert store.check() == []
         queues = dict(store.commit_log.topic_queue_table)
+        with StoreReader(cfg) as reader:          # a Consumer's read, every field
+            for (topic, queue_id), count in queues.items():
+                got = reader.get_message(topic, queue_id, 0, count + 1, written)
+                assert len(got.messages) == count, got.status
+                assert all(m.to_ext() == store.look_message_by_offset(m.commit_log_offset)
+                           for m in got.messages)
     assert taken >= sum(queues.values())          # a transaction's half takes no unit
     open(os.path.join(str(root), "abort"), "w").close()
     with MessageStore(cfg, background=False) as store:      # abnormal recovery
