@@ -489,10 +489,11 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
         if size < MIN_RECORD_SIZE or e > end:       # the offsets table is the bulk's
             return None
         (total, magic, crc, queue_id, _, queue_offset, physical_offset, sys_flag, _, _,
-         port, store_ts, _, _, _, body_len) = unpack(raw, s)
+         port, store_ts, store_host, _, _, body_len) = unpack(raw, s)
         at = s + BODY_POS + body_len                    # TOPICLENGTH (v1: one byte)
         if (total != size or magic != record.MESSAGE_MAGIC_CODE or queue_offset
-                or physical_offset or store_ts or sys_flag & record.HOST_FLAGS or body_len < 0
+                or physical_offset or store_ts or store_host != PLACEHOLDER_STORE_HOST
+                or sys_flag & record.HOST_FLAGS or body_len < 0
                 or at + 4 > e or size > largest or not -1 <= queue_id < queue_nums
                 or not 0 <= port <= 0xFFFF):
             return None
@@ -597,14 +598,16 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
     born_v6 = (sys_flag & BORNHOST_V6_FLAG) != 0
     body_len_pos = np.full(len(s), BODYLENGTH_POS, np.int64)
     store_ts = head["store_timestamp"].astype(np.int64)
+    store_host = head["store_host"].view(">i8").astype(np.int64)
     body_len = head["body_len"].astype(np.int64)
     if (sys_flag & record.HOST_FLAGS).any():
         body_len_pos += np.where(born_v6, 12, 0) + np.where(sys_flag & STOREHOSTADDRESS_V6_FLAG, 12, 0)
         shifted = np.nonzero(body_len_pos != BODYLENGTH_POS)[0]
         fits = body_len_pos[shifted] + 4 + 4 <= gaps[shifted]
         rows = shifted[fits]
-        store_ts[born_v6] = 0 if not born_v6.any() else \
-            gather_be(u8, s[born_v6] + STORETIMESTAMP_POS + 12, 8)
+        if born_v6.any():
+            store_ts[born_v6] = gather_be(u8, s[born_v6] + STORETIMESTAMP_POS + 12, 8)
+            store_host[born_v6] = gather_be(u8, s[born_v6] + STOREHOST_POS + 12, 8)
         body_len[rows] = gather_be(u8, s[rows] + body_len_pos[rows], 4)
     body_pos = body_len_pos + 4
     topic_len_pos = body_pos + body_len
@@ -613,9 +616,10 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
                                   f"({gaps[i]} bytes)"),
         (~v2 & (magic != record.MESSAGE_MAGIC_CODE),
          lambda i: f"illegal magic code 0x{int(magic[i]):08X}"),
-        ((head["queue_offset"] != 0) | (head["physical_offset"] != 0) | (store_ts != 0),
-         lambda i: "QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are the store's to fill: "
-                   "send them as 0"),
+        ((head["queue_offset"] != 0) | (head["physical_offset"] != 0) | (store_ts != 0)
+         | (store_host != 0) | ((sys_flag & STOREHOSTADDRESS_V6_FLAG) != 0),
+         lambda i: "QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and STOREHOSTADDRESS are "
+                   "the store's to fill: send them as 0 (an IPv4-wide store host)"),
         (body_len_pos + 4 + 4 > sizes, lambda i: f"record size {sizes[i]} cannot hold its "
                                                  "header"),
         ((body_len < 0) | (topic_len_pos + 4 > sizes),

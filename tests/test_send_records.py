@@ -272,6 +272,13 @@ def test_bytes_that_are_not_records_are_refused_whole(tmp_path):
     stamped = bytearray(data)
     struct.pack_into(">q", stamped, record.PHYSICALOFFSET_POS, 99)
     refused(stamped, offsets, "store's to fill", 0)
+    host = bytearray(data)                     # STOREHOSTADDRESS: zeros, IPv4-wide
+    host[record_batch.STOREHOST_POS + 3] = 1
+    refused(host, offsets, "STOREHOSTADDRESS", 0)
+    wide = bytearray(data)
+    struct.pack_into(">i", wide, int(offsets[1]) + record.SYSFLAG_POS,
+                     record_batch.STOREHOSTADDRESS_V6_FLAG)
+    refused(wide, offsets, "STOREHOSTADDRESS", 1)
     body = bytearray(data)
     struct.pack_into(">i", body, int(offsets[1]) + record_batch.BODYLENGTH_POS, 10_000)
     refused(body, offsets, "body length", 1)
