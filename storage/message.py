@@ -120,9 +120,14 @@ def decode_host(raw: bytes) -> Host:
 
 
 def parse_host(text: str) -> Host:
-    """``"10.0.0.1:10911"`` or ``"[::1]:10911"`` to ``(ip, port)``."""
+    """``"10.0.0.1:10911"`` or ``"[::1]:10911"`` to ``(ip, port)``. Raises ``ValueError``
+    for a port that is not a number or brackets other than one pair around the ip."""
     ip, _, port = text.rpartition(":")
-    return ip.strip("[]"), int(port)
+    if ip[:1] == "[" and ip[-1:] == "]":
+        ip = ip[1:-1]
+    if "[" in ip or "]" in ip:
+        raise ValueError(f"host {text!r} is not ip:port or [ip6]:port")
+    return ip, int(port)
 
 
 def format_host(host: Host) -> str:

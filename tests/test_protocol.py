@@ -550,7 +550,8 @@ def test_send_bad_utf8_is_malformed(field, raw):
 
 @pytest.mark.parametrize("host", [b"nothost", b"1.2.3.4", b"1.2.3.4:", b"1.2.3.4:99999",
                                   b"1.2.3.4:-1", b"::1:5", b"[1.2.3.4]:5", b"300.1.1.1:5",
-                                  b"host.example:80", b"\xff:1", b":80", b"[]:80"])
+                                  b"host.example:80", b"\xff:1", b":80", b"[]:80",
+                                  b"[::1]]:5", b"[[::1]:5", b"[::1:5", b"::1]:5"])
 def test_send_bad_born_host_is_malformed(host):
     raises(ErrorCode.MALFORMED_FRAME, P.decode_send, _send_with(host=host), 9)
 
