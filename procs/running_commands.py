@@ -19,6 +19,7 @@ from procs.client import Consumer, Producer, ReaderClient
 from procs.consumer import read_offsets, store_config
 from procs.ha_protocol import error_name
 from procs.stats import read_published
+from procs.service import configure_logging
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
 from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
@@ -34,6 +35,7 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
     """Run the store in the foreground until SIGTERM or Ctrl-C."""
     with open(config_path, "rb") as f:
         processes = load_process_configs(tomllib.load(f))
+    configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 
     tcp = (f"tcp://{config.tcp_listen_address}:{config.listen_port} (ingest, reader on the "

@@ -3,7 +3,9 @@
 ``rocketstore up`` runs ``Supervisor(...).run()`` in the foreground:
 
 1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml);
-2. take the store's ``lock`` (a second ``up`` on the same directory fails at once),
+2. raise the soft open-files limit to the hard one (``raise_open_files_limit``: every
+   mapped file holds two descriptors), take the store's ``lock`` (a second ``up`` on
+   the same directory fails at once),
    recover the files (abnormal recovery when ``abort`` exists) and create the position
    table from them (``procs.recovery``);
 3. start the processes by ascending ``priority``, each in a fresh interpreter (spawn),
@@ -47,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import time
 import tomllib
@@ -134,6 +137,34 @@ class Child:
     watchdog_kills: int = 0
 
 
+
+NR_OPEN = "/proc/sys/fs/nr_open"     # the kernel's ceiling for RLIMIT_NOFILE
+
+
+def raise_open_files_limit() -> None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (which the store's
+    processes inherit), saying so in the log.
+
+    Every mapped store file holds two descriptors, the store's and the one the mapping
+    keeps (Python's mmap duplicates it). The dispatcher maps every consume-queue and
+    index file, so a store of a thousand queues needs some thousands: past the soft
+    limit (often 1024) it stops with EMFILE, and every put is refused."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open(NR_OPEN) as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            return
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as e:
+            log.warning("open files limit stays %d (hard %s): %s", soft, hard, e)
+            return
+        log.info("open files limit raised from %d to %d (the hard limit)", soft, target)
+
 class Supervisor:
     def __init__(self, config: StoreConfig, processes: dict[str, ProcessConfig] | None = None):
         config.check_replication()
@@ -182,6 +213,7 @@ class Supervisor:
         return 0 if clean and not self._fatal else 1
 
     def start(self) -> None:
+        raise_open_files_limit()
         recovered = recover_and_publish(self.config)
         self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
         if not self.config.slave:       # done, or left by a promotion cut short

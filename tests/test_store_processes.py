@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import signal
 import time
 
@@ -93,6 +94,29 @@ def test_up_send_consume_query_status_stop(tmp_path):
         assert s.last_exit_ok and s.check() == []
     finally:
         s.close()
+
+
+def test_the_store_lifts_its_open_files_limit_to_the_hard_limit(tmp_path):
+    """Every mapped file holds two descriptors: started under a soft RLIMIT_NOFILE of
+    256, the supervisor lifts it to the hard limit, and its processes run with that."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 256, "this machine cannot show it"
+    rs = RunningStore(tmp_path)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        rs.start()                                   # the supervisor inherits 256
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        for name in ("writer", "dispatcher"):
+            with open(f"/proc/{rs.child_pid(name)}/limits") as f:
+                row = next(line for line in f if line.startswith("Max open files"))
+            got_soft, got_hard = row.split()[3:5]
+            assert got_soft == got_hard != "256", row
+        assert "open files limit raised from 256" in rs.log()
+        assert rs.stop() == 0, rs.log()
+    finally:
+        rs.kill_all()
 
 
 def test_second_up_on_the_same_directory_is_refused(tmp_path):
