@@ -137,7 +137,6 @@ class Child:
     watchdog_kills: int = 0
 
 
-
 NR_OPEN = "/proc/sys/fs/nr_open"     # the kernel's ceiling for RLIMIT_NOFILE
 
 
@@ -164,6 +163,7 @@ def raise_open_files_limit() -> None:
             log.warning("open files limit stays %d (hard %s): %s", soft, hard, e)
             return
         log.info("open files limit raised from %d to %d (the hard limit)", soft, target)
+
 
 class Supervisor:
     def __init__(self, config: StoreConfig, processes: dict[str, ProcessConfig] | None = None):
