@@ -95,12 +95,15 @@ class ReaderService(Service):
             self.arrivals.wait(0)  # drain: any arrival retries every parked pull
         while True:
             try:
-                identity, frame = self.socket.recv_multipart(zmq.NOBLOCK)
+                identity, *parts = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            except ValueError:
-                continue  # a multi-part message: not ours
-            self._answer(identity, frame)
+            if len(parts) != 1:     # refused as the writer refuses it
+                self._reply(identity, protocol.encode_error(
+                    _request_id(parts[-1]) if parts else 0, protocol.ErrorCode.MALFORMED_FRAME,
+                    f"a request is one message part, this one has {len(parts)}"))
+                continue
+            self._answer(identity, parts[0])
         self._retry_parked()
         self._watch()
 
@@ -146,6 +149,11 @@ class ReaderService(Service):
             log.error("read failed: %s", e)
             rid = _request_id(frame)
             self._reply(identity, protocol.encode_error(rid, protocol.ErrorCode.INTERNAL, str(e)))
+        except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the reader
+            log.exception("request failed")
+            self._reply(identity, protocol.encode_error(
+                _request_id(frame), protocol.ErrorCode.INTERNAL,
+                f"the reader failed on this request: {type(e).__name__}: {e}"))
 
     # ------------------------------------------------------------------ pull
     def _pull(self, identity: bytes, req: protocol.PullRequest) -> None:

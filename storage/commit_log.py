@@ -520,7 +520,8 @@ class CommitLog:
         if head is None:
             return None
         size, magic = record.SIZE_MAGIC.unpack(head)
-        if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2) or size <= 0:
+        if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2) \
+                or size <= record.HEAD.size:     # no record is that short: not one
             return None
         data = self.get_message(offset, size)
         if data is None:

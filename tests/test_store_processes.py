@@ -9,6 +9,7 @@ import os
 import random
 import resource
 import signal
+import struct
 import time
 
 import pytest
@@ -19,7 +20,7 @@ from procs.client import Consumer, Producer, ReaderClient, RequestTimeout
 from procs.consumer import BULK_READ_MIN
 from shm import bus
 from shm.positions import Slot
-from storage import Message, MessageStore, StoreConfig
+from storage import Message, MessageStore, StoreConfig, record, record_batch
 from storage.config import recorded_geometry
 from store_processes import RunningStore, cli, wait_for
 
@@ -147,6 +148,34 @@ def test_bad_frames_get_named_errors_and_the_store_keeps_serving(tmp_path):
             ctx.term()
         with Producer(rs.store_dir) as p:
             assert p.send(TOPIC, b"still fine").ok
+
+
+def test_the_reader_answers_every_bad_request_and_keeps_serving(tmp_path):
+    """A multi-part request gets MALFORMED_FRAME (it had no answer), and a query by an
+    offset where a message body imitates a record head too short to be one answers
+    nothing found (it killed the reader with a struct.error)."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            imitation = struct.pack(">iI", 10, record.MESSAGE_MAGIC_CODE) + b"-padding-"
+            r = p.send(TOPIC, imitation, queue_id=0)
+        wait_for(lambda: rs.table().get(Slot.DISPATCHED) >= r.commit_log_offset + 1, 30,
+                 "dispatch")
+        reader_pid = rs.child_pid("reader")
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.DEALER)
+        s.connect(bus.endpoint(rs.store_dir, "reader"))
+        try:
+            s.send_multipart([b"", protocol.encode_offsets(77, [], -1)])
+            assert s.poll(10_000), "no answer to a two-part request"
+            assert protocol.decode_error(s.recv())[:2] == (77, protocol.ErrorCode.MALFORMED_FRAME)
+        finally:
+            s.close(0)
+            ctx.term()
+        body_at = r.commit_log_offset + record_batch.BODY_POS
+        with ReaderClient(rs.store_dir) as reader:
+            assert reader.query_by_offset(body_at) == []
+            assert reader.query_by_offset(r.commit_log_offset)[0].body == imitation
+        assert rs.child_pid("reader") == reader_pid        # never restarted
 
 
 def test_sync_flush_never_shows_an_unflushed_message(tmp_path):
