@@ -18,6 +18,11 @@ Progress. ``commit()`` writes the group's offsets to ``config/consumerOffset.jso
 RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 42}}}``, merged under an
 flock with what other consumers wrote. A queue without a committed offset starts at
 ``from_where``: ``"earliest"`` (the default) or ``"latest"``.
+
+Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
+COMMIT takes no other): both become directory names, so anything else raises
+``ValueError`` before anything is opened. After ``close`` (idempotent), ``poll`` and
+``commit`` raise ``StoreClosedError``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from shm import bus
 from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
-from storage.errors import CorruptRecordError
+from storage.errors import CorruptRecordError, StoreClosedError
+from storage.validation import TOPIC_PATTERN, check_topic
 from storage.message_view import MessageView
 from storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
 from storage.status import GetMessageStatus
@@ -51,18 +57,29 @@ class Consumer:
                  tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000):
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where is 'earliest' or 'latest'")
+        if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+            raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
+        bad_topic = check_topic(topic, internal=True)
+        if bad_topic:
+            raise ValueError(bad_topic)
         self.store_dir, self.group, self.topic = store_dir, group, topic
         self.config = config or store_config(store_dir)
         file_modes.use_umask(self.config.data_umask)
         self.from_where = from_where
         self.tags = tags
         self.rebalance_interval_ms = rebalance_interval_ms
+        self._closed = False
+        self.reader = self.context = self._wakeups = self._member = None
         self.table = PositionTable.attach(store_dir)
-        self.reader = StoreReader(self.config)
-        self.context = zmq.Context()
-        self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
-                                       [bus.arrival_topic(topic)])   # its topic's only
-        self._member = _Membership(store_dir, group, topic)
+        try:
+            self.reader = StoreReader(self.config)
+            self.context = zmq.Context()
+            self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
+                                           [bus.arrival_topic(topic)])   # its topic's only
+            self._member = _Membership(store_dir, group, topic)
+        except BaseException:
+            self._release()     # a context left open would hang the garbage collector
+            raise
         self._offsets: dict[int, int] = {}
         self._caught_up: dict[int, int] = {}   # queue -> the DISPATCHED it was read up to
         self._assigned: list[int] = []
@@ -73,6 +90,7 @@ class Consumer:
     def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
         """Up to ``max_msgs`` messages from this consumer's queues, waiting at most
         ``timeout_ms`` for the first one."""
+        self._check_open()
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._rebalance_if_due()
@@ -197,6 +215,7 @@ class Consumer:
 
     def commit(self) -> None:
         """Persist this consumer's offsets (merged with the rest of the group's)."""
+        self._check_open()
         mine = {str(q): self._offsets[q] for q in self._assigned if q in self._offsets}
         if mine:
             update_offsets(self.config.config_dir, f"{self.topic}@{self.group}", mine)
@@ -241,15 +260,30 @@ class Consumer:
         self._caught_up.clear()     # a DISPATCHED of the old table means nothing here
 
     def close(self) -> None:
-        """Commit, leave the group, release everything."""
+        """Commit, leave the group, release everything; a second close does nothing."""
+        if self._closed:
+            return
         try:
             self.commit()
         finally:
+            self._closed = True
+            self._release()
+
+    def _release(self) -> None:
+        """Close what this consumer opened (all of it, or what a failed start made)."""
+        if self._member is not None:
             self._member.leave()
+        if self._wakeups is not None:
             self._wakeups.close()
+        if self.context is not None:
             self.context.term()
+        if self.reader is not None:
             self.reader.close()
-            self.table.close()
+        self.table.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"consumer {self.group!r} of {self.topic!r} is closed")
 
     def __enter__(self) -> "Consumer":
         return self

@@ -10,6 +10,8 @@ import random
 import resource
 import signal
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -21,8 +23,9 @@ from procs.consumer import BULK_READ_MIN
 from shm import bus
 from shm.positions import Slot
 from storage import Message, MessageStore, StoreConfig, record, record_batch
+from storage.errors import StoreClosedError
 from storage.config import recorded_geometry
-from store_processes import RunningStore, cli, wait_for
+from store_processes import ROOT, RunningStore, cli, wait_for
 
 TOPIC = "Orders"
 
@@ -176,6 +179,46 @@ def test_the_reader_answers_every_bad_request_and_keeps_serving(tmp_path):
             assert reader.query_by_offset(body_at) == []
             assert reader.query_by_offset(r.commit_log_offset)[0].body == imitation
         assert rs.child_pid("reader") == reader_pid        # never restarted
+
+
+FAILED_START = """
+import gc, sys
+from procs.client import Consumer
+try:
+    Consumer(sys.argv[1], "g", sys.argv[2])
+except OSError as e:
+    err = e                 # the traceback keeps the half-made consumer in a cycle
+gc.collect()                # its ZeroMQ context, left open, would hang here for ever
+print("collected")
+"""
+
+
+def test_a_consumer_takes_only_names_and_is_done_after_close(tmp_path):
+    """Group and topic become directory names: anything but [A-Za-z0-9_%|-]{1,255} is a
+    ValueError before anything is opened (``../x`` made directories outside the store's,
+    ``g/T`` nested one group in another). A consumer whose start fails half way releases
+    what it opened (its ZeroMQ context hung the garbage collector). After close, poll and
+    commit raise StoreClosedError (commit wrote the old offsets again)."""
+    with RunningStore(tmp_path) as rs:
+        groups = os.path.join(bus.run_dir(rs.store_dir), "groups")
+        for group, topic in (("../../x", TOPIC), ("/abs", TOPIC), ("gx/T", TOPIC),
+                             ("g" * 256, TOPIC), ("", TOPIC), ("g", "a/b"), ("g", "..")):
+            with pytest.raises(ValueError):
+                Consumer(rs.store_dir, group, topic)
+        assert not os.path.exists(groups) or os.listdir(groups) == []
+        os.makedirs(os.path.join(groups, "g"))
+        open(os.path.join(groups, "g", "Blocked"), "w").close()    # where its dir must go
+        run = subprocess.run([sys.executable, "-c", FAILED_START, rs.store_dir, "Blocked"],
+                             env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                             text=True, timeout=60)
+        assert run.stdout.strip() == "collected", run.stderr
+        c = Consumer(rs.store_dir, "g", TOPIC)
+        c.close()
+        c.close()
+        with pytest.raises(StoreClosedError):
+            c.poll(1, 0)
+        with pytest.raises(StoreClosedError):
+            c.commit()
 
 
 def test_sync_flush_never_shows_an_unflushed_message(tmp_path):
