@@ -48,6 +48,7 @@ from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot
 from storage.bulk_read import keep_tags
+from storage import record
 from storage.errors import StoreError
 from storage.read_path import subscription_tags
 from storage.status import GetMessageStatus
@@ -258,7 +259,8 @@ class ReaderService(Service):
             if r.status is not GetMessageStatus.FOUND or r.count == 0:
                 break
             if wanted:
-                kept_units, kept = keep_tags(r.units, r.data, wanted)
+                kept_units, kept = keep_tags(r.units, r.data, wanted, codes_are_tags=(
+                    req.topic != record.SCHEDULE_TOPIC))
                 units.append(kept_units)
                 data += kept
             else:

@@ -265,12 +265,14 @@ def _units_struct(n: int) -> struct.Struct:
     return struct.Struct(">" + "qiq" * n)
 
 
-def keep_tags(units: bytes, data: list, tags: set[str]) -> tuple[bytes, list]:
+def keep_tags(units: bytes, data: list, tags: set[str], *,
+              codes_are_tags: bool = True) -> tuple[bytes, list]:
     """``units`` and their records (``data``, pieces back to back) with every unit whose
     message has none of ``tags`` made a blank unit and its record left out: offsets
     stay where they are, and a reader of the reply skips the blanks as it skips the
     consume queue's own. The unit's tagsCode picks the candidates, the record's TAGS
-    decides (hash codes collide)."""
+    decides (hash codes collide); where a tagsCode is no tags' hash (SCHEDULE_TOPIC_XXXX:
+    the delivery time, ``codes_are_tags`` False) every record is read."""
     table = np.frombuffer(units, CQ_UNIT_DTYPE).copy()
     real = table["size"] != BLANK_UNIT_SIZE
     sizes = table["size"][real].astype(np.int64)
@@ -278,7 +280,8 @@ def keep_tags(units: bytes, data: list, tags: set[str]) -> tuple[bytes, list]:
     np.cumsum(sizes[:-1], out=starts[1:])
     joined = b"".join(data)
     codes = np.array(sorted({tags_code(t) for t in tags}), np.int64)
-    candidate = np.isin(table["tags_code"][real], codes)
+    candidate = (np.isin(table["tags_code"][real], codes) if codes_are_tags
+                 else np.ones(len(sizes), bool))
     keep = np.zeros(len(sizes), bool)
     for i in np.flatnonzero(candidate).tolist():
         s = int(starts[i])

@@ -131,3 +131,20 @@ def test_a_filtered_fetch_blanks_the_units_of_other_tags(store):
     assert blank == [TAGS[i % len(TAGS)] not in ("paid", "refunded") for i in range(48)]
     assert [decode_at(bytes(r), 0).body for r in some.records] == [m.body for m in
                                                                    pulled.messages]
+
+
+def test_a_filtered_fetch_of_the_schedule_topic_keeps_the_tags_asked(store):
+    """In SCHEDULE_TOPIC_XXXX a unit's tagsCode is the delivery time, not the tags'
+    hash: a filtered FETCH reads every record there (it blanked them all), and keeps
+    what a filtered PULL returns."""
+    with Producer(store.store_dir) as p:
+        sent = [p.send("Later", b"late-%d" % i, tags=("TagA", "TagB")[i % 2],
+                       delay_level=18) for i in range(4)]          # two hours
+    wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN), what="dispatch")
+    queue = 18 - 1                                  # delay level 18 -> schedule queue 17
+    with ReaderClient(store.store_dir) as reader:
+        pulled = reader.pull("SCHEDULE_TOPIC_XXXX", queue, 0, 32, tags="TagA")
+        fetched = reader.fetch("SCHEDULE_TOPIC_XXXX", queue, 0, 32, tags="TagA")
+    assert all(r.ok for r in sent)
+    assert [m.body for m in pulled.messages] == [b"late-0", b"late-2"]
+    assert [decode_at(bytes(r), 0).body for r in fetched.records] == [b"late-0", b"late-2"]
