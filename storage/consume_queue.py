@@ -228,8 +228,15 @@ class ConsumeQueue:
         ``pickup_store_timestamp(phy_offset, size)`` reads a message's store time (-1 if
         gone); units below ``min_phy_offset`` (deleted CommitLog data) count as earlier.
         Exact match wins; otherwise the nearer neighbour, ties to the earlier.
+
+        The file searched is the first whose last unit's message was stored at or after
+        ``timestamp_ms`` (store times never decrease along a queue). RocketMQ picks it by
+        the file's mtime, which can be older than the store time of its last units (the
+        page was dirtied first): then the search missed exact matches. When the answer is
+        that file's first unit, the previous file's last unit may be nearer.
         """
-        mf = self.mapped_file_queue.get_mapped_file_by_time(timestamp_ms)
+        mf, prev_last = self._file_by_store_time(timestamp_ms, min_phy_offset,
+                                                 pickup_store_timestamp)
         if mf is None:
             return 0
         low = max(self.min_logic_offset - mf.file_from_offset, 0)
@@ -264,7 +271,29 @@ class ConsumeQueue:
                 else left
         if offset < 0:  # every probe below the CommitLog's min: start after them
             offset = left + CQ_STORE_UNIT_SIZE if left >= 0 else 0
+        if target == -1 and left_value == -1 and right_value != -1 and prev_last is not None \
+                and timestamp_ms - prev_last[1] <= right_value - timestamp_ms:
+            return prev_last[0]
         return (mf.file_from_offset + offset) // CQ_STORE_UNIT_SIZE
+
+    def _file_by_store_time(self, timestamp_ms: int, min_phy_offset: int, pickup
+                            ) -> tuple[MappedFile | None, tuple[int, int] | None]:
+        """The first file whose last readable unit's message was stored at or after
+        ``timestamp_ms`` (else the last file), and the logical offset and store time of
+        the last unit before it whose message is still there (None when none is)."""
+        prev_last = None
+        files = self.mapped_file_queue.mapped_files
+        for mf in files:
+            last = mf.read_position - CQ_STORE_UNIT_SIZE
+            if last < 0:
+                continue
+            phy, size, _ = CQ_UNIT.unpack_from(mf.buf, last)
+            stored = pickup(phy, size) if phy >= min_phy_offset else -1
+            if stored >= timestamp_ms:
+                return mf, prev_last
+            if stored >= 0:
+                prev_last = ((mf.file_from_offset + last) // CQ_STORE_UNIT_SIZE, stored)
+        return (files[-1] if files else None), None
 
     # ------------------------------------------------------------------ truncation, expiry
     def truncate_dirty_logic_files(self, phy_offset: int) -> None:

@@ -504,3 +504,33 @@ def test_a_view_finds_its_bounds_alike_from_any_hint(blanks, written, bound_unit
     for min_phy in (0, bound, 100 * hint):
         assert _first_unit_at_or_above(buf, len(units), min_phy) == next(
             (i for i, u in enumerate(units) if u != BLANK and u[0] >= min_phy), len(units))
+
+
+def test_offset_by_time_searches_the_file_by_its_store_times_not_its_mtime(tmp_path):
+    """A queue over several consume queue files, every file's mtime older than its
+    messages (mmap writes move a file's mtime only when a page is first dirtied, so it
+    lags the store times of later units; set here with os.utime): every message is
+    found by its own store time, and a time between two files' messages answers the
+    nearer of the two. (Picked by mtime, the search went to the last file and missed.)"""
+    config = small_config(tmp_path, mapped_file_size_consume_queue=20 * 8)
+    with MessageStore(config, background=False) as store:
+        for batch in range(5):
+            assert all(r.ok for r in store.put_batch([msg(batch * 5 + i, queue_id=0)
+                                                      for i in range(5)]))
+            time.sleep(0.01)                  # each batch its own store time
+        store.dispatch()
+        cq_dir = os.path.join(config.consume_queue_dir, "TopicTest", "0")
+        files = sorted(os.listdir(cq_dir))
+        assert len(files) >= 3
+        for name in files:
+            os.utime(os.path.join(cq_dir, name), ns=(0, 0))
+        stored = [store.get_message("g", "TopicTest", 0, k, 1).messages[0].store_timestamp
+                  for k in range(25)]
+        for k, ts in enumerate(stored):
+            got = store.get_offset_in_queue_by_time("TopicTest", 0, ts)
+            assert stored[got] == ts, (k, got)
+        ends = [(k, k + 1) for k in range(24) if stored[k + 1] - stored[k] >= 4]
+        assert ends
+        for k, after in ends:                 # a time between two batches: the nearer
+            assert store.get_offset_in_queue_by_time("TopicTest", 0, stored[k] + 1) == k
+            assert store.get_offset_in_queue_by_time("TopicTest", 0, stored[after] - 1) == after
