@@ -40,11 +40,11 @@ from shm.positions import PositionTable, PositionTableError, Slot
 from storage import StoreConfig, json_file
 from storage.config import recorded_geometry
 from storage.errors import CorruptRecordError, StoreClosedError
-from storage.validation import TOPIC_PATTERN, check_topic
 from storage.message_view import MessageView
 from storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
+from storage.validation import TOPIC_PATTERN, check_topic
 from storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"

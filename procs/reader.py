@@ -47,8 +47,8 @@ from procs.consumer import update_offsets
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot
-from storage.bulk_read import keep_tags
 from storage import record
+from storage.bulk_read import keep_tags
 from storage.errors import StoreError
 from storage.read_path import subscription_tags
 from storage.status import GetMessageStatus
