@@ -73,12 +73,13 @@ class RunningStore:
         self.log_path = str(tmp_path / "up.log")
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60) -> "RunningStore":
+    def start(self, timeout: float = 60, preexec_fn=None) -> "RunningStore":
+        """``preexec_fn`` runs in the supervisor's process before it starts."""
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "procs.cli", "up", "--config", self.config_path],
             cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-            stderr=log, text=True, start_new_session=True)
+            stderr=log, text=True, start_new_session=True, preexec_fn=preexec_fn)
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout

@@ -103,14 +103,10 @@ def test_up_send_consume_query_status_stop(tmp_path):
 def test_the_store_lifts_its_open_files_limit_to_the_hard_limit(tmp_path):
     """Every mapped file holds two descriptors: started under a soft RLIMIT_NOFILE of
     256, the supervisor lifts it to the hard limit, and its processes run with that."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert hard == resource.RLIM_INFINITY or hard > 256, "this machine cannot show it"
-    rs = RunningStore(tmp_path)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-    try:
-        rs.start()                                   # the supervisor inherits 256
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    rs = RunningStore(tmp_path).start(
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
     try:
         for name in ("writer", "dispatcher"):
             with open(f"/proc/{rs.child_pid(name)}/limits") as f:
