@@ -29,7 +29,8 @@ Writer side (``check_records``): every rule of ``validation.check_message`` and
     offsets table, TOTALSIZE chain, magic, record length     RecordsFormatError: the
       recomputed from BODYLENGTH/TOPICLENGTH/PROPERTIESLENGTH  whole frame is malformed
     v1 magic with a topic over 127 bytes, v2 with one under  RecordsFormatError
-    QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP not zero       RecordsFormatError
+    QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP not zero,      RecordsFormatError
+      STOREHOSTADDRESS not 8 zero bytes or its IPv6 bit set
     body CRC                                                 MESSAGE_ILLEGAL
     topic not [A-Za-z0-9_%|-]{1,255}, reserved topic         MESSAGE_ILLEGAL
     queue id not -1 and outside 0..default_topic_queue_nums  MESSAGE_ILLEGAL
@@ -439,7 +440,7 @@ def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, produce
     qid = head.queue_id
     for i in np.nonzero((qid < -1) | (qid >= queue_nums))[0].tolist():
         refusals.setdefault(i, (_ILLEGAL, f"queue id {qid[i]} is outside 0..{queue_nums - 1}"))
-    v6 = (head.sys_flag & (BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)) != 0
+    v6 = (head.sys_flag & BORNHOST_V6_FLAG) != 0   # a store-host IPv6 bit refused the frame
     port = head.born_port
     for i in np.nonzero(~v6 & ((port < 0) | (port > 0xFFFF)))[0].tolist():
         refusals.setdefault(i, (_ILLEGAL, f"born host port {port[i]} is outside 0..65535"))
