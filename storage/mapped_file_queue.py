@@ -261,13 +261,6 @@ class MappedFileQueue:
                     return mf
         return first if return_first_on_not_found else None
 
-    def get_mapped_file_by_time(self, timestamp_ms: int) -> MappedFile | None:
-        """The oldest file modified at or after ``timestamp_ms``, else the last file."""
-        for mf in self.mapped_files:
-            if mf.last_modified_timestamp() >= timestamp_ms:
-                return mf
-        return self.get_last_mapped_file()
-
     # ------------------------------------------------------------------ offsets
     def get_min_offset(self) -> int:
         first = self.get_first_mapped_file()

@@ -428,26 +428,6 @@ def test_find_mapped_file_by_offset_on_an_empty_queue(tmp_path):
     assert q.get_min_offset() == -1 and q.get_max_offset() == 0
 
 
-def test_get_mapped_file_by_time_uses_mtime(tmp_path):
-    make_files(tmp_path, [0, SIZE, 2 * SIZE])
-    base = now_ms() - 10 * HOUR_MS
-    for i, off in enumerate((0, SIZE, 2 * SIZE)):
-        set_mtime_ms(path_of(tmp_path, off), base + i * HOUR_MS)
-    q = MappedFileQueue(str(tmp_path), SIZE)
-    q.load()
-    try:
-        by_time = lambda ts: q.get_mapped_file_by_time(ts).file_from_offset  # noqa: E731
-        assert by_time(base - HOUR_MS) == 0              # before every file: the first
-        assert by_time(base) == 0                        # >=, not >
-        assert by_time(base + 1) == SIZE
-        assert by_time(base + HOUR_MS) == SIZE
-        assert by_time(base + HOUR_MS + 1) == 2 * SIZE
-        assert by_time(base + 2 * HOUR_MS) == 2 * SIZE
-        assert by_time(base + 5 * HOUR_MS) == 2 * SIZE   # after every file: the last
-    finally:
-        q.close()
-
-
 # ------------------------------------------------------------------ expiry by time
 def loaded_queue(directory, count: int, old_indexes=(), age_h: int = 100) -> MappedFileQueue:
     """``count`` files; those in ``old_indexes`` last modified ``age_h`` hours ago."""
