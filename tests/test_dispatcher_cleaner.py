@@ -331,6 +331,18 @@ def dispatched_in_queues(config: StoreConfig) -> int:
 
 
 # ============================================================================ dispatcher
+def logics_time(env: Env) -> int:
+    """The checkpoint's logics time."""
+    with open(os.path.join(env.store_dir, "checkpoint"), "rb") as f:
+        return refcodec.decode_checkpoint(f.read())["logics"]
+
+
+def newest_store_time(env: Env) -> int:
+    """The store time of the last record appended."""
+    return max(r["store_timestamp"] for r in commit_log_records(env.config,
+                                                                env.appender.written))
+
+
 def test_everything_appended_is_dispatched_announced_and_checkpointed(env_factory):
     env = env_factory(fill=60, flush_consume_queue_thorough_interval=0)
     arrivals = Subscriber(env.context, env.store_dir, ["dispatcher"], [ARRIVAL])
@@ -362,11 +374,9 @@ def test_everything_appended_is_dispatched_announced_and_checkpointed(env_factor
         while last != final:                      # every queue that grew, announced
             assert time.monotonic() < deadline, (last, final)
             drain(100)
-        newest = max(r["store_timestamp"] for r in commit_log_records(env.config,
-                                                                      env.appender.written))
-        checkpoint = os.path.join(env.store_dir, "checkpoint")
-        env.wait_for(lambda: refcodec.decode_checkpoint(open(checkpoint, "rb").read())["logics"]
-                     == newest, "the checkpoint's logics time", alive=p)
+        newest = newest_store_time(env)
+        env.wait_for(lambda: logics_time(env) == newest, "the checkpoint's logics time",
+                     alive=p)
         env.stop(p)
     finally:
         arrivals.close()
@@ -547,11 +557,6 @@ class InProcessDispatcher:
             self.service.table.close()
 
 
-def logics_time(env: Env) -> int:
-    with open(os.path.join(env.store_dir, "checkpoint"), "rb") as f:
-        return refcodec.decode_checkpoint(f.read())["logics"]
-
-
 def test_a_flush_that_hangs_does_not_hold_up_dispatch(env_factory, monkeypatch):
     """FlushConsumeQueueService runs on its own thread: while its fdatasync is held,
     the dispatch loop goes on dispatching; once released, the thorough flush moves the
@@ -576,8 +581,7 @@ def test_a_flush_that_hangs_does_not_hold_up_dispatch(env_factory, monkeypatch):
         assert d.service.flush_service.lock.locked()     # the flush is still in it
         assert logics_time(env) == before
         release.set()
-        newest = max(r["store_timestamp"] for r in commit_log_records(env.config,
-                                                                      env.appender.written))
+        newest = newest_store_time(env)
         assert newest > first_flush_covers > before
         seen = [before]
         deadline = time.monotonic() + DEADLINE_S
