@@ -60,7 +60,8 @@ from storage.commit_log import CommitLog
 from storage.consume_queue import CQ_PHY_OFFSET, CQ_STORE_UNIT_SIZE
 from storage.index_file import INDEX_HEADER_SIZE, decode_header
 from storage.logic_queues import queue_dirs
-from storage.mapped_file import MappedFile, fsync_dir, unlink_quietly
+from storage.dir_sync import fsync_dir
+from storage.mapped_file import MappedFile, unlink_quietly
 from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, gaps_between
 
 log = logging.getLogger(__name__)

@@ -40,6 +40,16 @@ snapshot of it), the logics time (read once) and the dirty flag (cleared before 
 thorough flush, so a dispatch during it is flushed next time). At teardown the thread
 stops first, then the last flush runs in the loop's thread.
 
+A new topic's queues get their first files inline with dispatch, and every topic's
+dispatch waits meanwhile, so a creation waits for nothing it need not: the directory
+fsyncs it owes are paid by the next thorough flush, before the checkpoint's logics time
+can cover the file (``storage.dir_sync``; a restarted dispatcher owes those of every
+queue it finds), and a fresh file faults in a page at a time instead of reading 8 MiB
+around its first write (``MappedFile.advise_random``). Measured with a loaded store:
+a new topic's first frame of eight queues was dispatched 23-30 ms after its
+acknowledgement (median) before either, 11 ms after; a frame of a known topic 0.5 ms.
+What is left is the ``mkdir`` and ``open`` of each queue, slow on a busy journal.
+
 A record below the confirm offset that cannot be read is damage on disk: DISPATCH_ERROR
 is set (EBADMSG), the error is logged, and the process exits non-zero so the supervisor
 restarts it; it never skips data. A file it cannot create (ENOSPC), a failed fdatasync

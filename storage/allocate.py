@@ -50,7 +50,8 @@ import logging
 import os
 import threading
 
-from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, fsync_dir, offset_to_file_name
+from storage.dir_sync import fsync_dir
+from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
 from storage import file_modes
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,10 @@ Invariants kept here:
   or before it is a duplicate and is skipped, which makes re-dispatch idempotent.
 * ``min_logic_offset`` is the byte offset of the first unit whose message still exists.
 
+A file made here owes its directory fsyncs to the holder's ``DirSyncs`` (paid before the
+checkpoint covers its units, ``storage.dir_sync``) and faults in a page at a time
+(``MappedFile.advise_random``): dispatch creates it inline.
+
 Crash story: the CommitLog is the truth. At load the last three files are scanned and
 the queue is cut at the first unit that is not ``offset >= 0 and size > 0``; units that
 point past the recovered CommitLog end are then cut (``truncate_dirty_logic_files``) and
@@ -35,6 +39,7 @@ from typing import Iterator
 
 import numpy as np
 
+from storage.dir_sync import DirSyncs
 from storage.mapped_file import MappedFile, offset_to_file_name
 from storage.mapped_file_queue import MappedFileQueue
 
@@ -62,7 +67,7 @@ def is_valid_unit(offset: int, size: int) -> bool:
 
 class ConsumeQueue:
     def __init__(self, topic: str, queue_id: int, root_dir: str, mapped_file_size: int,
-                 *, read_only: bool = False):
+                 *, read_only: bool = False, dir_syncs: DirSyncs | None = None):
         self.topic = topic
         self.queue_id = queue_id
         if mapped_file_size % CQ_STORE_UNIT_SIZE:
@@ -72,7 +77,8 @@ class ConsumeQueue:
         self.mapped_file_size = mapped_file_size
         self.store_path = os.path.join(root_dir, topic, str(queue_id))
         self.mapped_file_queue = MappedFileQueue(self.store_path, self.mapped_file_size,
-                                                 read_only=read_only)
+                                                 read_only=read_only, dir_syncs=dir_syncs,
+                                                 advise_random=True)
         self.max_physic_offset = -1
         self.min_logic_offset = 0
 

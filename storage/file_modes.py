@@ -34,9 +34,11 @@ def dir_mode() -> int:
     return 0o777 & ~_umask
 
 
-def make_dirs(path: str) -> None:
+def make_dirs(path: str) -> list[str]:
     """``os.makedirs(path, exist_ok=True)`` with every directory it makes set to
-    ``dir_mode()``; directories that exist keep their mode."""
+    ``dir_mode()``; directories that exist keep their mode. Returns the directories it
+    made, outermost first (their entries are durable only once their parents are
+    fsynced: ``storage.dir_sync``)."""
     path = os.path.abspath(path)
     missing = []
     while not os.path.isdir(path):
@@ -45,12 +47,15 @@ def make_dirs(path: str) -> None:
         if parent == path:
             break
         path = parent
+    made = []
     for directory in reversed(missing):
         try:
             os.mkdir(directory, dir_mode())
         except FileExistsError:
             continue
         os.chmod(directory, dir_mode())
+        made.append(directory)
+    return made
 
 
 def create(path: str, flags: int) -> int:

@@ -72,7 +72,8 @@ import numpy as np
 
 from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from storage.hashing import index_key_hash
-from storage.mapped_file import FILE_OPS, fsync_dir, unlink_quietly
+from storage.dir_sync import fsync_creation
+from storage.mapped_file import FILE_OPS, unlink_quietly
 from storage import file_modes
 
 # --------------------------------------------------------------------- IndexHeader
@@ -269,15 +270,14 @@ class IndexFile:
 
     # ----------------------------------------------------------------- open / create
     def _create(self) -> int:
-        directory = os.path.dirname(self.path) or "."
-        file_modes.make_dirs(directory)
+        made = file_modes.make_dirs(os.path.dirname(self.path) or ".")
         try:
             fd = file_modes.create(self.path, os.O_RDWR | os.O_EXCL)
         except OSError as e:
             raise StoreFileError(self.path, f"cannot create: {os.strerror(e.errno)}") from e
         try:
             self._allocate(fd)
-            fsync_dir(directory)
+            fsync_creation(self.path, made)
         except BaseException:
             os.close(fd)
             unlink_quietly(self.path)

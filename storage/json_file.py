@@ -16,7 +16,7 @@ import re
 import os
 import shutil
 
-from storage.mapped_file import fsync_dir
+from storage.dir_sync import fsync_creation
 from storage import file_modes
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 def persist(path: str, document: dict, *, compact: bool = False) -> None:
     """Atomically replace ``path`` with ``document`` as JSON (indented; on one line
     when ``compact``, for large documents). Raises ``OSError``."""
-    directory = os.path.dirname(path) or "."
-    file_modes.make_dirs(directory)
+    made = file_modes.make_dirs(os.path.dirname(path) or ".")
     tmp = path + ".tmp"
     with os.fdopen(file_modes.create(tmp, os.O_WRONLY | os.O_TRUNC), "w", encoding="utf-8") as f:
         if compact:
@@ -39,7 +38,7 @@ def persist(path: str, document: dict, *, compact: bool = False) -> None:
         shutil.copyfile(path, path + ".bak")
         os.chmod(path + ".bak", file_modes.file_mode())
     os.replace(tmp, path)
-    fsync_dir(directory)
+    fsync_creation(path, made)
 
 
 _BARE_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')

@@ -14,10 +14,11 @@ holders need:
   ``flush_interval_consume_queue`` ms the queues are flushed with
   ``flush_consume_queue_least_pages``; every ``flush_consume_queue_thorough_interval`` ms
   the holder's thorough flush runs instead;
-* ``flush_logics``: the thorough flush (FlushConsumeQueueService.doFlush): every queue
-  until nothing is dirty, the index, and only then the checkpoint, with the logics time
-  the caller read *before* the queues were flushed, so the checkpoint never promises
-  more than the disk holds;
+* ``flush_logics``: the thorough flush (FlushConsumeQueueService.doFlush): the
+  directory fsyncs that queue file creations owe (``dir_syncs``: a creation does not
+  wait for them, ``storage.dir_sync``), every queue until nothing is dirty, the index,
+  and only then the checkpoint, with the logics time the caller read *before* the
+  queues were flushed, so the checkpoint never promises more than the disk holds;
 * ``recover``, ``truncate_dirty``, ``delete_expired`` (unlinking, or only unmapping in
   a process that follows the cleaner), ``destroy`` and ``close`` over every queue.
 
@@ -34,6 +35,7 @@ from typing import Callable, Iterator
 from storage.checkpoint import StoreCheckpoint
 from storage.config import StoreConfig
 from storage.consume_queue import ConsumeQueue
+from storage.dir_sync import DirSyncs
 from storage.index_service import IndexService
 from storage.mapped_file import now_ms
 from storage.validation import check_topic
@@ -68,6 +70,7 @@ class LogicQueues:
     def __init__(self, config: StoreConfig):
         self.config = config
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.dir_syncs = DirSyncs()
         self._last_flush_ms = self._last_thorough_ms = now_ms()
 
     def __len__(self) -> int:
@@ -79,7 +82,7 @@ class LogicQueues:
         cq = self._queues.get((topic, queue_id))
         if cq is None and create:
             cq = ConsumeQueue(topic, queue_id, self.config.consume_queue_dir,
-                              self.config.consume_queue_file_size)
+                              self.config.consume_queue_file_size, dir_syncs=self.dir_syncs)
             self._queues[(topic, queue_id)] = cq
         return cq
 
@@ -88,9 +91,12 @@ class LogicQueues:
 
     def discover(self) -> Iterator[ConsumeQueue]:
         """Every queue with a directory on disk, topics and queue ids in name order, each
-        put in the table (not loaded). Raises ``OSError`` when a directory cannot be
-        listed."""
-        for topic, queue_id, _ in queue_dirs(self.config.consume_queue_dir, warn=True):
+        put in the table (not loaded). Its directory's fsyncs are owed: a process killed
+        before its thorough flush may have made it, or files in it, without paying
+        them. Raises ``OSError`` when a directory cannot be listed."""
+        root = self.config.consume_queue_dir
+        for topic, queue_id, path in queue_dirs(root, warn=True):
+            self.dir_syncs.owe((path, os.path.dirname(path), root))
             yield self.find(topic, queue_id)
 
     def recover(self) -> int:
@@ -121,7 +127,8 @@ class LogicQueues:
 
     def flush_logics(self, index_service: IndexService | None, checkpoint: StoreCheckpoint,
                      logics_ts: int, *, physic_ts: int | None = None) -> None:
-        """Every queue until nothing is dirty, the index, then the checkpoint.
+        """The owed directory fsyncs, every queue until nothing is dirty, the index,
+        then the checkpoint.
 
         ``logics_ts`` is the store time of the last message given a unit, read before
         this call. The embedded store, which also flushes the CommitLog, gives
@@ -131,6 +138,7 @@ class LogicQueues:
         alone (``StoreCheckpoint.flush_one``). Raises ``OSError`` when an fdatasync
         fails (the checkpoint is then not written).
         """
+        self.dir_syncs.pay()
         for cq in self.all():
             cq.mapped_file_queue.flush_dirty(0)
         index_ts = index_service.flush() if index_service is not None else 0

@@ -35,9 +35,10 @@ import resource
 import time
 from typing import TYPE_CHECKING, Callable
 
+from storage.dir_sync import DirSyncs, fsync_dir
 from storage.errors import StoreFileError
 from storage.mapped_file import (
-    INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, fsync_dir, now_ms,
+    INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, now_ms,
     offset_to_file_name)
 from storage import file_modes
 
@@ -51,8 +52,11 @@ DELETE_FILES_BATCH_MAX = 10
 
 class MappedFileQueue:
     def __init__(self, store_path: str, mapped_file_size: int, *,
-                 preallocate_next: bool = False, read_only: bool = False):
+                 preallocate_next: bool = False, read_only: bool = False,
+                 dir_syncs: DirSyncs | None = None, advise_random: bool = False):
         self.store_path = store_path
+        self.dir_syncs = dir_syncs      # owed the directory fsyncs of files made here
+        self.advise_random = advise_random      # files made here: MappedFile.advise_random
         self.mapped_file_size = mapped_file_size
         self.preallocate_next = preallocate_next
         self.allocator: "AllocateMappedFileService | None" = None
@@ -207,7 +211,10 @@ class MappedFileQueue:
             create_offset = last.file_from_offset + self.mapped_file_size
         if self.allocator is not None:
             self.allocator.take(create_offset)      # made ahead, or made here
-        mf = MappedFile(self._path(create_offset), self.mapped_file_size)
+        mf = MappedFile(self._path(create_offset), self.mapped_file_size,
+                        dir_syncs=self.dir_syncs)
+        if self.advise_random and mf.created:
+            mf.advise_random()
         if self.allocator is not None:
             self.allocator.request(create_offset + self.mapped_file_size,
                                    create_offset + 2 * self.mapped_file_size)
@@ -238,7 +245,7 @@ class MappedFileQueue:
         if os.path.exists(path):
             return
         try:
-            MappedFile(path, self.mapped_file_size).close()
+            MappedFile(path, self.mapped_file_size, dir_syncs=self.dir_syncs).close()
         except StoreFileError as e:
             log.warning("preallocation failed: %s", e)
 

@@ -15,7 +15,7 @@ import fcntl
 import os
 
 from storage.errors import StoreError
-from storage.mapped_file import fsync_dir
+from storage.dir_sync import fsync_dir
 from storage import file_modes
 
 
