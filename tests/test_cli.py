@@ -257,6 +257,31 @@ def test_check_exits_0_on_a_consistent_store_and_3_on_a_missing_one(tmp_path, sm
     assert not os.path.exists(missing)
 
 
+def test_check_says_what_quarantine_holds_after_recovery_cut_records(tmp_path, small_toml):
+    """A store recovery cut is consistent, but not whole: check says what was cut."""
+    d = str(tmp_path / "store")
+    assert run("demo", "--embedded", "--config", small_toml, "--store", d, "--count", "40",
+               ).returncode == 0
+    r = run("check", "--config", small_toml, "--store", d, "--json")
+    assert json.loads(r.stdout)["quarantine"]["files"] == 0
+    written = json.loads(r.stdout)["status"]["positions"]["written"]
+    files = sorted(os.listdir(os.path.join(d, "commitlog")))
+    size = os.path.getsize(os.path.join(d, "commitlog", files[0]))
+    with open(os.path.join(d, "commitlog", f"{written - written % size:020d}"), "r+b") as f:
+        f.seek(written % size)
+        f.write(b"\xfe" * 48)                  # past the last record: a torn tail
+    open(os.path.join(d, "abort"), "w").close()
+    r = run("check", "--config", small_toml, "--store", d)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.strip().splitlines()
+    assert first == "consistent"
+    assert second.startswith("quarantine holds ") and "1 cuts" in second
+    assert os.path.join(d, "quarantine") in second
+    r = run("check", "--config", small_toml, "--store", d, "--json")
+    kept = json.loads(r.stdout)["quarantine"]
+    assert kept["files"] == 1 and kept["cuts"] == 1 and kept["bytes"] > 0
+
+
 def test_check_of_a_demo_store_exits_0_and_leaves_it_usable(tmp_path):
     """The documented flow with default settings: ``demo``, ``check``, ``demo`` again.
     The check must pass and must not resize, rebuild or otherwise spoil the store."""
