@@ -319,7 +319,7 @@ class _Membership:
     """A live member file per consumer; a file nobody holds is a dead member."""
 
     def __init__(self, store_dir: str, group: str, topic: str):
-        self.dir = os.path.join(bus.run_dir(store_dir), "groups", group, topic)
+        self.dir = members_dir(store_dir, group, topic)
         os.makedirs(self.dir, exist_ok=True)
         self.name = f"{os.getpid():08d}-{uuid.uuid4().hex[:8]}"
         self.path = os.path.join(self.dir, self.name)
@@ -330,13 +330,7 @@ class _Membership:
         os.rename(tmp, self.path)
 
     def live_members(self) -> list[str]:
-        live = []
-        for name in sorted(os.listdir(self.dir)):
-            if name.startswith("."):
-                continue  # a member being born
-            if name == self.name or _held(os.path.join(self.dir, name)):
-                live.append(name)
-        return live
+        return live_members(self.dir, self.name)
 
     def leave(self) -> None:
         if self._fd >= 0:
@@ -346,6 +340,23 @@ class _Membership:
                 pass
             os.close(self._fd)
             self._fd = -1
+
+
+def members_dir(store_dir: str, group: str, topic: str) -> str:
+    """Where the member files of ``group``'s consumers of ``topic`` are."""
+    return os.path.join(bus.run_dir(store_dir), "groups", group, topic)
+
+
+def live_members(directory: str, me: str | None = None) -> list[str]:
+    """The live members in ``directory`` (``me`` counted without a look); a dead
+    member's file is removed."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [name for name in names
+            if not name.startswith(".")          # a member being born
+            and (name == me or _held(os.path.join(directory, name)))]
 
 
 def _held(path: str) -> bool:

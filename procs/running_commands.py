@@ -1,4 +1,5 @@
-"""``rocketstore`` commands for a running store: up, status, send, consume, query.
+"""``rocketstore`` commands for a running store: up, status, send, consume, offsets,
+query.
 
 They share the exit codes of ``procs.cli``: 0 success, 1 a step failed, 2 bad usage,
 3 the store cannot be reached or opened.
@@ -16,6 +17,7 @@ import tomllib
 
 from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
+from procs import group_offsets
 from procs.consumer import read_offsets, store_config
 from procs.ha_protocol import error_name
 from procs.stats import read_published
@@ -286,6 +288,50 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ offsets
+def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
+    """A group's offsets and lag per queue of a topic; ``--reset-to`` moves them
+    (``procs.group_offsets``; ``--dry-run`` shows where without writing)."""
+    try:
+        target = None if args.reset_to is None else group_offsets.parse_target(args.reset_to)
+        group_offsets.check_names(args.group, args.topic)
+    except ValueError as e:
+        print(f"rocketstore offsets: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    store = config.store_path_root_dir
+    rows = group_offsets.describe(store, args.group, args.topic, target, args.queue)
+    if not rows:
+        print(f"topic {args.topic!r} has no queues in this store", file=sys.stderr)
+        return EXIT_FAILED
+    write = target is not None and not args.dry_run
+    error = None
+    if write:
+        try:
+            group_offsets.reset(store, args.group, args.topic, rows)
+        except group_offsets.GroupActiveError as e:
+            error = str(e)
+    if args.json:
+        print(json.dumps({"group": args.group, "topic": args.topic, "queues": rows,
+                          "reset": write and error is None, "error": error}))
+    else:
+        _print_offsets(rows, target is not None)
+    if error:
+        print(f"rocketstore offsets: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    if write and not args.json:
+        print(f"reset group {args.group} of {args.topic}: {len(rows)} queue(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _print_offsets(rows: list[dict], with_new: bool) -> None:
+    names = ["queue", "committed", "min", "max", "lag"] + (["new"] if with_new else [])
+    keys = ["queue", "committed", "min_offset", "max_offset", "lag"] + (["new"] if with_new else [])
+    cells = [["-" if r[k] is None else str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    for line in [names] + cells:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+
+
 # ------------------------------------------------------------------------------ clean
 def cmd_clean(args: argparse.Namespace, config: StoreConfig) -> int:
     """Ask the running store's cleaner for a manual clean (RocketMQ's
@@ -348,6 +394,18 @@ def add_parsers(sub, common) -> None:
     co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",
                     help="where a queue without a committed offset starts")
     co.set_defaults(running="consume")
+    of = sub.add_parser("offsets", parents=[common],
+                        help="a consumer group's offsets and lag; --reset-to moves them")
+    of.add_argument("--group", required=True)
+    of.add_argument("--topic", required=True)
+    of.add_argument("--queue", type=int, action="append",
+                    help="only this queue (repeat for more; default: every queue)")
+    of.add_argument("--reset-to", metavar="TARGET",
+                    help="earliest, latest, an offset N, a shift +N/-N, @MS since the epoch "
+                         "or an ISO-8601 time (the message stored nearest it); the group "
+                         "must have no live consumer of the topic")
+    of.add_argument("--dry-run", action="store_true", help="show the new offsets, write nothing")
+    of.set_defaults(running="offsets")
     cl = sub.add_parser("clean", parents=[common], help="ask a running store to delete expired files now")
     cl.set_defaults(running="clean")
     q = sub.add_parser("query", parents=[common], help="find messages in a running store")

@@ -8,15 +8,18 @@ lock test starts a second real process that holds a store open.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 import refcodec
+from procs import group_offsets
 from procs.client import ClientError, Consumer, Producer, ReaderClient
 from storage import Message, StoreConfig
 from store_processes import WORK_DIR, RunningStore, wait_for
@@ -323,6 +326,84 @@ def test_a_store_held_by_another_process_cannot_be_opened(tmp_path, small_toml):
             holder.wait()
     r = run("check", "--config", small_toml, "--store", d)
     assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------ offsets
+def test_offsets_shows_the_lag_and_a_reset_moves_where_the_group_reads_next(tmp_path):
+    """``offsets`` of a running store: the group's committed offset beside each queue's
+    bounds; ``--reset-to`` refuses while a member is live, writes nothing on
+    ``--dry-run``, and what it writes is where the group's next Consumer starts."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            first = p.send_batch([Message(topic="Orders", body=b"a%d" % i, queue_id=i % 2)
+                                  for i in range(10)])
+            time.sleep(0.05)
+            second = p.send_batch([Message(topic="Orders", body=b"b%d" % i, queue_id=i % 2)
+                                   for i in range(10)])
+        assert all(r.ok for r in first + second)
+
+        def offsets(*extra: str) -> subprocess.CompletedProcess:
+            return run("offsets", "--config", rs.config_path, "--group", "billing",
+                       "--topic", "Orders", *extra)
+
+        def table(*extra: str) -> list[tuple]:
+            r = offsets("--json", *extra)
+            assert r.returncode == 0, r.stderr
+            return [(q["queue"], q["committed"], q["min_offset"], q["max_offset"], q["lag"],
+                     q.get("new")) for q in json.loads(r.stdout)["queues"]]
+
+        assert table() == [(0, None, 0, 10, None, None), (1, None, 0, 10, None, None)]
+        with Consumer(rs.store_dir, "billing", "Orders") as c:
+            got = []
+            while len(got) < 20:
+                batch = c.poll(64, 2000)
+                assert batch, "the consumer stopped short"
+                got += batch
+            c.commit()
+            r = offsets("--reset-to", "earliest")
+            assert r.returncode == 1 and "live consumer" in r.stderr, r.stderr
+        assert table() == [(0, 10, 0, 10, 0, None), (1, 10, 0, 10, 0, None)]
+
+        assert table("--reset-to", "-3", "--dry-run") == [(0, 10, 0, 10, 0, 7), (1, 10, 0, 10, 0, 7)]
+        assert table() == [(0, 10, 0, 10, 0, None), (1, 10, 0, 10, 0, None)]   # nothing written
+        assert table("--reset-to", "99", "--queue", "1") == [(1, 10, 0, 10, 0, 10)]  # kept in bounds
+        r = offsets("--reset-to", f"@{second[0].store_timestamp}")
+        assert r.returncode == 0, r.stderr
+        by_time = table()
+        assert all(5 <= q[1] <= 9 for q in by_time), by_time    # a message of the second batch
+        r = offsets("--reset-to", "+2", "--queue", "0")
+        assert r.returncode == 0, r.stderr
+        assert table()[0][1] == by_time[0][1] + 2
+
+        r = offsets("--reset-to", "earliest")
+        assert r.returncode == 0 and "reset group billing of Orders: 2 queue(s)" in r.stderr
+        with Consumer(rs.store_dir, "billing", "Orders") as c:
+            again = []
+            while len(again) < 20:
+                batch = c.poll(64, 2000)
+                assert batch, "after the reset the group read only %d" % len(again)
+                again += batch
+        assert sorted(m.body for m in again) == sorted(m.body for m in got)
+
+        assert offsets("--reset-to", "yesterday").returncode == 2
+        assert offsets("--queue", "7").returncode == 1
+        r = run("offsets", "--config", rs.config_path, "--group", "billing", "--topic", "Nope")
+        assert r.returncode == 1 and "no queues" in r.stderr
+
+
+@pytest.mark.parametrize("text, target", [
+    ("earliest", ("earliest", 0)), ("latest", ("latest", 0)), ("42", ("offset", 42)),
+    ("+5", ("shift", 5)), ("-5", ("shift", -5)), ("@1700000000123", ("time", 1700000000123)),
+    ("2023-11-14T22:13:20+00:00", ("time", 1700000000000)),
+    ("2023-11-14T22:13:20.5Z", ("time", 1700000000500))])
+def test_reset_targets_parse(text, target):
+    assert group_offsets.parse_target(text) == target
+
+
+def test_a_reset_target_without_a_zone_is_local_time():
+    kind, ms = group_offsets.parse_target("2023-11-14T22:13:20")
+    local = datetime.datetime(2023, 11, 14, 22, 13, 20).astimezone()
+    assert (kind, ms) == ("time", int(local.timestamp() * 1000))
 
 
 # ------------------------------------------------------------------ status

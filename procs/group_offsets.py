@@ -1,0 +1,148 @@
+"""A consumer group's offsets, as an operator sees and moves them.
+
+RocketMQ's ``mqadmin consumerProgress`` and ``resetOffsetByTime``, Kafka's
+``kafka-consumer-groups --describe`` and ``--reset-offsets``: ``describe`` gives, for
+each queue of a topic, the group's committed offset beside the queue's first and next
+offsets and the lag; ``plan_reset`` works out where a reset would put each queue;
+``reset`` commits it to ``config/consumerOffset.json`` (the file ``Consumer.commit``
+merges into, under the same lock).
+
+Targets (``parse_target``): ``earliest`` (the first message still stored), ``latest``
+(past the last: only what arrives from now on), a time (the message stored nearest it,
+RocketMQ's searchOffset; milliseconds since the epoch or ISO-8601, a time without a zone
+being local), an offset (each queue's own logical offset, kept inside the queue's first
+and next offsets), or a shift of the committed offset by N (``+N`` / ``-N``, kept inside
+the same bounds; a queue the group never committed shifts from its first offset).
+
+A reset only holds when no member of the group reads the topic: a live ``Consumer``
+keeps its offsets in memory and its next commit writes them over the reset. So
+``reset`` refuses a group with live members (``GroupActiveError``), and looks again
+after writing: a member that joined meanwhile may have read the old offsets, which the
+error then says.
+
+Needs the store running (the position table bounds every queue at DISPATCHED, as a
+consumer sees it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+from procs import consumer
+from procs.consumer import read_offsets, store_config, update_offsets
+from shm.positions import PositionTable, Slot
+from storage.store_reader import StoreReader
+from storage.validation import TOPIC_PATTERN, check_topic
+
+_SHIFT = re.compile(r"[+-]\d+")
+
+
+class GroupActiveError(Exception):
+    """The group has live members reading the topic: a reset would not hold."""
+
+
+def check_names(group: str, topic: str) -> None:
+    """Raise ``ValueError`` for a group or topic that is not a name."""
+    if not TOPIC_PATTERN.fullmatch(group):
+        raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
+    bad = check_topic(topic, internal=True)
+    if bad:
+        raise ValueError(bad)
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    """``("earliest"|"latest", 0)``, ``("time", ms)``, ``("offset", n)`` or
+    ``("shift", n)`` from the command line's words. Raises ``ValueError``."""
+    if text in ("earliest", "latest"):
+        return text, 0
+    if _SHIFT.fullmatch(text):
+        return "shift", int(text)
+    if text.isdigit():
+        return "offset", int(text)
+    if text.startswith("@") and text[1:].isdigit():
+        return "time", int(text[1:])
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not earliest, latest, an offset, +N/-N, @ms or an "
+                         "ISO-8601 time") from None
+    if when.tzinfo is None:
+        when = when.astimezone()        # local time, as the operator's clock reads
+    return "time", int(when.timestamp() * 1000)
+
+
+def live_members(store_dir: str, group: str, topic: str) -> list[str]:
+    """The group's consumers of ``topic`` alive now."""
+    return consumer.live_members(consumer.members_dir(store_dir, group, topic))
+
+
+def describe(store_dir: str, group: str, topic: str,
+             target: tuple[str, int] | None = None,
+             queues: list[int] | None = None) -> list[dict]:
+    """Per queue of ``topic`` (or of ``queues``): ``queue``, ``committed`` (None when
+    never), ``min_offset``, ``max_offset``, ``lag`` (None when never committed), and with
+    ``target`` the ``new`` offset a reset would commit. Raises ``PositionTableError``
+    when the store is not running, ``ValueError`` for a queue the topic does not have."""
+    check_names(group, topic)
+    config = store_config(store_dir)
+    committed = read_offsets(config.config_dir).get(f"{topic}@{group}")
+    committed = committed if isinstance(committed, dict) else {}
+    table = PositionTable.attach(store_dir)
+    try:
+        dispatched = table.get(Slot.DISPATCHED)
+        with StoreReader(config) as reader:
+            known = reader.topics().get(topic, [])
+            unknown = sorted(set(queues or ()) - set(known))
+            if unknown:
+                raise ValueError(f"topic {topic!r} has no queue {unknown[0]} "
+                                 f"(its queues: {known or 'none'})")
+            rows = []
+            for q in queues or known:
+                low, high = reader.queue_bounds(topic, q, dispatched) or (0, 0)
+                low = max(low, 0)
+                done = committed.get(str(q))
+                done = done if isinstance(done, int) else None
+                row = {"queue": q, "committed": done, "min_offset": low, "max_offset": high,
+                       "lag": None if done is None else max(0, high - done)}
+                if target is not None:
+                    row["new"] = _new_offset(reader, topic, q, target, row, dispatched)
+                rows.append(row)
+    finally:
+        table.close()
+    return rows
+
+
+def _new_offset(reader: StoreReader, topic: str, queue_id: int, target: tuple[str, int],
+                row: dict, dispatched: int) -> int:
+    kind, value = target
+    low, high = row["min_offset"], row["max_offset"]
+    if kind == "earliest":
+        return low
+    if kind == "latest":
+        return high
+    if kind == "time":
+        new = reader.get_offset_in_queue_by_time(topic, queue_id, value, dispatched)
+    elif kind == "shift":
+        new = (low if row["committed"] is None else row["committed"]) + value
+    else:
+        new = value
+    return min(max(new, low), high)
+
+
+def reset(store_dir: str, group: str, topic: str, rows: list[dict]) -> None:
+    """Commit every row's ``new`` offset for the group. Raises ``GroupActiveError``
+    when a member reads the topic (before: nothing written; after: written, but a
+    member that joined meanwhile may write its own over it)."""
+    members = live_members(store_dir, group, topic)
+    if members:
+        raise GroupActiveError(f"group {group!r} has {len(members)} live consumer(s) of "
+                               f"{topic!r}; stop them first (their commits would undo "
+                               "the reset)")
+    update_offsets(store_config(store_dir).config_dir, f"{topic}@{group}",
+                   {str(r["queue"]): r["new"] for r in rows})
+    members = live_members(store_dir, group, topic)
+    if members:
+        raise GroupActiveError(f"offsets written, but {len(members)} consumer(s) of "
+                               f"{topic!r} joined group {group!r} meanwhile and may "
+                               "commit the old ones over them: stop them and reset again")
