@@ -8,7 +8,8 @@ It keeps three positions, each relative to the file's start:
 
 ``wrote_position`` is where the next append goes; everything below
 ``committed_position`` is in the file's pages (equal to wrote here: appends go straight
-into the mapping, there is no transient pool yet); everything below
+into the mapping; with the transient store pool, what the pool's buffers hold and the
+commit step are the CommitLog's and the flusher's, ``shm.transient_pool``); everything below
 ``flushed_position`` has been through ``fdatasync``. Readers never read past the read
 position (``committed_position``). The positions move only through the file's own
 methods (``append``/``appended``, ``flush``, ``rewind``, ``set_positions``), each of
@@ -194,7 +195,8 @@ class MappedFile:
         return True
 
     def mark_committed(self) -> None:
-        """Publish the wrote position to readers (no transient pool: commit is a no-op)."""
+        """Publish the wrote position to readers (a file's own commit is a no-op: see the
+        module docstring)."""
         self.committed_position = self.wrote_position
 
     def zero_tail(self, start: int) -> None:
