@@ -4,7 +4,7 @@
 
 1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml);
 2. raise the soft open-files limit to the hard one (``raise_open_files_limit``: every
-   mapped file holds two descriptors), take the store's ``lock`` (a second ``up`` on
+   file mapped for writing holds two descriptors), take the store's ``lock`` (a second ``up`` on
    the same directory fails at once),
    recover the files (abnormal recovery when ``abort`` exists) and create the position
    table from them (``procs.recovery``);
@@ -144,8 +144,8 @@ def raise_open_files_limit() -> None:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (which the store's
     processes inherit), saying so in the log.
 
-    Every mapped store file holds two descriptors, the store's and the one the mapping
-    keeps (Python's mmap duplicates it). The dispatcher maps every consume-queue and
+    Every store file mapped for writing holds two descriptors, the store's (to flush
+    it) and the one the mapping keeps (Python's mmap duplicates it). The dispatcher maps every consume-queue and
     index file, so a store of a thousand queues needs some thousands: past the soft
     limit (often 1024) it stops with EMFILE, and every put is refused."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -98,6 +98,12 @@ class MappedFile:
         except BaseException:
             os.close(self.fd)
             raise
+        if read_only:
+            # the mapping holds a descriptor of its own (Python's mmap dups it), and a
+            # read-only file needs no other: no flush, no allocation. Every mapped file
+            # held two before; a consumer maps every CommitLog file and its queues'.
+            os.close(self.fd)
+            self.fd = -1
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -222,7 +228,13 @@ class MappedFile:
 
     def may_hold_data(self, limit: int | None = INSPECT_LIMIT) -> bool:
         """False only when the file was provably never written (``file_may_hold_data``)."""
-        return file_may_hold_data(self.fd, self.file_size, limit)
+        if self.fd >= 0:
+            return file_may_hold_data(self.fd, self.file_size, limit)
+        fd = os.open(self.path, os.O_RDONLY)      # a read-only file keeps no descriptor
+        try:
+            return file_may_hold_data(fd, self.file_size, limit)
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------- flush
     def mlock(self) -> bool:

@@ -703,3 +703,21 @@ def test_truncate_keeping_files_zeroes_later_files_in_place(tmp_path):
         assert os.stat(again.path).st_ino == inode
     finally:
         q.close()
+
+
+def test_a_read_only_file_holds_one_descriptor_its_mapping_s(tmp_path):
+    """Python's mmap keeps a descriptor of its own; a read-only file needs no other."""
+    path = str(tmp_path / "00000000000000000000")
+    MappedFile(path, 8192).close()
+    fds = lambda: len(os.listdir("/proc/self/fd"))      # noqa: E731
+    before = fds()
+    writable = MappedFile(path, 8192)
+    assert fds() == before + 2          # its own (fdatasync) and the mapping's
+    readers = [MappedFile(path, 8192, read_only=True) for _ in range(3)]
+    assert fds() == before + 2 + 3
+    assert readers[0].may_hold_data() is False and fds() == before + 5
+    writable.append(b"x")
+    assert readers[0].may_hold_data() is True and bytes(readers[0].buf[:1]) == b"x"
+    for mf in readers + [writable]:
+        mf.close()
+    assert fds() == before
