@@ -98,7 +98,7 @@ def describe(store_dir: str, group: str, topic: str,
                 raise ValueError(f"topic {topic!r} has no queue {unknown[0]} "
                                  f"(its queues: {known or 'none'})")
             rows = []
-            for q in queues or known:
+            for q in sorted(set(queues)) if queues else known:
                 low, high = reader.queue_bounds(topic, q, dispatched) or (0, 0)
                 low = max(low, 0)
                 done = committed.get(str(q))
