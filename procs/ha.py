@@ -19,11 +19,16 @@ connect DEALER sockets to its ROUTER at
    (RocketMQ's CommitLog.getData), and at most ``WINDOW_BYTES`` past the slave's last
    report. A full send queue (ROUTER_MANDATORY's EAGAIN) pauses that slave's stream
    until the next turn; nothing is dropped unseen.
-3. Each REPORT is the slave's ack: the bytes below it are stored there. SLAVE_ACKED
+3. Each REPORT is the slave's ack: the bytes below it are stored there. An ack counts
+   only for bytes the slave has shown it holds: what this session sent it, and below
+   its HELLO's end only when its last bytes matched this store's there (a HELLO whose
+   tail cannot be compared proves nothing, so a peer that merely claims an end cannot
+   make a SYNC_MASTER acknowledge what no slave holds). SLAVE_ACKED
    (RocketMQ's push2SlaveMaxOffset) is the highest ack of any slave, never lowered,
    kept after the slave leaves; a rise is announced on the bus (``bus.SLAVE_ACKED``) so
-   a SYNC_MASTER writer parked on it wakes. A REPORT past this store's end is refused
-   (ACK_BEYOND_END) and the session dropped: an ack must mean bytes that exist.
+   a SYNC_MASTER writer parked on it wakes. A REPORT past what this session was sent is
+   refused (ACK_BEYOND_END) and the session dropped: an ack must mean bytes the slave
+   was given.
 4. A session not heard from for ``ha_housekeeping_interval`` ms is dropped; SLAVES
    counts the live ones. Every ``ha_send_heartbeat_interval`` ms a slave gets the
    configuration files it keeps as this master's when they changed (FILE: the delay
@@ -77,11 +82,14 @@ STATUS_INTERVAL_MS = 250          # how often the sessions' table is refreshed f
 class _Session:
     """One slave, from its HELLO on."""
 
-    __slots__ = ("peer", "address", "session", "next", "acked", "started_ms", "heard",
-                 "last_sent", "caught_up_ms", "files", "files_due")
+    __slots__ = ("peer", "address", "session", "start", "proven", "next", "acked",
+                 "started_ms", "heard", "last_sent", "caught_up_ms", "files", "files_due")
 
-    def __init__(self, peer: bytes, address: str, session: int, start: int, acked: int):
+    def __init__(self, peer: bytes, address: str, session: int, start: int, acked: int,
+                 proven: bool = True):
         self.peer, self.address, self.session = peer, address, session
+        self.start = start           # the slave's end at its HELLO
+        self.proven = proven         # its bytes below ``start`` matched this store's
         self.next = start            # the next byte to send
         self.acked = acked           # the slave's last report
         self.started_ms = now_ms()
@@ -188,16 +196,20 @@ class HAService(Service):
     def _hello(self, peer: bytes, address: str, hello: hp.Hello) -> None:
         """Open (or reopen) the session of ``peer`` at the slave's end, or refuse it."""
         self.sessions.pop(peer, None)
-        start = self._start_for(hello)
+        start, proven = self._start_for(hello)
         s = self.sessions[peer] = _Session(peer, address, hello.session, start,
-                                           hello.offset)
-        log.info("slave %s (%s) session %d: its end %d, streaming from %d", peer.hex(),
-                 address, hello.session, hello.offset, start)
+                                           hello.offset, proven)
+        log.info("slave %s (%s) session %d: its end %d%s, streaming from %d", peer.hex(),
+                 address, hello.session, hello.offset,
+                 "" if proven else " (its last bytes not compared: no ack below it)", start)
         self.stats.add("ha_sessions_total")
-        self._note_ack(s, s.acked)
+        if proven:
+            self._note_ack(s, s.acked)
 
-    def _start_for(self, hello: hp.Hello) -> int:
-        """Where a session starts. Raises ``HAProtocolError`` when it cannot."""
+    def _start_for(self, hello: hp.Hello) -> tuple[int, bool]:
+        """Where a session starts, and whether the slave's bytes below it are shown to
+        be this store's (at 0, or its last bytes matched). Raises ``HAProtocolError``
+        when it cannot start."""
         if hello.file_size != self.file_size:
             raise hp.HAProtocolError(
                 hp.HAError.FILE_SIZE_MISMATCH,
@@ -215,11 +227,17 @@ class HAService(Service):
             raise hp.HAProtocolError(
                 hp.HAError.OFFSET_UNAVAILABLE,
                 f"the slave ends at {hello.offset}, below the master's first file "
-                f"({first}): those bytes are gone here; start the slave empty")
+                f"({first}): the bytes it needs are gone here; copy the master's "
+                "commitlog directory to the slave while both are stopped")
         if hello.offset > end:
             raise hp.HAProtocolError(
                 hp.HAError.DIVERGED,
                 f"the slave ends at {hello.offset}, past the master's end {end}")
+        if hello.offset > 0 and not hello.tail_len:
+            raise hp.HAProtocolError(
+                hp.HAError.MALFORMED,
+                f"a HELLO at {hello.offset} without the check of its last bytes: a slave "
+                "that holds bytes always has one")
         try:
             mine = replication.tail_check(self.config.commit_log_dir, self.file_size,
                                           hello.offset)
@@ -232,7 +250,9 @@ class HAService(Service):
                 hp.HAError.DIVERGED,
                 f"the slave's {hello.tail_len} bytes before {hello.offset} differ from the "
                 f"master's (master end {end})")
-        return hello.offset
+        proven = hello.offset == 0 or (hello.tail_len > 0 and
+                                       mine == (hello.tail_len, hello.tail_crc))
+        return hello.offset, proven
 
     def _probe(self, peer: bytes, probe: hp.Probe) -> None:
         """A diverged slave comparing: this store's bytes at ``probe.offset``."""
@@ -251,12 +271,13 @@ class HAService(Service):
             raise hp.HAProtocolError(hp.HAError.NO_SESSION,
                                      "no session: say HELLO (the master restarted?)")
         s.heard = monotonic_ms()
-        end = self._readable()
-        if offset > end:
+        if offset > s.next:
             del self.sessions[peer]
             raise hp.HAProtocolError(hp.HAError.ACK_BEYOND_END,
-                                     f"a report of {offset} past the master's end {end}")
-        self._note_ack(s, offset)
+                                     f"a report of {offset} past what this session was "
+                                     f"sent ({s.next}; the master's end {self._readable()})")
+        if s.proven or offset > s.start:
+            self._note_ack(s, offset)
 
     def _note_ack(self, s: _Session, offset: int) -> None:
         if offset >= s.acked:
@@ -357,8 +378,9 @@ class HAService(Service):
         """The sessions as ``rocketstore status`` shows them."""
         now = now_ms()
         return {"listen": self.address, "slave_acked": self.acked, "slaves": [
-            {"address": s.address, "session": s.session, "acked": s.acked,
-             "lag_bytes": max(0, end - s.acked),
+            {"address": s.address, "session": s.session,
+             "acked": s.acked if s.proven or s.acked > s.start else 0,
+             "lag_bytes": max(0, end - (s.acked if s.proven or s.acked > s.start else 0)),
              "lag_ms": 0 if s.acked >= end else now - s.caught_up_ms,
              "connected_ms": s.started_ms, "heard_ms_ago": monotonic_ms() - s.heard}
             for s in self.sessions.values()]}

@@ -80,7 +80,7 @@ class HAError(enum.IntEnum):
     FILE_SIZE_MISMATCH = 4    # the two stores' mapped_file_size_commit_log differ
     DIVERGED = 5              # the slave holds bytes the master does not (see procs.replica)
     OFFSET_UNAVAILABLE = 6    # the slave's end is below the master's first file
-    ACK_BEYOND_END = 7        # a REPORT past the master's end (RocketMQ issue #3015)
+    ACK_BEYOND_END = 7        # a REPORT past what the session was sent (RocketMQ #3015)
 
 
 

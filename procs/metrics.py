@@ -130,7 +130,8 @@ def _replication_metrics(ha: dict):
                             "it; a slave: its lag behind its master.", labels=["peer"])
     if ha["role"] == "SLAVE":
         yield _gauge("ha_slaves", "Slaves connected (a master's).", 0)
-        lag.add_metric([ha["master"] or "?"], ha["lag_bytes"])
+        if ha["lag_bytes"] is not None:         # unknown: no sample
+            lag.add_metric([ha["master"] or "?"], ha["lag_bytes"])
     else:
         yield _gauge("ha_slaves", "Slaves connected (a master's).", ha["slaves_connected"])
         for s in ha["slaves"]:

@@ -25,7 +25,10 @@ speaks ``procs.ha_protocol``:
 3. A REPORT every ``ha_send_heartbeat_interval`` ms keeps the session alive; no frame
    from the master for ``ha_housekeeping_interval`` ms closes the socket, opens a new
    one and says HELLO (a restarted master, a network that dropped everything).
-4. ERROR from the master: NO_SESSION (a restarted master) says HELLO again; DIVERGED
+4. A frame no master sends (the address is some other socket: a store's ingest or
+   reader port, another slave) is not answered: REPLICA_ERROR is set (MALFORMED) and
+   HELLO is tried again every ``ha_housekeeping_interval`` ms.
+   ERROR from the master: NO_SESSION (a restarted master) says HELLO again; DIVERGED
    starts the search below; any other refusal (FILE_SIZE_MISMATCH, OFFSET_UNAVAILABLE,
    UNSUPPORTED_VERSION) is logged, set in the REPLICA_ERROR slot for ``rocketstore status``, and HELLO
    is tried again every ``ha_housekeeping_interval`` ms; nothing is appended meanwhile.
@@ -148,9 +151,8 @@ class Replica:
             try:
                 message = hp.decode(frame.buffer)
             except hp.HAProtocolError as e:
-                log.warning("frame from the master refused: %s", e)
-                self._send(hp.encode_error(e.code, e.detail))
-                continue
+                self._not_a_master(f"a frame that is not HA: {e}", e.code)
+                break
             if isinstance(message, hp.Data):
                 appended = self._data(message) or appended
             elif isinstance(message, hp.Error):
@@ -160,8 +162,9 @@ class Replica:
             elif isinstance(message, hp.File):
                 self._keep_file(message)
             else:
-                self._send(hp.encode_error(hp.HAError.MALFORMED, "HELLO, REPORT and PROBE "
-                                           "go to masters"))
+                self._not_a_master(f"a {type(message).__name__.upper()}, which only a "
+                                   "slave sends", hp.HAError.MALFORMED)
+                break
         if appended:
             self._publish()
 
@@ -236,6 +239,17 @@ class Replica:
                 break
             pos = base + end
         return pos, ts
+
+    def _not_a_master(self, what: str, code: int) -> None:
+        """The peer sent what no master sends: not answered (an error answered with an
+        error would go on forever), set in REPLICA_ERROR, retried after the
+        housekeeping interval."""
+        log.error("the peer at %s sent %s: is ha_master_address its master's "
+                  "ha_listen_port? (retrying in %d ms)", self.address, what,
+                  self.writer.config.ha_housekeeping_interval)
+        self.search = None
+        self.writer.table.set(Slot.REPLICA_ERROR, code)
+        self._wait_and_retry()
 
     def _refused(self, e: hp.Error) -> None:
         if e.code == hp.HAError.NO_SESSION:

@@ -116,25 +116,27 @@ def quarantine_usage(store_dir: str) -> dict:
 def replication_status(store_dir: str, snap: dict, now: int) -> dict:
     """The store's role and its replication: a master's slaves (each one's ack and lag,
     as the HA process last published them, about once a second), or a slave's master
-    (its end, the lag, a refusal) and the cuts a divergence made."""
+    (its end, the lag, a refusal) and the cuts a divergence made. A slave's lag is None
+    (unknown) until its master has spoken, and while the master refuses it."""
     role = BROKER_ROLES[snap["role"]]
     written = snap["written"]
     if role == "SLAVE":
         published = (read_published(store_dir, "writer") or {}).get("ha", {})
         master_end, heard = snap["master_end"], snap["master_heard_ms"]
-        lag = max(0, master_end - written)
+        known = heard and not snap["replica_error"]
+        lag = max(0, master_end - written) if known else None
         caught_up = published.get("caught_up_ms", 0)
         return {"role": role, "master": published.get("master"),
-                "master_end": master_end, "written": written, "lag_bytes": lag,
-                "lag_ms": 0 if not lag else (now - caught_up if caught_up else None),
+                "master_end": master_end if heard else None, "written": written,
+                "lag_bytes": lag,
+                "lag_ms": None if lag is None else 0 if not lag else
+                (now - caught_up if caught_up else None),
                 "master_heard_ms_ago": now - heard if heard else None,
                 "error": error_name(snap["replica_error"]) if snap["replica_error"] else None,
                 "cuts": replication.cuts_made(os.path.join(store_dir, "config"))}
     published = (read_published(store_dir, "ha") or {}).get("ha", {})
     slaves = published.get("slaves", [])
-    for s in slaves:
-        if len(slaves) == 1:       # the live SLAVE_ACKED is this one's ack
-            s["acked"] = max(s["acked"], snap["slave_acked"])
+    for s in slaves:               # each its own ack (SLAVE_ACKED is any slave's, ever)
         s["lag_bytes"] = max(0, written - s["acked"])
         if not s["lag_bytes"]:
             s["lag_ms"] = 0
@@ -213,8 +215,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
 def _print_replication(ha: dict) -> None:
     if ha["role"] == "SLAVE":
         lag_ms = "?" if ha["lag_ms"] is None else ha["lag_ms"]
+        lag = "?" if ha["lag_bytes"] is None else ha["lag_bytes"]
+        master_end = "?" if ha["master_end"] is None else ha["master_end"]
         print(f"role       SLAVE of {ha['master']}  at {ha['written']}, master at "
-              f"{ha['master_end']} (lag {ha['lag_bytes']} bytes, {lag_ms} ms)"
+              f"{master_end} (lag {lag} bytes, {lag_ms} ms)"
               + (f"  REFUSED: {ha['error']}" if ha["error"] else ""))
         for cut in ha["cuts"]:
             print(f"  cut to {cut['offset']} (was {cut.get('slave_end')}, parted from the "

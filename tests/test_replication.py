@@ -329,6 +329,13 @@ def test_garbage_on_the_ha_socket_gets_named_errors_and_harms_nothing(tmp_path):
             assert hp.decode(bad.recv()).code == hp.HAError.UNSUPPORTED_VERSION
             bad.send(hp.encode_hello(2, FILE_SIZE, 1 << 40, 0, 0))
             assert hp.decode(bad.recv()).code == hp.HAError.DIVERGED
+            acked = pair.master.slot(Slot.SLAVE_ACKED)
+            end = pair.master.slot(Slot.WRITTEN)       # a peer claiming the master's end
+            bad.send(hp.encode_hello(4, FILE_SIZE, end, 0, 0))      # with nothing to show
+            assert hp.decode(bad.recv()).code == hp.HAError.MALFORMED
+            bad.send(hp.encode_hello(5, FILE_SIZE, end, 40, 12345))  # or a wrong tail
+            assert hp.decode(bad.recv()).code == hp.HAError.DIVERGED
+            assert pair.master.slot(Slot.SLAVE_ACKED) == acked     # no ack came of either
             bad.send(hp.encode_hello(3, FILE_SIZE, 0, 0, 0))   # a real session ...
             first = hp.decode(bad.recv())
             assert isinstance(first, hp.Data) and first.session == 3
@@ -533,3 +540,60 @@ def test_a_slave_pointed_at_a_stranger_is_never_cut(tmp_path):
             assert stranger.slot(Slot.REPLICA_ERROR) == hp.HAError.DIVERGED
     assert files(other, "commitlog") == before
     assert replication.cuts_made(os.path.join(other.store_dir, "config")) == []
+
+
+def test_a_slave_pointed_at_a_socket_that_is_no_ha_port_says_so_and_waits(tmp_path):
+    """A peer that answers every frame with something no master sends (as a store's
+    ingest or reader port answers an HA frame with its own ERROR): the slave answers
+    none of it (an error for an error would go on forever), shows MALFORMED and says
+    HELLO again only every housekeeping interval."""
+    port = free_port()
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    (tmp_path / "slave").mkdir()
+    slave = RunningStore(tmp_path / "slave", broker_role="SLAVE",
+                         ha_master_address=f"127.0.0.1:{port}", listen_port=free_port(),
+                         **HA_TIMERS)
+    try:
+        with slave:
+            received = 0
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                if router.poll(100):
+                    peer, _ = router.recv_multipart()
+                    received += 1
+                    router.send_multipart([peer, b"RS\x01\x0f not an HA frame"])
+            assert slave.slot(Slot.REPLICA_ERROR) == hp.HAError.MALFORMED
+            assert "is ha_master_address its master's ha_listen_port?" in slave.log()
+            # a HELLO at the start and one after each 1.5 s wait: a handful, not thousands
+            assert 1 <= received <= 5, received
+    finally:
+        router.close()
+
+
+def test_status_of_replication_shows_each_slave_its_own_ack_and_an_unknown_lag_as_unknown(
+        tmp_path):
+    """A new, empty slave of a master whose earlier slave acked everything is not
+    shown caught up; a slave its master refuses, or that never heard from it, shows no
+    lag rather than 0."""
+    from procs.running_commands import replication_status
+    from procs.stats import stats_path
+    store = str(tmp_path)
+    os.makedirs(os.path.dirname(stats_path(store, "ha")), exist_ok=True)
+    with open(stats_path(store, "ha"), "w") as f:
+        json.dump({"ha": {"listen": "tcp://127.0.0.1:1", "slave_acked": 900, "slaves": [
+            {"address": "10.0.0.2:5", "session": 1, "acked": 0, "lag_bytes": 1000,
+             "lag_ms": 50, "connected_ms": 1, "heard_ms_ago": 1}]}}, f)
+    master = replication_status(store, {"role": 0, "written": 1000, "slave_acked": 900,
+                                        "slaves": 1}, now=10)
+    assert master["slaves"][0]["acked"] == 0 and master["slaves"][0]["lag_bytes"] == 1000
+    snap = {"role": 2, "written": 500, "master_end": 0, "master_heard_ms": 0,
+            "replica_error": 0}
+    assert replication_status(store, snap, now=10)["lag_bytes"] is None   # never heard
+    snap.update(master_end=800, master_heard_ms=5)
+    assert replication_status(store, snap, now=10)["lag_bytes"] == 300
+    snap.update(replica_error=int(hp.HAError.OFFSET_UNAVAILABLE))
+    refused = replication_status(store, snap, now=10)
+    assert refused["lag_bytes"] is None and refused["lag_ms"] is None
+    assert refused["error"] == "OFFSET_UNAVAILABLE"
