@@ -8,7 +8,9 @@ connect DEALER sockets to its ROUTER at
 1. HELLO is checked against this store's files: the same ``mapped_file_size_commit_log``
    (else FILE_SIZE_MISMATCH), an end inside what this store holds, and the slave's last
    bytes (``storage.replication.tail_check``) equal to its own there (else DIVERGED:
-   the slave holds bytes this master does not, and cuts them itself, procs.replica).
+   the slave holds bytes this master does not, and cuts them itself, procs.replica; a
+   SYNC_MASTER says SYNC_DIVERGED, and the slave keeps what it was sent, which this
+   master may have acknowledged before a crash took its unflushed tail).
    An empty slave is sent everything from offset 0: a full copy, where RocketMQ starts
    a new slave at its master's last file. A slave end below MIN_OFFSET (those files
    expired here; an empty slave of a master whose file 0 expired, too) is
@@ -229,9 +231,11 @@ class HAService(Service):
                 f"the slave ends at {hello.offset}, below the master's first file "
                 f"({first}): the bytes it needs are gone here; copy the master's "
                 "commitlog directory to the slave while both are stopped")
+        diverged = hp.HAError.SYNC_DIVERGED if self.config.broker_role == "SYNC_MASTER" \
+            else hp.HAError.DIVERGED
         if hello.offset > end:
             raise hp.HAProtocolError(
-                hp.HAError.DIVERGED,
+                diverged,
                 f"the slave ends at {hello.offset}, past the master's end {end}")
         if hello.offset > 0 and not hello.tail_len:
             raise hp.HAProtocolError(
@@ -247,7 +251,7 @@ class HAService(Service):
                 from None
         if hello.tail_len and mine != (0, 0) and mine != (hello.tail_len, hello.tail_crc):
             raise hp.HAProtocolError(
-                hp.HAError.DIVERGED,
+                diverged,
                 f"the slave's {hello.tail_len} bytes before {hello.offset} differ from the "
                 f"master's (master end {end})")
         proven = hello.offset == 0 or (hello.tail_len > 0 and

@@ -81,6 +81,8 @@ class HAError(enum.IntEnum):
     DIVERGED = 5              # the slave holds bytes the master does not (see procs.replica)
     OFFSET_UNAVAILABLE = 6    # the slave's end is below the master's first file
     ACK_BEYOND_END = 7        # a REPORT past what the session was sent (RocketMQ #3015)
+    SYNC_DIVERGED = 8         # DIVERGED, from a SYNC_MASTER: the slave's bytes it sent may
+                              # have been acknowledged, so the slave does not cut them
 
 
 

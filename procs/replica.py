@@ -43,6 +43,12 @@ speaks ``procs.ha_protocol``:
    them again; the new writer says HELLO from the common prefix. The cut is logged and
    listed in ``rocketstore status``. A slave that shares no record with the master (the
    wrong master, most likely) is never cut: it stays refused (DIVERGED) for an operator.
+   Nor is a slave cut of bytes a SYNC_MASTER sent it (SYNC_DIVERGED; those from
+   ``replication.followed_from`` on): the master may have acknowledged them on this
+   slave's word and then lost them with its unflushed tail, so this slave may be the
+   only store that holds them. It stays refused (SYNC_DIVERGED) for an operator, who
+   promotes it (the old master then rejoins as its slave and cuts what only it held:
+   its own bytes, written as a master) or empties it.
 
 MASTER_END and MASTER_HEARD_MS (the master's end and when it last spoke) are what the
 slave's status shows as its lag. FILE frames carry the master's ``delayOffset.json``,
@@ -77,10 +83,11 @@ class _Search:
     """A diverged slave looking, window by window backwards from its end, for where its
     CommitLog and its master's part."""
 
-    __slots__ = ("end", "lo", "hi", "first_difference")
+    __slots__ = ("end", "sync", "lo", "hi", "first_difference")
 
-    def __init__(self, end: int):
+    def __init__(self, end: int, sync: bool = False):
         self.end = end                   # this slave's end when the search began
+        self.sync = sync                 # the master is a SYNC_MASTER
         self.lo = self.hi = end          # the window being compared: [lo, hi)
         self.first_difference: int | None = None
 
@@ -256,10 +263,13 @@ class Replica:
             if self.search is None:    # a search needs no session: PROBEs go on
                 self.hello()
             return
-        if e.code == hp.HAError.DIVERGED and self.search is None and not self.retry_at:
+        diverged = e.code in (hp.HAError.DIVERGED, hp.HAError.SYNC_DIVERGED)
+        if diverged and self.search is not None:
+            return          # a second HELLO's answer (one queued while the master was away)
+        if diverged and not self.retry_at:
             log.warning("the master says this slave diverged (%s): comparing the two "
                         "CommitLogs backwards from %d", e.text, self.received)
-            self.search = _Search(self.received)
+            self.search = _Search(self.received, e.code == hp.HAError.SYNC_DIVERGED)
             self._probe_next()
             return
         self.search = None
@@ -331,6 +341,18 @@ class Replica:
                       "part at byte %d): not cut. Is it this slave's master? If so, empty "
                       "the slave's directory and start it again", self.address, difference)
             w.table.set(Slot.REPLICA_ERROR, hp.HAError.DIVERGED)
+            self._wait_and_retry()
+            return
+        followed = replication.followed_from(w.config.config_dir)
+        if s.sync and s.end > max(cut, 0 if followed is None else followed):
+            log.error("this slave holds %d bytes its SYNC_MASTER at %s sent it and no "
+                      "longer has (they part at %d; slave end %d, master end %d): the "
+                      "master may have acknowledged them before a crash took its "
+                      "unflushed tail. Not cut: promote this slave (rocketstore promote) "
+                      "and bring the old master back as its slave; or, to keep the "
+                      "master's history instead, empty this slave's directory",
+                      s.end - cut, self.address, difference, s.end, master_end)
+            w.table.set(Slot.REPLICA_ERROR, hp.HAError.SYNC_DIVERGED)
             self._wait_and_retry()
             return
         log.error("this slave's CommitLog parts from its master's at %d (slave end %d, "

@@ -120,7 +120,7 @@ from procs.stats import count_puts, count_reply
 from shm import bus
 from shm.positions import Slot, StoreState, now_ms
 from shm.transient_pool import TransientStorePool, copy_into_files
-from storage import producer_state, record_batch
+from storage import producer_state, record_batch, replication
 from storage.clock import monotonic_ms
 from storage.config import BROKER_ROLES
 from storage.commit_log import CommitLog, PutMessageResult
@@ -218,6 +218,10 @@ class WriterService(Service):
         self.poller.register(self.router, zmq.POLLIN)
         if self.parked_wakeups is not None:
             self.poller.register(self.parked_wakeups.socket, zmq.POLLIN)
+        if self.role == "SLAVE":
+            replication.note_following(cfg.config_dir, self.table.read_written()[0])
+        else:
+            replication.forget_following(cfg.config_dir)
         self.replica = Replica(self) if self.role == "SLAVE" else None
 
     def _open_commit_log(self) -> CommitLog:

@@ -20,6 +20,12 @@ questions about those bytes need answers of their own:
   supervisor stops the processes, cuts the CommitLog keeping the cut bytes in
   ``quarantine/`` (``apply_requested_cut``, recorded in ``config/haCuts.json``), and
   starts them again; recovery cuts the consume queues and index to match.
+- *Which of a slave's bytes came from a master?* Those from ``followed_from`` on
+  (``config/haFollowedFrom.json``): a store's writer notes its WRITTEN there when it
+  starts as a SLAVE and nothing is noted yet (``note_following``), and forgets it when
+  it starts as a master (its bytes are its own from then on); a cut lowers it to the
+  cut. Bytes a SYNC_MASTER sent may have been acknowledged on the slave's word: a slave
+  never cuts those (``procs.replica``).
 """
 
 from __future__ import annotations
@@ -116,7 +122,31 @@ def whole_records_end(buf, file_from: int, pos: int, limit: int,
 # ------------------------------------------------------------------ cutting a diverged tail
 CUT_REQUEST_FILE = "haCutRequest.json"
 CUT_HISTORY_FILE = "haCuts.json"
+FOLLOWED_FILE = "haFollowedFrom.json"
 MAX_CUTS_KEPT = 20
+
+
+def note_following(config_dir: str, written: int) -> None:
+    """A store starting as a SLAVE: its bytes from ``written`` on will be its master's
+    (kept when already noted: a restarted slave's are the master's from the first)."""
+    if followed_from(config_dir) is None:
+        json_file.persist(os.path.join(config_dir, FOLLOWED_FILE),
+                          {"offset": written, "noted_ms": now_ms()})
+
+
+def forget_following(config_dir: str) -> None:
+    """A store starting as a master: the bytes it writes from now on are its own."""
+    try:
+        os.remove(os.path.join(config_dir, FOLLOWED_FILE))
+    except FileNotFoundError:
+        pass
+
+
+def followed_from(config_dir: str) -> int | None:
+    """Where this store's bytes received from a master begin (None: it never followed
+    one, or is a master now)."""
+    doc = json_file.load(os.path.join(config_dir, FOLLOWED_FILE))
+    return None if doc is None else int(doc["offset"])
 
 
 def last_boundary_at_or_before(commit_log_dir: str, file_size: int, offset: int) -> int:
@@ -169,5 +199,9 @@ def apply_requested_cut(config) -> dict | None:
     cut = {**request, "cut_ms": now_ms(), "quarantine": quarantine}
     history = cuts_made(config.config_dir)[-(MAX_CUTS_KEPT - 1):] + [cut]
     json_file.persist(os.path.join(config.config_dir, CUT_HISTORY_FILE), {"cuts": history})
+    followed = followed_from(config.config_dir)
+    if followed is not None and offset < followed:     # what comes after the cut: the master's
+        json_file.persist(os.path.join(config.config_dir, FOLLOWED_FILE),
+                          {"offset": offset, "noted_ms": now_ms()})
     os.remove(os.path.join(config.config_dir, CUT_REQUEST_FILE))
     return cut

@@ -597,3 +597,49 @@ def test_status_of_replication_shows_each_slave_its_own_ack_and_an_unknown_lag_a
     refused = replication_status(store, snap, now=10)
     assert refused["lag_bytes"] is None and refused["lag_ms"] is None
     assert refused["error"] == "OFFSET_UNAVAILABLE"
+
+
+def test_a_sync_masters_acknowledged_messages_outlive_its_crash_on_its_slave(tmp_path):
+    """SYNC_MASTER: a put is PUT_OK once the slave holds it. The master's machine
+    crashes and loses its unflushed tail, and it is started again: its slave does not cut
+    what the master sent it (SYNC_DIVERGED; the master may have acknowledged it), so the
+    acknowledged messages stay served. The slave is promoted (a SYNC_MASTER itself) and
+    the old master rejoins as its slave: it cuts what only it held (its own messages,
+    written after its restart, answered SLAVE_NOT_AVAILABLE) and follows."""
+    new_port = free_port()
+    with Pair(tmp_path, role="SYNC_MASTER", slave_ha_port=new_port) as pair:
+        with Producer(pair.master.store_dir) as p:
+            kept = p.send_batch([Message("Sync", f"kept {i}".encode()) for i in range(100)])
+            acked = p.send_batch([Message("Sync", f"acked {i}".encode() * 3)
+                                  for i in range(100)])
+        assert {r.status for r in kept + acked} == {PutMessageStatus.PUT_OK}
+        pair.caught_up()
+        pair.master.kill_all()
+        _lose_tail(pair.master, acked[0].commit_log_offset)     # the crash took them
+        pair.master.start()
+        with Producer(pair.master.store_dir) as p:
+            alone = p.send_batch([Message("Sync", f"alone {i}".encode() * 5)
+                                  for i in range(50)])
+        assert PutMessageStatus.PUT_OK not in {r.status for r in alone}
+        wait_for(lambda: slot(pair.slave, Slot.REPLICA_ERROR) == hp.HAError.SYNC_DIVERGED,
+                 30, what="the slave to refuse the cut")
+        assert "Not cut: promote this slave" in pair.slave.log()
+        assert replication.cuts_made(os.path.join(pair.slave.store_dir, "config")) == []
+        everything_acked = sorted(f"kept {i}".encode() for i in range(100)) + \
+            sorted(f"acked {i}".encode() * 3 for i in range(100))
+        assert sorted(consume_all(pair.slave, "Sync")) == sorted(everything_acked)
+
+        pair.master.kill_all()
+        r = cli("promote", "--config", pair.slave.config_path, "--role", "SYNC_MASTER")
+        assert r.returncode == 0, r.stderr
+        old = RunningStore(tmp_path / "master", broker_role="SLAVE", listen_port=free_port(),
+                           ha_master_address=f"127.0.0.1:{new_port}", **HA_TIMERS)
+        pair.master = old
+        old.start()
+        wait_for(lambda: slot(old, Slot.WRITTEN) == pair.slave.slot(Slot.WRITTEN) ==
+                 slot(old, Slot.DISPATCHED), 60, what="the old master to follow")
+        assert files(old, "commitlog") == files(pair.slave, "commitlog")
+        assert sorted(consume_all(old, "Sync")) == sorted(everything_acked)
+        assert any(b"alone 0" in data for data in files(old, "quarantine").values())
+        with Producer(pair.slave.store_dir) as p:
+            assert p.send("Sync", b"after").status is PutMessageStatus.PUT_OK
