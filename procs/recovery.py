@@ -109,7 +109,7 @@ def _commit_pool_left_behind(config: StoreConfig) -> None:
     root = config.store_path_root_dir
     if segment_state(root) is not TableState.LEFT_BY_CRASH:
         return
-    old = PositionTable.attach(root)
+    old = PositionTable.attach(root, left_behind=True)
     try:
         size, committed = old.get(Slot.TRANSIENT_POOL), old.get(Slot.COMMITTED)
         written = old.get(Slot.WRITTEN)

@@ -24,7 +24,9 @@ from procs.stats import read_published
 from procs.service import configure_logging
 from procs.supervisor import Supervisor, load_process_configs
 from shm import bus
-from shm.positions import HEARTBEAT_MS, PositionTable, PositionTableError, StoreState, now_ms
+from shm.positions import (
+    HEARTBEAT_MS, PositionTable, PositionTableAccessError, PositionTableError, StoreState,
+    now_ms)
 from storage import Message, StoreConfig, replication
 from storage.config import BROKER_ROLES
 from storage.store_reader import StoreReader
@@ -176,11 +178,13 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
     try:
         st = store_status(config.store_path_root_dir)
     except PositionTableError as e:
+        state = "UNKNOWN" if isinstance(e, PositionTableAccessError) else "NOT_RUNNING"
         if args.json:
-            print(json.dumps({"store": config.store_path_root_dir, "state": "NOT_RUNNING",
+            print(json.dumps({"store": config.store_path_root_dir, "state": state,
                               "detail": str(e)}))
         else:
-            print(f"not running: {e}", file=sys.stderr)
+            print(f"{'state unknown' if state == 'UNKNOWN' else 'not running'}: {e}",
+                  file=sys.stderr)
         return EXIT_STORE
     if args.json:
         print(json.dumps(st))

@@ -196,6 +196,34 @@ def segment_name(store_dir: str) -> str:
     return f"/rocketstore-{digest}"
 
 
+def supervisor_alive(pid: int, generation_ms: int) -> bool:
+    """Whether the supervisor ``pid`` that made a table at ``generation_ms`` still runs:
+    the pid exists, is no zombie, and its process started before the table was made (a
+    later one reuses a dead supervisor's pid). A table not filled in yet (pid 0) is a
+    supervisor starting."""
+    if pid <= 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True                   # cannot look: do not call it dead
+    if fields[0] in ("Z", "X"):       # state: a zombie, or dead
+        return False
+    started_ms = (_boot_time_s() + int(fields[19]) / os.sysconf("SC_CLK_TCK")) * 1000
+    return started_ms <= generation_ms + 1000 or generation_ms <= 0
+
+
+def _boot_time_s() -> int:
+    with open("/proc/stat", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    return 0
+
+
 def segment_state(store_dir: str) -> TableState:
     """What a start finds under the segment's name (the ``table`` input of
     storage.recovery_plan): nothing, a table a dead run left, or something else."""
@@ -244,6 +272,10 @@ MONOTONIC_SLOTS = frozenset(
 
 class PositionTableError(Exception):
     """The segment is missing, stale or not a position table."""
+
+
+class PositionTableAccessError(PositionTableError):
+    """The segment is there, but this user may not open it."""
 
 
 class SlotWriteError(Exception):
@@ -296,10 +328,13 @@ class PositionTable:
         return table
 
     @classmethod
-    def attach(cls, store_dir: str, process: str | None = None) -> "PositionTable":
+    def attach(cls, store_dir: str, process: str | None = None, *,
+               left_behind: bool = False) -> "PositionTable":
         """Map the running store's segment, writing as ``process`` (one of
         PROCESS_NAMES), or read-only when it is None. Raises ``PositionTableError`` when
-        no supervisor has created one (the store is not running)."""
+        no supervisor has created one, or the one that did is gone (a killed run leaves
+        its segment: the store is not running until ``up`` recovers it), or the segment
+        cannot be opened. ``left_behind``: a dead run's table is wanted (recovery)."""
         if process is not None and process not in PROCESS_NAMES:
             raise ValueError(f"{process!r} is not a store process {PROCESS_NAMES}")
         name = segment_name(store_dir)
@@ -308,10 +343,20 @@ class PositionTable:
         except posix_ipc.ExistentialError:
             raise PositionTableError(f"no running store at {store_dir} "
                                      f"(shared memory {name} does not exist)") from None
+        except posix_ipc.PermissionsError:
+            raise PositionTableAccessError(f"cannot open the position table of {store_dir} "
+                                     f"(shared memory {name}): permission denied; it is "
+                                     "the store's user's") from None
         table = cls(name, memory, owner=False, process=process)
         if table.get(Slot.MAGIC) != MAGIC_VALUE:
             table.close()
             raise PositionTableError(f"shared memory {name} is not a position table")
+        pid = table.get(Slot.SUPERVISOR_PID)
+        if not left_behind and not supervisor_alive(pid, table.get(Slot.GENERATION)):
+            table.close()
+            raise PositionTableError(f"no running store at {store_dir}: its supervisor "
+                                     f"(pid {pid}) is gone and left its table behind; "
+                                     "`rocketstore up` recovers the store")
         return table
 
     def close(self) -> None:

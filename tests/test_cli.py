@@ -21,6 +21,7 @@ import pytest
 import refcodec
 from procs import group_offsets
 from procs.client import ClientError, Consumer, Producer, ReaderClient
+from shm.positions import PositionTableError
 from storage import Message, StoreConfig
 from store_processes import WORK_DIR, RunningStore, wait_for
 
@@ -407,6 +408,32 @@ def test_a_reset_target_without_a_zone_is_local_time():
 
 
 # ------------------------------------------------------------------ status
+def test_a_store_whose_supervisor_was_killed_is_not_running_to_every_command(tmp_path):
+    """SIGKILL of the supervisor alone: its processes die with it and its position
+    table stays behind. status (text and --json), clean and a Consumer must say the
+    store is not running (exit 3), not show the dead run's last positions; up recovers."""
+    rs = RunningStore(tmp_path)
+    rs.start()
+    with Producer(rs.store_dir) as p:
+        assert p.send("Gone", b"acked before the kill").ok
+    rs.proc.kill()
+    rs.proc.wait()
+    r = run("status", "--config", rs.config_path, "--json")
+    assert r.returncode == 3, r.stdout
+    out = json.loads(r.stdout)
+    assert out["state"] == "NOT_RUNNING" and "supervisor" in out["detail"] and "gone" in out["detail"]
+    r = run("status", "--config", rs.config_path)
+    assert r.returncode == 3 and "not running" in r.stderr
+    assert run("clean", "--config", rs.config_path).returncode == 3
+    with pytest.raises(PositionTableError, match="rocketstore up. recovers"):
+        Consumer(rs.store_dir, "g", "Gone")
+    rs.kill_all()
+    with rs:                                                    # up recovers it
+        assert run("status", "--config", rs.config_path).returncode == 0
+        with Consumer(rs.store_dir, "g", "Gone") as c:
+            assert [m.body for m in c.poll(8, 5000)] == [b"acked before the kill"]
+
+
 def test_status_shows_consumer_group_lag(tmp_path):
     """``status`` of a running store lists every ``topic@group`` of consumerOffset.json:
     committed offset, max offset and lag per queue, and the group's total lag."""
