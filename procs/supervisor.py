@@ -120,8 +120,33 @@ def load_process_configs(doc: dict[str, Any]) -> dict[str, ProcessConfig]:
         unknown = set(table) - known
         if unknown:
             raise StoreConfigError(f"[process.{name}]: unknown setting(s) {sorted(unknown)}")
+        for key, value in table.items():
+            _check_process_setting(name, key, value)
         out[name] = dataclasses.replace(out[name], **table)
     return out
+
+
+_PROCESS_TYPES = {f.name: f.type for f in dataclasses.fields(ProcessConfig)}
+
+
+def _check_process_setting(process: str, key: str, value: Any) -> None:
+    """Raise ``StoreConfigError`` for a value the supervisor could not use: the wrong
+    type, a negative number, a stop signal that is no signal."""
+    where = f"[process.{process}] {key} = {value!r}"
+    kind = _PROCESS_TYPES[key]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise StoreConfigError(f"{where}: must be true or false")
+    elif kind in ("int", "float"):
+        numbers = (int,) if kind == "int" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numbers):
+            raise StoreConfigError(f"{where}: must be a{'n integer' if kind == 'int' else ' number'}")
+        if value < 0:
+            raise StoreConfigError(f"{where}: must not be negative")
+    elif key == "stopsignal":
+        if not isinstance(value, str) or not isinstance(getattr(signal, f"SIG{value}", None),
+                                                        signal.Signals):
+            raise StoreConfigError(f"{where}: not a signal name (TERM, INT, QUIT, ...)")
 
 
 @dataclasses.dataclass

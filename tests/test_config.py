@@ -214,3 +214,30 @@ def test_tcp_listening_is_loopback_only_until_curve_is_built():
         StoreConfig(tcp_listen_address="db1")
     with pytest.raises(StoreConfigError, match="listen_port"):
         StoreConfig(listen_port=65535)
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"writer": {"stopsignal": "NOPE"}}, "not a signal name"),
+    ({"writer": {"stopsignal": 15}}, "not a signal name"),
+    ({"writer": {"startsecs": "x"}}, "must be a number"),
+    ({"dispatcher": {"heartbeat_timeout_s": "60"}}, "must be a number"),
+    ({"flusher": {"startretries": 1.5}}, "must be an integer"),
+    ({"flusher": {"startretries": -1}}, "must not be negative"),
+    ({"reader": {"autorestart": "yes"}}, "must be true or false"),
+    ({"nosuch": {}}, "no such process"),
+    ({"writer": {"restart": True}}, "unknown setting"),
+])
+def test_process_tables_that_the_supervisor_could_not_use_are_refused(table, message):
+    """``[process.NAME]`` values are checked when the file is read, as ``[store]``'s are:
+    a bad stop signal used to surface only at the stop, a bad number only at a restart."""
+    from procs.supervisor import load_process_configs
+    with pytest.raises(StoreConfigError, match=message):
+        load_process_configs({"process": table})
+
+
+def test_process_tables_take_what_supervisord_takes():
+    from procs.supervisor import load_process_configs
+    out = load_process_configs({"process": {"writer": {"stopsignal": "INT", "startsecs": 2,
+                                                       "backoff_s": 0.1, "enabled": False}}})
+    assert (out["writer"].stopsignal, out["writer"].startsecs, out["writer"].enabled) == \
+        ("INT", 2, False)
