@@ -125,7 +125,7 @@ def _format_item(item: dict) -> str:
 # ------------------------------------------------------------------------------ check
 def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args)
-    if not os.path.isdir(cfg.store_path_root_dir):
+    if not os.path.isdir(cfg.store_path_root_dir) or not _holds_a_store(cfg.store_path_root_dir):
         print(f"no store at {cfg.store_path_root_dir}", file=sys.stderr)
         return EXIT_STORE
     with MessageStore(dataclasses.replace(cfg, transient_store_pool_enable=False)) as store:
@@ -144,6 +144,13 @@ def cmd_check(args: argparse.Namespace) -> int:
                   "CommitLog, not in any queue (inspect with rocketstore dump; remove "
                   "when done)")
     return EXIT_OK if not problems else EXIT_FAILED
+
+
+def _holds_a_store(path: str) -> bool:
+    """Whether ``path`` holds anything of a store (an empty directory, or one with only
+    ``run/``, does not: opening it would create a store there)."""
+    return any(os.path.exists(os.path.join(path, name))
+               for name in ("commitlog", "checkpoint", "consumequeue", "config"))
 
 
 def cmd_pipeline_demo(args: argparse.Namespace) -> int:

@@ -243,6 +243,7 @@ def cmd_send(args: argparse.Namespace, config: StoreConfig) -> int:
         (args.body.encode() for _ in range(args.count))
     keys = args.keys.split(",") if args.keys else None
     failed = sent = 0
+    _check_running(config.store_path_root_dir)
     with Producer(config.store_path_root_dir) as producer:
         batch: list[Message] = []
         for body in bodies:
@@ -340,13 +341,18 @@ def _print_offsets(rows: list[dict], with_new: bool) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
 
 
+def _check_running(store_dir: str) -> None:
+    """Raise ``PositionTableError`` at once when the store is not running (a request
+    to it would wait its whole timeout and then call its outcome unknown)."""
+    PositionTable.attach(store_dir).close()
+
+
 # ------------------------------------------------------------------------------ clean
 def cmd_clean(args: argparse.Namespace, config: StoreConfig) -> int:
     """Ask the running store's cleaner for a manual clean (RocketMQ's
     ``excuteDeleteFilesManualy``): expired files go now, whatever the hour."""
     path = clean_now_path(config.store_path_root_dir)
-    table = PositionTable.attach(config.store_path_root_dir)  # raises when not running
-    table.close()
+    _check_running(config.store_path_root_dir)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w"):
         pass
@@ -356,6 +362,7 @@ def cmd_clean(args: argparse.Namespace, config: StoreConfig) -> int:
 
 # ------------------------------------------------------------------------------ query
 def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
+    _check_running(config.store_path_root_dir)
     with ReaderClient(config.store_path_root_dir) as reader:
         if args.msg_id:
             found = reader.query_by_msg_id(args.msg_id)

@@ -261,6 +261,25 @@ def test_check_exits_0_on_a_consistent_store_and_3_on_a_missing_one(tmp_path, sm
     assert not os.path.exists(missing)
 
 
+def test_check_of_an_empty_directory_finds_no_store_and_makes_none(tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "run").mkdir(parents=True)      # what a client pointed at it may leave
+    r = run("check", "--store", str(empty))
+    assert r.returncode == 3 and "no store at" in r.stderr
+    assert sorted(os.listdir(empty)) == ["run"]
+
+
+def test_send_and_query_to_a_store_not_running_say_so_and_leave_nothing(tmp_path):
+    """Not the whole request timeout and "its outcome is unknown": nothing was sent."""
+    missing = tmp_path / "no-such-store"
+    for args in (("send", "--topic", "T", "--body", "x"), ("query", "--topic", "T",
+                                                            "--key", "k")):
+        r = run(*args, "--store", str(missing))
+        assert r.returncode == 3 and "no running store" in r.stderr, (args, r.stderr)
+        assert "unknown" not in r.stderr
+    assert not missing.exists()
+
+
 def test_check_says_what_quarantine_holds_after_recovery_cut_records(tmp_path, small_toml):
     """A store recovery cut is consistent, but not whole: check says what was cut."""
     d = str(tmp_path / "store")
