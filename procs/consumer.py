@@ -8,8 +8,10 @@ dispatcher's ARRIVAL announcements of its topic instead of spinning. Messages co
 properties and hosts decoded when first read, each over its own copy of the record.
 
 Group membership and queue sharing. Each live consumer holds an ``flock`` on its own
-member file ``{run}/groups/{group}/{topic}/{member}``; a member file nobody holds
-belongs to a dead consumer and is removed. The live members, sorted, share the topic's
+member file ``{store}/groups/{group}/{topic}/{member}``; a member file nobody holds
+belongs to a dead consumer and is removed. The directories are group-writable and
+setgid (``file_modes.shared_dir_mode``), the files group-readable, so consumers run by
+other members of the store owner's group share queues with the owner's. The live members, sorted, share the topic's
 queues as RocketMQ's AllocateMessageQueueAveragely does (queue ``q`` goes to member
 ``q mod n``), re-checked every ``rebalance_interval_ms``. While membership changes two
 consumers may briefly read the same queue: delivery is at least once, as in RocketMQ.
@@ -48,6 +50,7 @@ from storage.validation import TOPIC_PATTERN, check_topic
 from storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"
+GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
 BULK_READ_MIN = 16   # fewer messages to take are read unit by unit: cheaper then
 
 
@@ -320,12 +323,12 @@ class _Membership:
 
     def __init__(self, store_dir: str, group: str, topic: str):
         self.dir = members_dir(store_dir, group, topic)
-        os.makedirs(self.dir, exist_ok=True)
+        file_modes.make_shared_dirs(self.dir)
         self.name = f"{os.getpid():08d}-{uuid.uuid4().hex[:8]}"
         self.path = os.path.join(self.dir, self.name)
         # Locked before it appears under its name, so no member can take it for dead.
         tmp = os.path.join(self.dir, f".{self.name}.new")
-        self._fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = file_modes.create(tmp, os.O_RDWR)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(tmp, self.path)
 
@@ -344,7 +347,7 @@ class _Membership:
 
 def members_dir(store_dir: str, group: str, topic: str) -> str:
     """Where the member files of ``group``'s consumers of ``topic`` are."""
-    return os.path.join(bus.run_dir(store_dir), "groups", group, topic)
+    return os.path.join(store_dir, GROUPS_DIR, group, topic)
 
 
 def live_members(directory: str, me: str | None = None) -> list[str]:
@@ -360,11 +363,15 @@ def live_members(directory: str, me: str | None = None) -> list[str]:
 
 
 def _held(path: str) -> bool:
-    """Whether a live consumer holds ``path``; a dead member's file is removed."""
+    """Whether a live consumer holds ``path``; a dead member's file is removed (an
+    flock needs only a read-only descriptor; a file this user may not open is taken
+    for live)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

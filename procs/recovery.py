@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import os
 
+from procs.consumer import GROUPS_DIR
 from shm.positions import (
     PositionTable, Slot, StoreState, now_ms, segment_state)
 from shm.transient_pool import TransientStorePool, commit_left_behind
@@ -59,6 +60,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     root = config.store_path_root_dir
     file_modes.use_umask(config.data_umask)
     file_modes.make_dirs(root)
+    file_modes.make_shared_dirs(os.path.join(root, GROUPS_DIR))  # consumers of the group join
     lock = StoreLock(root)
     lock.acquire()
     pool = None

@@ -109,6 +109,7 @@ import posix_ipc
 
 from storage.clock import now_ms  # noqa: F401  (re-exported)
 from storage.recovery_plan import TableState
+from storage import file_modes
 
 SEGMENT_SIZE = 4096
 MAGIC_VALUE = 0x52534D50_4F530001
@@ -306,7 +307,8 @@ class PositionTable:
         self.name = name
         self.process = process
         self._owner = owner
-        self._map = mmap.mmap(memory.fd, SEGMENT_SIZE)
+        self._map = mmap.mmap(memory.fd, SEGMENT_SIZE, prot=mmap.PROT_READ | (
+            mmap.PROT_WRITE if owner or process is not None else 0))
         memory.close_fd()
         self._slots = memoryview(self._map).cast("q")
         self._writable = writable_slots(process)
@@ -322,7 +324,11 @@ class PositionTable:
             posix_ipc.unlink_shared_memory(name)
         except posix_ipc.ExistentialError:
             pass
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=SEGMENT_SIZE)
+        # the owner writes it, the owner's group reads it (consumers of the group), as the
+        # store's files: file_modes.file_mode()
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=file_modes.file_mode(),
+                                        size=SEGMENT_SIZE)
+        os.fchmod(memory.fd, file_modes.file_mode())
         table = cls(name, memory, owner=True, process=SUPERVISOR)
         table._slots[Slot.MAGIC] = MAGIC_VALUE
         return table
@@ -339,7 +345,7 @@ class PositionTable:
             raise ValueError(f"{process!r} is not a store process {PROCESS_NAMES}")
         name = segment_name(store_dir)
         try:
-            memory = posix_ipc.SharedMemory(name)
+            memory = posix_ipc.SharedMemory(name, read_only=process is None)
         except posix_ipc.ExistentialError:
             raise PositionTableError(f"no running store at {store_dir} "
                                      f"(shared memory {name} does not exist)") from None

@@ -34,6 +34,20 @@ def dir_mode() -> int:
     return 0o777 & ~_umask
 
 
+def shared_dir_mode() -> int:
+    """A directory every member of the owner's group may make files in (consumer group
+    membership): ``dir_mode()`` plus group write and setgid (files made in it get the
+    owner's group, whoever makes them) when the group may read at all."""
+    mode = dir_mode()
+    return mode | 0o2020 if mode & 0o040 else mode
+
+
+def make_shared_dirs(path: str) -> None:
+    """``make_dirs`` with every directory made ``shared_dir_mode()``."""
+    for directory in make_dirs(path):
+        os.chmod(directory, shared_dir_mode())
+
+
 def make_dirs(path: str) -> list[str]:
     """``os.makedirs(path, exist_ok=True)`` with every directory it makes set to
     ``dir_mode()``; directories that exist keep their mode. Returns the directories it

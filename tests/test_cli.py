@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -424,6 +425,40 @@ def test_a_reset_target_without_a_zone_is_local_time():
     kind, ms = group_offsets.parse_target("2023-11-14T22:13:20")
     local = datetime.datetime(2023, 11, 14, 22, 13, 20).astimezone()
     assert (kind, ms) == ("time", int(local.timestamp() * 1000))
+
+
+# ------------------------------------------------------------------ a group's users
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="running a consumer as another user needs root and setpriv")
+def test_a_consumer_run_by_another_member_of_the_owners_group_consumes_and_commits():
+    """OPERATIONS "Who can read the files": a member of the store owner's group maps the
+    files, reads the position table, joins the consumer group (its membership beside the
+    owner's consumers) and, with config/ group-writable, commits. Run here as ``nobody``
+    with the owner's group as a supplementary one."""
+    base = tempfile.mkdtemp(prefix="rs-group-")
+    os.chmod(base, 0o755)                  # pytest's own tmp_path is 0700
+    try:
+        rs = RunningStore(base)
+        with rs:
+            with Producer(rs.store_dir) as p:
+                assert all(r.ok for r in p.send_batch(
+                    [Message("Shared", b"m%d" % i, queue_id=i % 4) for i in range(20)]))
+            os.chmod(os.path.join(rs.store_dir, "config"), 0o770)   # the documented g+w
+            with Consumer(rs.store_dir, "billing", "Shared", rebalance_interval_ms=100) as mine:
+                member = subprocess.run(
+                    ["setpriv", "--reuid=nobody", "--regid=nogroup",
+                     f"--groups={os.getgid()}", sys.executable, "-m", "procs.cli",
+                     "consume", "--config", rs.config_path, "--group", "other",
+                     "--topic", "Shared", "--json", "--max", "20"],
+                    cwd=WORK_DIR, env=ENV, capture_output=True, text=True, timeout=60)
+                assert member.returncode == 0, member.stderr
+                bodies = sorted(json.loads(line)["body"] for line in member.stdout.splitlines())
+                assert len(bodies) == 20
+                assert mine.poll(64, 2000)          # the owner's consumer reads alongside
+        offsets = json.load(open(os.path.join(rs.store_dir, "config", "consumerOffset.json")))
+        assert sum(offsets["offsetTable"]["Shared@other"].values()) == 20
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ status

@@ -1,6 +1,7 @@
 """The store's files are the owner's and its group's: directories 0750, files 0640 by
 default, exactly (whatever the process's own umask), with ``data_umask`` for another
-choice; the socket directory ``run/`` stays 0700."""
+choice; the socket directory ``run/`` stays 0700; the position table is 0640 and the
+consumer groups' membership (``groups/``) group-writable and setgid, 02770."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import msg, small_config
 from procs.client import Consumer, Producer
+from shm.positions import segment_name
 from storage import MessageStore, StoreConfig
 from storage.errors import StoreConfigError
 from store_processes import RunningStore
@@ -65,8 +67,17 @@ def test_a_running_store_and_its_consumers_make_0750_and_0640(tmp_path):
         with Consumer(store.store_dir, "modes", "Modes") as c:
             c.poll(50, timeout_ms=5000)
             c.commit()
+            members = os.listdir(os.path.join(store.store_dir, "groups", "modes", "Modes"))
+            assert [stat.S_IMODE(os.stat(os.path.join(store.store_dir, "groups", "modes",
+                                                      "Modes", m)).st_mode)
+                    for m in members] == [0o640]
+        segment = "/dev/shm" + segment_name(store.store_dir)
+        assert stat.S_IMODE(os.stat(segment).st_mode) == 0o640
         assert store.stop() == 0
     modes = _modes(store.store_dir)
+    shared = {p: m for p, m in modes.items() if p.split("/")[0] == "groups"}
+    assert shared == {"groups": 0o2770, "groups/modes": 0o2770, "groups/modes/Modes": 0o2770}
+    modes = {p: m for p, m in modes.items() if p not in shared}
     assert "config/consumerOffset.json" in modes and "checkpoint" in modes
     _expect(modes, store.store_dir, 0o750, 0o640)
     run = os.path.join(store.store_dir, "run")
