@@ -19,7 +19,9 @@ Every command takes ``--config FILE`` (default: the embedded supervisor.toml) an
 existing store is opened with the file sizes it was created with.
 
 Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
-2 bad usage; 3 the store cannot be opened (locked, corrupt, misconfigured).
+2 bad usage; 3 the store cannot be opened or is not running (locked, corrupt,
+misconfigured). With ``--json`` a failure is also ``{"error", "message", "exit"}`` on
+stdout.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import dataclasses
 import json
 import os
 import sys
+import tomllib
 from importlib import resources
 from typing import Iterable
 
-from storage import MessageStore, StoreConfig, StoreError
+from storage import MessageStore, StoreConfig, StoreConfigError, StoreError
 from storage import dump as dumping
 from storage.config import recorded_geometry, setting_mark
 from procs import curve, demo, promotion, running_commands
@@ -54,7 +57,13 @@ def load_config(args: argparse.Namespace, **new_store_sizes) -> StoreConfig:
     """
     path = args.config or embedded_config_path()
     overrides = {"store_path_root_dir": args.store} if args.store else {}
-    cfg = StoreConfig.from_toml(path, **overrides)
+    try:
+        cfg = StoreConfig.from_toml(path, **overrides)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise StoreConfigError(f"cannot read the settings file {path}: {e}") from None
+    root = cfg.store_path_root_dir
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise StoreConfigError(f"the store directory {root} is not a directory")
     if args.config:
         return cfg
     recorded = recorded_geometry(cfg.store_path_root_dir)
@@ -258,13 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cmd_running(args) if getattr(args, "running", None) else args.func(args)
     except (StoreError, PositionTableError, ClientError) as e:
-        print(f"rocketstore: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_STORE
+        return _failed(args, e, f"{type(e).__name__}: {e}", EXIT_STORE)
     except BrokenPipeError:
         return EXIT_OK
     except (OSError, ValueError) as e:
-        print(f"rocketstore: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed(args, e, str(e), EXIT_FAILED)
+
+
+def _failed(args: argparse.Namespace, error: Exception, text: str, code: int) -> int:
+    """Say why a command failed: on stderr, and with ``--json`` as a JSON object on
+    stdout too (``error``: the exception's name, ``message``, ``exit``)."""
+    print(f"rocketstore: {text}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": type(error).__name__, "message": str(error), "exit": code}))
+    return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -30,8 +31,10 @@ from shm.positions import (
 from storage import Message, StoreConfig, replication
 from storage.config import BROKER_ROLES
 from storage.store_reader import StoreReader
+from storage.validation import check_topic
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + offset
 
 
 # ------------------------------------------------------------------------------ up
@@ -239,6 +242,9 @@ def _print_replication(ha: dict) -> None:
 # ------------------------------------------------------------------------------ send
 def cmd_send(args: argparse.Namespace, config: StoreConfig) -> int:
     """Send ``--count`` copies of ``--body`` (or one message per stdin line with ``-``)."""
+    bad = check_topic(args.topic)
+    if bad:
+        return usage_error(args, "send", bad)
     bodies = (line.rstrip("\n").encode() for line in sys.stdin) if args.body == "-" else \
         (args.body.encode() for _ in range(args.count))
     keys = args.keys.split(",") if args.keys else None
@@ -277,6 +283,10 @@ def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
 def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     """Print messages of a topic for a consumer group, committing as it goes; with
     ``--follow`` keep waiting for new ones until Ctrl-C."""
+    try:
+        group_offsets.check_names(args.group, args.topic)
+    except ValueError as e:
+        return usage_error(args, "consume", str(e))
     count = 0
     with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
                   from_where=args.from_where, tags=args.tags) as consumer:
@@ -305,8 +315,7 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
         target = None if args.reset_to is None else group_offsets.parse_target(args.reset_to)
         group_offsets.check_names(args.group, args.topic)
     except ValueError as e:
-        print(f"rocketstore offsets: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error(args, "offsets", str(e))
     store = config.store_path_root_dir
     rows = group_offsets.describe(store, args.group, args.topic, target, args.queue)
     if not rows:
@@ -356,25 +365,31 @@ def cmd_clean(args: argparse.Namespace, config: StoreConfig) -> int:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w"):
         pass
+    if args.json:
+        print(json.dumps({"asked": True, "request": path}))
     print(f"asked the cleaner for a manual clean ({path})", file=sys.stderr)
     return EXIT_OK
 
 
 # ------------------------------------------------------------------------------ query
 def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
+    if args.msg_id is not None and not MSG_ID.fullmatch(args.msg_id):
+        return usage_error(args, "query", f"{args.msg_id!r} is not a message id (32 or 56 "
+                           "hex digits: the store host, then the CommitLog offset)")
+    if args.key is not None and not args.topic:
+        return usage_error(args, "query", "--key needs --topic")
     _check_running(config.store_path_root_dir)
     with ReaderClient(config.store_path_root_dir) as reader:
-        if args.msg_id:
+        if args.msg_id is not None:
             found = reader.query_by_msg_id(args.msg_id)
         elif args.offset is not None:
             found = reader.query_by_offset(args.offset)
         else:
-            if not args.topic:
-                print("--key needs --topic", file=sys.stderr)
-                return EXIT_USAGE
             found = reader.query_by_key(args.topic, args.key, args.max)
     for m in found:
         print(json.dumps(m.to_dict()) if args.json else _one_line(m))
+    if not found:
+        print("no message found", file=sys.stderr)
     return EXIT_OK if found else EXIT_FAILED
 
 
@@ -386,6 +401,33 @@ def _one_line(m) -> str:
             f"body={body!r}")
 
 
+def usage_error(args: argparse.Namespace, command: str, message: str) -> int:
+    """A bad argument, said on stderr (and with ``--json`` as a JSON object on stdout,
+    as ``procs.cli`` says every failure): exit 2."""
+    print(f"rocketstore {command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": "usage", "message": message, "exit": EXIT_USAGE}))
+    return EXIT_USAGE
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above 0 (else a usage error, exit 2)."""
+    value = non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
 def add_parsers(sub, common) -> None:
     up = sub.add_parser("up", parents=[common], help="run the store in the foreground")
     up.set_defaults(running="up")
@@ -394,7 +436,7 @@ def add_parsers(sub, common) -> None:
     se = sub.add_parser("send", parents=[common], help="send messages to a running store")
     se.add_argument("--topic", required=True)
     se.add_argument("--body", required=True, help="the body text, or - for one message per stdin line")
-    se.add_argument("--count", type=int, default=1)
+    se.add_argument("--count", type=positive_int, default=1)
     se.add_argument("--tags")
     se.add_argument("--keys", help="comma-separated")
     se.add_argument("--queue-id", type=int)
@@ -404,7 +446,7 @@ def add_parsers(sub, common) -> None:
     co.add_argument("--group", required=True)
     co.add_argument("--topic", required=True)
     co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
-    co.add_argument("--max", type=int, help="stop after N messages")
+    co.add_argument("--max", type=positive_int, help="stop after N messages")
     co.add_argument("--tags", help="only messages with this tag")
     co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",
                     help="where a queue without a committed offset starts")
@@ -413,7 +455,7 @@ def add_parsers(sub, common) -> None:
                         help="a consumer group's offsets and lag; --reset-to moves them")
     of.add_argument("--group", required=True)
     of.add_argument("--topic", required=True)
-    of.add_argument("--queue", type=int, action="append",
+    of.add_argument("--queue", type=non_negative_int, action="append",
                     help="only this queue (repeat for more; default: every queue)")
     of.add_argument("--reset-to", metavar="TARGET",
                     help="earliest, latest, an offset N, a shift +N/-N, @MS since the epoch "
@@ -427,7 +469,7 @@ def add_parsers(sub, common) -> None:
     how = q.add_mutually_exclusive_group(required=True)
     how.add_argument("--key")
     how.add_argument("--msg-id")
-    how.add_argument("--offset", type=int, help="a commit log offset")
+    how.add_argument("--offset", type=non_negative_int, help="a commit log offset")
     q.add_argument("--topic")
-    q.add_argument("--max", type=int, default=32)
+    q.add_argument("--max", type=positive_int, default=32)
     q.set_defaults(running="query")

@@ -241,6 +241,33 @@ def test_demo_runs_the_multiprocess_store_end_to_end(tmp_path):
     assert not os.path.exists(os.path.join(d, "abort"))
 
 
+# ------------------------------------------------------------------ usage
+def test_bad_arguments_exit_2_and_say_why_in_json_too(tmp_path):
+    """Exit codes as the README says (2 bad usage, 3 the store cannot be opened), and
+    with --json every failure is also a JSON object on stdout."""
+    store = str(tmp_path / "store")
+    for args in (("send", "--topic", "T", "--body", "x", "--count", "-5"),
+                 ("consume", "--group", "g", "--topic", "T", "--max", "0"),
+                 ("query", "--offset", "-1")):
+        r = run(*args, "--store", store)
+        assert r.returncode == 2, (args, r.stderr)
+    for args in (("query", "--msg-id", "zz"), ("query", "--msg-id", ""),
+                 ("query", "--key", "k"), ("send", "--topic", "a/b", "--body", "x"),
+                 ("consume", "--group", "../g", "--topic", "T")):
+        r = run(*args, "--store", store, "--json")
+        assert r.returncode == 2, (args, r.stderr)
+        out = json.loads(r.stdout)
+        assert (out["error"], out["exit"]) == ("usage", 2) and out["message"], out
+    assert not os.path.exists(store)
+    r = run("status", "--config", str(tmp_path / "missing.toml"), "--json")
+    assert r.returncode == 3 and "cannot read the settings file" in r.stderr
+    assert json.loads(r.stdout)["error"] == "StoreConfigError"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    r = run("check", "--store", str(a_file))
+    assert r.returncode == 3 and "is not a directory" in r.stderr
+
+
 # ------------------------------------------------------------------ check
 def test_check_exits_0_on_a_consistent_store_and_3_on_a_missing_one(tmp_path, small_toml):
     d = str(tmp_path / "store")
