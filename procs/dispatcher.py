@@ -45,10 +45,11 @@ dispatch waits meanwhile, so a creation waits for nothing it need not: the direc
 fsyncs it owes are paid by the next thorough flush, before the checkpoint's logics time
 can cover the file (``storage.dir_sync``; a restarted dispatcher owes those of every
 queue it finds), and a fresh file faults in a page at a time instead of reading 8 MiB
-around its first write (``MappedFile.advise_random``). Measured with a loaded store:
-a new topic's first frame of eight queues was dispatched 23-30 ms after its
-acknowledgement (median) before either, 11 ms after; a frame of a known topic 0.5 ms.
-What is left is the ``mkdir`` and ``open`` of each queue, slow on a busy journal.
+around its first write (``MappedFile.advise_random``). Measured with another topic
+loaded (50-message frames every 5 ms): a new topic's first frame of eight queues was
+dispatched 19-20 ms after its acknowledgement (median; at most 37-42 ms) before
+either, 3-7 ms after (at most 11-13 ms); a frame of a known topic 0.3 ms. What is left
+is the ``mkdir`` and ``open`` of each queue, slow on a busy journal.
 
 A record below the confirm offset that cannot be read is damage on disk: DISPATCH_ERROR
 is set (EBADMSG), the error is logged, and the process exits non-zero so the supervisor
