@@ -120,6 +120,17 @@ class Pair:
         for store in (self.slave, self.master):
             store.__exit__(*exc)
 
+    def old_master_rejoins(self, tmp_path, port: int) -> RunningStore:
+        """The dead master, started again as a SLAVE of the promoted one (its HA socket
+        at ``port``), once it holds and has dispatched all the new master wrote."""
+        old = RunningStore(tmp_path / "master", broker_role="SLAVE", listen_port=free_port(),
+                           ha_master_address=f"127.0.0.1:{port}", **HA_TIMERS)
+        self.master = old
+        old.start()
+        wait_for(lambda: slot(old, Slot.WRITTEN) == self.slave.slot(Slot.WRITTEN) ==
+                 slot(old, Slot.DISPATCHED), 60, what="the old master to follow")
+        return old
+
     def caught_up(self, timeout: float = 30) -> int:
         """Wait until the slave holds and has dispatched all the master wrote."""
         def done() -> bool:
@@ -460,12 +471,7 @@ def test_promotion_then_the_old_master_rejoins_as_a_slave(tmp_path):
                                   for i in range(100)])
         assert [r.status for r in after] == [PutMessageStatus.PUT_OK] * 100
         assert [r.queue_offset for r in after] == list(range(100, 200))
-        old = RunningStore(tmp_path / "master", broker_role="SLAVE", listen_port=free_port(),
-                           ha_master_address=f"127.0.0.1:{new_port}", **HA_TIMERS)
-        pair.master = old
-        old.start()
-        wait_for(lambda: slot(old, Slot.WRITTEN) == pair.slave.slot(Slot.WRITTEN) ==
-                 slot(old, Slot.DISPATCHED), 60, what="the old master to follow")
+        old = pair.old_master_rejoins(tmp_path, new_port)
         assert files(old, "commitlog") == files(pair.slave, "commitlog")
         expected = [f"before {i}".encode() for i in range(100)] + \
             [f"after {i}".encode() for i in range(100)]
@@ -632,12 +638,7 @@ def test_a_sync_masters_acknowledged_messages_outlive_its_crash_on_its_slave(tmp
         pair.master.kill_all()
         r = cli("promote", "--config", pair.slave.config_path, "--role", "SYNC_MASTER")
         assert r.returncode == 0, r.stderr
-        old = RunningStore(tmp_path / "master", broker_role="SLAVE", listen_port=free_port(),
-                           ha_master_address=f"127.0.0.1:{new_port}", **HA_TIMERS)
-        pair.master = old
-        old.start()
-        wait_for(lambda: slot(old, Slot.WRITTEN) == pair.slave.slot(Slot.WRITTEN) ==
-                 slot(old, Slot.DISPATCHED), 60, what="the old master to follow")
+        old = pair.old_master_rejoins(tmp_path, new_port)
         assert files(old, "commitlog") == files(pair.slave, "commitlog")
         assert sorted(consume_all(old, "Sync")) == sorted(everything_acked)
         assert any(b"alone 0" in data for data in files(old, "quarantine").values())
