@@ -135,8 +135,9 @@ def _format_item(item: dict) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     if not os.path.isdir(cfg.store_path_root_dir) or not _holds_a_store(cfg.store_path_root_dir):
-        print(f"no store at {cfg.store_path_root_dir}", file=sys.stderr)
-        return EXIT_STORE
+        return running_commands.say_failure(args, EXIT_STORE,
+                                            f"no store at {cfg.store_path_root_dir}",
+                                            error="NoStore", command="check")
     with MessageStore(dataclasses.replace(cfg, transient_store_pool_enable=False)) as store:
         problems = store.check()
         status = store.status()
@@ -212,11 +213,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--config", help="settings file (default: embedded supervisor.toml)")
     common.add_argument("--store", help="store directory (default: the config's)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    p = argparse.ArgumentParser(prog="rocketstore", description="rocketstore: the operator's command line")
+    p = _Parser(prog="rocketstore", description="rocketstore: the operator's command line")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", parents=[common],
                        help="start the store, send, consume and query messages, stop it")
@@ -263,6 +264,7 @@ def cmd_running(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _Parser.json_wanted = "--json" in (sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         return cmd_running(args) if getattr(args, "running", None) else args.func(args)
@@ -275,12 +277,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failed(args: argparse.Namespace, error: Exception, text: str, code: int) -> int:
-    """Say why a command failed: on stderr, and with ``--json`` as a JSON object on
-    stdout too (``error``: the exception's name, ``message``, ``exit``)."""
-    print(f"rocketstore: {text}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps({"error": type(error).__name__, "message": str(error), "exit": code}))
-    return code
+    return running_commands.say_failure(args, code, text, error=type(error).__name__)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (exit 2) also say themselves as JSON on
+    stdout when ``--json`` is among the arguments."""
+
+    json_wanted = False
+
+    def error(self, message: str):
+        if _Parser.json_wanted:
+            print(json.dumps({"error": "usage", "message": message, "exit": EXIT_USAGE}))
+        super().error(message)
 
 
 if __name__ == "__main__":

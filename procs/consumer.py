@@ -29,6 +29,7 @@ COMMIT takes no other): both become directory names, so anything else raises
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -60,11 +61,7 @@ class Consumer:
                  tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000):
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where is 'earliest' or 'latest'")
-        if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
-            raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
-        bad_topic = check_topic(topic, internal=True)
-        if bad_topic:
-            raise ValueError(bad_topic)
+        check_names(group, topic)
         self.store_dir, self.group, self.topic = store_dir, group, topic
         self.config = config or store_config(store_dir)
         file_modes.use_umask(self.config.data_umask)
@@ -295,6 +292,16 @@ class Consumer:
         self.close()
 
 
+def check_names(group: str, topic: str) -> None:
+    """Raise ``ValueError`` for a group or topic that is not a name (both become
+    directory names)."""
+    if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+        raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
+    bad_topic = check_topic(topic, internal=True)
+    if bad_topic:
+        raise ValueError(bad_topic)
+
+
 def store_config(store_dir: str) -> StoreConfig:
     """The settings of the store at ``store_dir``, with the file sizes it recorded."""
     recorded = recorded_geometry(store_dir) or {}
@@ -303,14 +310,27 @@ def store_config(store_dir: str) -> StoreConfig:
 
 def update_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
     """Merge ``offsets`` into ``consumerOffset.json`` under an exclusive flock."""
+    with offsets_locked(config_dir):
+        merge_offsets(config_dir, key, offsets)
+
+
+@contextlib.contextmanager
+def offsets_locked(config_dir: str):
+    """Hold the exclusive flock every commit to ``consumerOffset.json`` takes."""
     file_modes.make_dirs(config_dir)
     path = os.path.join(config_dir, OFFSET_FILE)
     with os.fdopen(file_modes.create(path + ".lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        doc = json_file.load(path) or {}
-        table = doc.setdefault("offsetTable", {})
-        table.setdefault(key, {}).update(offsets)
-        json_file.persist(path, doc)
+        yield
+
+
+def merge_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
+    """Merge ``offsets`` into ``consumerOffset.json`` (hold ``offsets_locked``)."""
+    path = os.path.join(config_dir, OFFSET_FILE)
+    doc = json_file.load(path) or {}
+    table = doc.setdefault("offsetTable", {})
+    table.setdefault(key, {}).update(offsets)
+    json_file.persist(path, doc)
 
 
 def read_offsets(config_dir: str) -> dict[str, dict[str, int]]:

@@ -30,25 +30,20 @@ import datetime
 import re
 
 from procs import consumer
-from procs.consumer import read_offsets, store_config, update_offsets
+from procs.consumer import check_names, read_offsets, store_config
 from shm.positions import PositionTable, Slot
 from storage.store_reader import StoreReader
-from storage.validation import TOPIC_PATTERN, check_topic
 
 _SHIFT = re.compile(r"[+-]\d+")
 
 
 class GroupActiveError(Exception):
-    """The group has live members reading the topic: a reset would not hold."""
+    """The group has live members reading the topic: a reset would not hold.
+    ``written``: the offsets were written all the same (a member joined meanwhile)."""
 
-
-def check_names(group: str, topic: str) -> None:
-    """Raise ``ValueError`` for a group or topic that is not a name."""
-    if not TOPIC_PATTERN.fullmatch(group):
-        raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
-    bad = check_topic(topic, internal=True)
-    if bad:
-        raise ValueError(bad)
+    def __init__(self, message: str, written: bool = False):
+        super().__init__(message)
+        self.written = written
 
 
 def parse_target(text: str) -> tuple[str, int]:
@@ -133,16 +128,22 @@ def _new_offset(reader: StoreReader, topic: str, queue_id: int, target: tuple[st
 def reset(store_dir: str, group: str, topic: str, rows: list[dict]) -> None:
     """Commit every row's ``new`` offset for the group. Raises ``GroupActiveError``
     when a member reads the topic (before: nothing written; after: written, but a
-    member that joined meanwhile may write its own over it)."""
-    members = live_members(store_dir, group, topic)
-    if members:
-        raise GroupActiveError(f"group {group!r} has {len(members)} live consumer(s) of "
-                               f"{topic!r}; stop them first (their commits would undo "
-                               "the reset)")
-    update_offsets(store_config(store_dir).config_dir, f"{topic}@{group}",
-                   {str(r["queue"]): r["new"] for r in rows})
-    members = live_members(store_dir, group, topic)
+    member that joined meanwhile may write its own over it). The commits' lock is held
+    from the first look to the second, so a member that came and went meanwhile has
+    not committed either: its commit waits for the lock, and it leaves the group only
+    after it committed."""
+    config_dir = store_config(store_dir).config_dir
+    with consumer.offsets_locked(config_dir):
+        members = live_members(store_dir, group, topic)
+        if members:
+            raise GroupActiveError(f"group {group!r} has {len(members)} live consumer(s) "
+                                   f"of {topic!r}; stop them first (their commits would "
+                                   "undo the reset)")
+        consumer.merge_offsets(config_dir, f"{topic}@{group}",
+                               {str(r["queue"]): r["new"] for r in rows})
+        members = live_members(store_dir, group, topic)
     if members:
         raise GroupActiveError(f"offsets written, but {len(members)} consumer(s) of "
                                f"{topic!r} joined group {group!r} meanwhile and may "
-                               "commit the old ones over them: stop them and reset again")
+                               "commit the old ones over them: stop them and reset again",
+                               written=True)

@@ -88,7 +88,7 @@ class _Session:
                  "started_ms", "heard", "last_sent", "caught_up_ms", "files", "files_due")
 
     def __init__(self, peer: bytes, address: str, session: int, start: int, acked: int,
-                 proven: bool = True):
+                 proven: bool):
         self.peer, self.address, self.session = peer, address, session
         self.start = start           # the slave's end at its HELLO
         self.proven = proven         # its bytes below ``start`` matched this store's
@@ -100,6 +100,11 @@ class _Session:
         self.caught_up_ms = now_ms()  # when its ack last reached this store's end
         self.files: dict[str, bytes] = {}   # the SYNCED_FILES it has, as sent
         self.files_due = 0
+
+    @property
+    def shown_acked(self) -> int:
+        """The ack status shows: 0 while it rests on an end the slave did not prove."""
+        return self.acked if self.proven or self.acked > self.start else 0
 
 
 class HAService(Service):
@@ -237,11 +242,6 @@ class HAService(Service):
             raise hp.HAProtocolError(
                 diverged,
                 f"the slave ends at {hello.offset}, past the master's end {end}")
-        if hello.offset > 0 and not hello.tail_len:
-            raise hp.HAProtocolError(
-                hp.HAError.MALFORMED,
-                f"a HELLO at {hello.offset} without the check of its last bytes: a slave "
-                "that holds bytes always has one")
         try:
             mine = replication.tail_check(self.config.commit_log_dir, self.file_size,
                                           hello.offset)
@@ -249,6 +249,11 @@ class HAService(Service):
             raise hp.HAProtocolError(hp.HAError.OFFSET_UNAVAILABLE,
                                      f"cannot read the bytes before {hello.offset}: {e}") \
                 from None
+        if hello.offset > 0 and not hello.tail_len and mine != (0, 0):
+            raise hp.HAProtocolError(
+                hp.HAError.MALFORMED,
+                f"a HELLO at {hello.offset} without the check of its last bytes, where the "
+                "master has bytes to compare: a slave that holds them has one")
         if hello.tail_len and mine != (0, 0) and mine != (hello.tail_len, hello.tail_crc):
             raise hp.HAProtocolError(
                 diverged,
@@ -382,10 +387,9 @@ class HAService(Service):
         """The sessions as ``rocketstore status`` shows them."""
         now = now_ms()
         return {"listen": self.address, "slave_acked": self.acked, "slaves": [
-            {"address": s.address, "session": s.session,
-             "acked": s.acked if s.proven or s.acked > s.start else 0,
-             "lag_bytes": max(0, end - (s.acked if s.proven or s.acked > s.start else 0)),
-             "lag_ms": 0 if s.acked >= end else now - s.caught_up_ms,
+            {"address": s.address, "session": s.session, "acked": s.shown_acked,
+             "lag_bytes": max(0, end - s.shown_acked),
+             "lag_ms": 0 if s.shown_acked >= end else now - s.caught_up_ms,
              "connected_ms": s.started_ms, "heard_ms_ago": monotonic_ms() - s.heard}
             for s in self.sessions.values()]}
 

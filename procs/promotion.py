@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import time
 
 from shm.positions import PositionTable, PositionTableError, Slot, StoreState
@@ -85,10 +84,7 @@ def request_path(config_dir: str) -> str:
 
 def clear_request(config_dir: str) -> None:
     """A master has no promotion to make (the supervisor calls this at each start)."""
-    try:
-        os.remove(request_path(config_dir))
-    except FileNotFoundError:
-        pass
+    json_file.remove(request_path(config_dir))
 
 
 def requested_role(config_dir: str) -> str | None:
@@ -148,11 +144,9 @@ def _done(args: argparse.Namespace, store: str, role: str, running: bool) -> int
 
 
 def _fail(args: argparse.Namespace, code: int, why: str) -> int:
-    if args.json:
-        print(json.dumps({"error": why}))
-    else:
-        print(f"rocketstore promote: {why}", file=sys.stderr)
-    return code
+    from procs.running_commands import say_failure     # it imports the supervisor
+    return say_failure(args, code, why, error="usage" if code == EXIT_USAGE else "NotPromoted",
+                       command="promote")
 
 
 def add_parser(sub, common) -> None:

@@ -31,7 +31,7 @@ import os
 
 from procs.consumer import GROUPS_DIR
 from shm.positions import (
-    PositionTable, Slot, StoreState, now_ms, segment_state)
+    PositionTable, Slot, StoreState, now_ms, process_start_ticks, segment_state)
 from shm.transient_pool import TransientStorePool, commit_left_behind
 from storage import MessageStore, StoreConfig
 from storage.config import BROKER_ROLES
@@ -63,7 +63,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     file_modes.make_shared_dirs(os.path.join(root, GROUPS_DIR))  # consumers of the group join
     lock = StoreLock(root)
     lock.acquire()
-    pool = None
+    pool = table = None
     try:
         _commit_pool_left_behind(config)
         cut = replication.apply_requested_cut(config)
@@ -88,9 +88,13 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
                                       config.mapped_file_size_commit_log, create=True)
             pool.lock()
     except BaseException:
+        if table is not None:       # a table never filled in must not outlive the start
+            table.close()
+            table.unlink()
         lock.release()
         raise
     table.reset({Slot.SUPERVISOR_PID: os.getpid(),
+                 Slot.SUPERVISOR_START: process_start_ticks(os.getpid()),
                  Slot.GENERATION: now_ms(),  # unique per start: clients notice a restart
                  Slot.FLUSH_DISK_TYPE: 1 if config.sync_flush else 0,
                  Slot.TRANSIENT_POOL: pool.size if pool else 0,

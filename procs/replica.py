@@ -108,6 +108,7 @@ class Replica:
         self.heard = monotonic_ms()
         self.next_report = 0
         self.search: _Search | None = None
+        self.kept_end = -1           # the end at which a SYNC_DIVERGED cut was refused
         writer.stats.extra["ha"] = {"master": self.address}
         self.connect()
 
@@ -266,6 +267,9 @@ class Replica:
         diverged = e.code in (hp.HAError.DIVERGED, hp.HAError.SYNC_DIVERGED)
         if diverged and self.search is not None:
             return          # a second HELLO's answer (one queued while the master was away)
+        if e.code == hp.HAError.SYNC_DIVERGED and self.received == self.kept_end:
+            self._wait_and_retry()      # compared already at this end: not cut, said so
+            return
         if diverged and not self.retry_at:
             log.warning("the master says this slave diverged (%s): comparing the two "
                         "CommitLogs backwards from %d", e.text, self.received)
@@ -353,6 +357,7 @@ class Replica:
                       "master's history instead, empty this slave's directory",
                       s.end - cut, self.address, difference, s.end, master_end)
             w.table.set(Slot.REPLICA_ERROR, hp.HAError.SYNC_DIVERGED)
+            self.kept_end = s.end
             self._wait_and_retry()
             return
         log.error("this slave's CommitLog parts from its master's at %d (slave end %d, "

@@ -319,23 +319,26 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
     store = config.store_path_root_dir
     rows = group_offsets.describe(store, args.group, args.topic, target, args.queue)
     if not rows:
-        print(f"topic {args.topic!r} has no queues in this store", file=sys.stderr)
-        return EXIT_FAILED
+        return say_failure(args, EXIT_FAILED, f"topic {args.topic!r} has no queues in this "
+                           "store", error="NoQueues", command="offsets")
     write = target is not None and not args.dry_run
-    error = None
-    if write:
-        try:
+    try:
+        if write:
             group_offsets.reset(store, args.group, args.topic, rows)
-        except group_offsets.GroupActiveError as e:
-            error = str(e)
+    except group_offsets.GroupActiveError as e:
+        if not args.json:
+            _print_offsets(rows, True)
+        print(f"rocketstore offsets: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"group": args.group, "topic": args.topic, "queues": rows,
+                              "reset": e.written, "error": "GroupActive",
+                              "message": str(e), "exit": EXIT_FAILED}))
+        return EXIT_FAILED
     if args.json:
         print(json.dumps({"group": args.group, "topic": args.topic, "queues": rows,
-                          "reset": write and error is None, "error": error}))
+                          "reset": write}))
     else:
         _print_offsets(rows, target is not None)
-    if error:
-        print(f"rocketstore offsets: {error}", file=sys.stderr)
-        return EXIT_FAILED
     if write and not args.json:
         print(f"reset group {args.group} of {args.topic}: {len(rows)} queue(s)", file=sys.stderr)
     return EXIT_OK
@@ -389,8 +392,9 @@ def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
     for m in found:
         print(json.dumps(m.to_dict()) if args.json else _one_line(m))
     if not found:
-        print("no message found", file=sys.stderr)
-    return EXIT_OK if found else EXIT_FAILED
+        return say_failure(args, EXIT_FAILED, "no message found", error="NotFound",
+                           command="query")
+    return EXIT_OK
 
 
 def _one_line(m) -> str:
@@ -401,13 +405,20 @@ def _one_line(m) -> str:
             f"body={body!r}")
 
 
-def usage_error(args: argparse.Namespace, command: str, message: str) -> int:
-    """A bad argument, said on stderr (and with ``--json`` as a JSON object on stdout,
-    as ``procs.cli`` says every failure): exit 2."""
-    print(f"rocketstore {command}: {message}", file=sys.stderr)
+def say_failure(args: argparse.Namespace, code: int, message: str, *, error: str = "usage",
+                command: str = "") -> int:
+    """Say why a command failed, on stderr, and with ``--json`` also as a JSON object on
+    stdout (``error``: what kind, ``message``, ``exit``), as ``procs.cli`` promises for
+    every failure; returns ``code``."""
+    print(f"rocketstore{' ' + command if command else ''}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"error": "usage", "message": message, "exit": EXIT_USAGE}))
-    return EXIT_USAGE
+        print(json.dumps({"error": error, "message": message, "exit": code}))
+    return code
+
+
+def usage_error(args: argparse.Namespace, command: str, message: str) -> int:
+    """A bad argument: exit 2."""
+    return say_failure(args, EXIT_USAGE, message, command=command)
 
 
 def positive_int(text: str) -> int:

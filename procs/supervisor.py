@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import resource
 import signal
@@ -141,8 +142,8 @@ def _check_process_setting(process: str, key: str, value: Any) -> None:
         numbers = (int,) if kind == "int" else (int, float)
         if isinstance(value, bool) or not isinstance(value, numbers):
             raise StoreConfigError(f"{where}: must be a{'n integer' if kind == 'int' else ' number'}")
-        if value < 0:
-            raise StoreConfigError(f"{where}: must not be negative")
+        if value < 0 or not math.isfinite(value):
+            raise StoreConfigError(f"{where}: must be finite and not negative")
     elif key == "stopsignal":
         if not isinstance(value, str) or not isinstance(getattr(signal, f"SIG{value}", None),
                                                         signal.Signals):

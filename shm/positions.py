@@ -19,6 +19,12 @@ and unlinks it at a clean stop.
                                                           (shm.transient_pool); 0: off
     6      ROLE            supervisor   enum   -          BrokerRole: 0 ASYNC_MASTER,
                                                           1 SYNC_MASTER, 2 SLAVE
+    7      SUPERVISOR_START supervisor  ticks  -          when SUPERVISOR_PID started
+                                                          (/proc starttime: clock ticks
+                                                          since boot, whatever the wall
+                                                          clock does); with it a client
+                                                          tells a live supervisor from a
+                                                          dead one whose pid was reused
     8      WRITTEN_SEQ     writer       count  yes        seqlock over WRITTEN + LAST_STORE_TS:
                                                           odd while the pair is being changed
     9      WRITTEN         writer       byte   yes        CommitLog end: every byte below it is
@@ -138,6 +144,7 @@ class Slot(_SlotEnum):
     FLUSH_DISK_TYPE = 4, SUPERVISOR, False
     TRANSIENT_POOL = 5, SUPERVISOR, False
     ROLE = 6, SUPERVISOR, False
+    SUPERVISOR_START = 7, SUPERVISOR, False
     WRITTEN_SEQ = 8, "writer", True
     WRITTEN = 9, "writer", True
     LAST_STORE_TS = 10, "writer", True
@@ -197,32 +204,39 @@ def segment_name(store_dir: str) -> str:
     return f"/rocketstore-{digest}"
 
 
-def supervisor_alive(pid: int, generation_ms: int) -> bool:
-    """Whether the supervisor ``pid`` that made a table at ``generation_ms`` still runs:
-    the pid exists, is no zombie, and its process started before the table was made (a
-    later one reuses a dead supervisor's pid). A table not filled in yet (pid 0) is a
-    supervisor starting."""
+def supervisor_alive(pid: int, started: int) -> bool:
+    """Whether the supervisor ``pid``, which started at ``started`` (its /proc starttime,
+    ``process_start_ticks``), still runs: a process of that pid started then, and is no
+    zombie. A table never filled in (pid 0: its start was cut short) has none. Where
+    /proc does not show the pid (``hidepid``, another pid namespace) only ``kill(pid, 0)``
+    can answer, and a reused pid passes it."""
     if pid <= 0:
-        return True
+        return False
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except OSError:
+        state, ticks = _stat(pid)
+    except FileNotFoundError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass                      # another user's process: alive
+        return True
+    except (OSError, ValueError, IndexError):
         return True                   # cannot look: do not call it dead
-    if fields[0] in ("Z", "X"):       # state: a zombie, or dead
-        return False
-    started_ms = (_boot_time_s() + int(fields[19]) / os.sysconf("SC_CLK_TCK")) * 1000
-    return started_ms <= generation_ms + 1000 or generation_ms <= 0
+    return state not in ("Z", "X") and (started <= 0 or ticks == started)
 
 
-def _boot_time_s() -> int:
-    with open("/proc/stat", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("btime "):
-                return int(line.split()[1])
-    return 0
+def process_start_ticks(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat field
+    22): fixed for the process's life, unlike anything measured by the wall clock."""
+    return _stat(pid)[1]
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
 
 
 def segment_state(store_dir: str) -> TableState:
@@ -358,7 +372,7 @@ class PositionTable:
             table.close()
             raise PositionTableError(f"shared memory {name} is not a position table")
         pid = table.get(Slot.SUPERVISOR_PID)
-        if not left_behind and not supervisor_alive(pid, table.get(Slot.GENERATION)):
+        if not left_behind and not supervisor_alive(pid, table.get(Slot.SUPERVISOR_START)):
             table.close()
             raise PositionTableError(f"no running store at {store_dir}: its supervisor "
                                      f"(pid {pid}) is gone and left its table behind; "

@@ -5,8 +5,9 @@ Every directory the store makes is ``0777 & ~data_umask`` and every file
 files 0640, so a reader group (consumers, backup, Spark executors on this host) can map
 the files and nobody else can. The modes are set exactly (``fchmod``/``chmod`` after
 creation), whatever the process's own umask; the socket directory ``run/`` stays 0700
-and a consumer group's membership files 0600 (they grant access to the writer and to a
-group's place).
+(its sockets take puts). Consumer group membership (``groups/``) is the exception the
+other way: its directories are group-writable and setgid (``shared_dir_mode``), so
+consumers run by other members of the group join the owner's.
 
 ``data_umask`` is a store setting; ``use_umask`` makes it the one this process applies
 (the store's processes, the supervisor and an embedded store call it as they open the

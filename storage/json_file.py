@@ -44,6 +44,16 @@ def persist(path: str, document: dict, *, compact: bool = False) -> None:
 _BARE_INT_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 
+def remove(path: str) -> None:
+    """Remove the document at ``path`` and its ``.bak`` (``load`` would read the
+    ``.bak`` back: a request handled and removed would come back as it was before)."""
+    for candidate in (path, path + ".bak"):
+        try:
+            os.remove(candidate)
+        except FileNotFoundError:
+            pass
+
+
 def _load_fastjson(path: str) -> dict | None:
     """RocketMQ writes its config files with fastjson, which leaves integer map keys
     unquoted (``{"offsetTable":{1:0}}``); quote them and try again."""

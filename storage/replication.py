@@ -22,9 +22,8 @@ questions about those bytes need answers of their own:
   starts them again; recovery cuts the consume queues and index to match.
 - *Which of a slave's bytes came from a master?* Those from ``followed_from`` on
   (``config/haFollowedFrom.json``): a store's writer notes its WRITTEN there when it
-  starts as a SLAVE and nothing is noted yet (``note_following``), and forgets it when
-  it starts as a master (its bytes are its own from then on); a cut lowers it to the
-  cut. Bytes a SYNC_MASTER sent may have been acknowledged on the slave's word: a slave
+  starts as a SLAVE, unless a lower offset is noted already (``note_following``), and
+  forgets it when it starts as a master (its bytes are its own from then on). Bytes a SYNC_MASTER sent may have been acknowledged on the slave's word: a slave
   never cuts those (``procs.replica``).
 """
 
@@ -127,19 +126,19 @@ MAX_CUTS_KEPT = 20
 
 
 def note_following(config_dir: str, written: int) -> None:
-    """A store starting as a SLAVE: its bytes from ``written`` on will be its master's
-    (kept when already noted: a restarted slave's are the master's from the first)."""
-    if followed_from(config_dir) is None:
+    """A store starting as a SLAVE: its bytes from ``written`` on will be its master's.
+    An earlier note stays when it is lower (a restarted slave's bytes are the master's
+    from the first), and comes down to ``written`` when that is lower (a crash or a cut
+    took the slave's tail: what it receives again is the master's)."""
+    followed = followed_from(config_dir)
+    if followed is None or written < followed:
         json_file.persist(os.path.join(config_dir, FOLLOWED_FILE),
                           {"offset": written, "noted_ms": now_ms()})
 
 
 def forget_following(config_dir: str) -> None:
     """A store starting as a master: the bytes it writes from now on are its own."""
-    try:
-        os.remove(os.path.join(config_dir, FOLLOWED_FILE))
-    except FileNotFoundError:
-        pass
+    json_file.remove(os.path.join(config_dir, FOLLOWED_FILE))
 
 
 def followed_from(config_dir: str) -> int | None:
@@ -199,9 +198,5 @@ def apply_requested_cut(config) -> dict | None:
     cut = {**request, "cut_ms": now_ms(), "quarantine": quarantine}
     history = cuts_made(config.config_dir)[-(MAX_CUTS_KEPT - 1):] + [cut]
     json_file.persist(os.path.join(config.config_dir, CUT_HISTORY_FILE), {"cuts": history})
-    followed = followed_from(config.config_dir)
-    if followed is not None and offset < followed:     # what comes after the cut: the master's
-        json_file.persist(os.path.join(config.config_dir, FOLLOWED_FILE),
-                          {"offset": offset, "noted_ms": now_ms()})
-    os.remove(os.path.join(config.config_dir, CUT_REQUEST_FILE))
+    json_file.remove(os.path.join(config.config_dir, CUT_REQUEST_FILE))
     return cut

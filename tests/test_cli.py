@@ -244,7 +244,7 @@ def test_demo_runs_the_multiprocess_store_end_to_end(tmp_path):
 # ------------------------------------------------------------------ usage
 def test_bad_arguments_exit_2_and_say_why_in_json_too(tmp_path):
     """Exit codes as the README says (2 bad usage, 3 the store cannot be opened), and
-    with --json every failure is also a JSON object on stdout."""
+    with --json a failure is also a JSON object on stdout, argparse's own included."""
     store = str(tmp_path / "store")
     for args in (("send", "--topic", "T", "--body", "x", "--count", "-5"),
                  ("consume", "--group", "g", "--topic", "T", "--max", "0"),
@@ -258,6 +258,12 @@ def test_bad_arguments_exit_2_and_say_why_in_json_too(tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         out = json.loads(r.stdout)
         assert (out["error"], out["exit"]) == ("usage", 2) and out["message"], out
+    for args in (("send", "--topic", "T", "--body", "x", "--count", "0"),
+                 ("consume", "--group", "g")):                 # argparse's own errors
+        r = run(*args, "--store", store, "--json")
+        assert r.returncode == 2 and json.loads(r.stdout)["error"] == "usage", r.stdout
+    r = run("check", "--store", store, "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["error"] == "NoStore"
     assert not os.path.exists(store)
     r = run("status", "--config", str(tmp_path / "missing.toml"), "--json")
     assert r.returncode == 3 and "cannot read the settings file" in r.stderr

@@ -261,3 +261,20 @@ def test_publish_written_costs_about_a_microsecond(store_dir):
         assert best < 2e-6
     finally:
         writer.close()
+
+
+def test_supervisor_alive_tells_a_live_supervisor_from_a_dead_or_reused_pid():
+    """By the start time /proc gives in clock ticks since boot (the wall clock may jump
+    under a running store), and a zombie or a missing pid is dead."""
+    import subprocess
+    from shm.positions import process_start_ticks, supervisor_alive
+    me = os.getpid()
+    assert supervisor_alive(me, process_start_ticks(me))
+    assert not supervisor_alive(me, process_start_ticks(me) - 1)      # a reused pid
+    assert not supervisor_alive(0, 0)                                  # never filled in
+    child = subprocess.Popen(["true"])
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)                                               # exited, not reaped
+    assert not supervisor_alive(child.pid, process_start_ticks(child.pid))
+    child.wait()
+    assert not supervisor_alive(child.pid, 12345)                      # gone

@@ -644,3 +644,35 @@ def test_a_sync_masters_acknowledged_messages_outlive_its_crash_on_its_slave(tmp
         assert any(b"alone 0" in data for data in files(old, "quarantine").values())
         with Producer(pair.slave.store_dir) as p:
             assert p.send("Sync", b"after").status is PutMessageStatus.PUT_OK
+
+
+def test_where_a_slaves_bytes_from_its_master_begin_only_ever_comes_down(tmp_path):
+    """``note_following`` at each start as a SLAVE: the first note, then lower ones only
+    (a lost tail, a cut: what comes again is the master's); a master start forgets."""
+    config_dir = str(tmp_path)
+    assert replication.followed_from(config_dir) is None
+    replication.note_following(config_dir, 5_000)         # a former master joins: its own
+    replication.note_following(config_dir, 9_000)         # restarted, having followed
+    assert replication.followed_from(config_dir) == 5_000
+    replication.note_following(config_dir, 3_000)         # its tail was lost or cut
+    assert replication.followed_from(config_dir) == 3_000
+    replication.forget_following(config_dir)
+    assert replication.followed_from(config_dir) is None
+
+
+def test_a_cut_asked_twice_is_made_once(tmp_path):
+    """A replica that asked for a cut again before the supervisor made the first one:
+    once made, neither request is left (``json_file.load`` falls back to the ``.bak``
+    the second request left, and the next start would cut again)."""
+    from conftest import msg, small_config
+    from storage import MessageStore
+    config = small_config(tmp_path / "store")
+    with MessageStore(config) as store:
+        results = store.put_batch([msg(i) for i in range(20)])
+    cut_at = results[10].wrote_offset
+    replication.request_cut(config.config_dir, results[12].wrote_offset, why="first")
+    replication.request_cut(config.config_dir, cut_at, why="second")
+    made = replication.apply_requested_cut(config)
+    assert made["offset"] == cut_at
+    assert replication.requested_cut(config.config_dir) is None
+    assert replication.apply_requested_cut(config) is None
