@@ -256,8 +256,12 @@ class StoreConfig:
                     "transient_store_pool_enable needs ASYNC_FLUSH on a master, as in "
                     "RocketMQ (isTransientStorePoolEnable): a SYNC_FLUSH ack waits for the "
                     "disk, which the pool's commit step would only delay")
-            if not 1 <= self.transient_store_pool_size <= 64:
-                raise StoreConfigError("transient_store_pool_size must be in 1..64")
+            if not 2 <= self.transient_store_pool_size <= 64:
+                raise StoreConfigError(
+                    "transient_store_pool_size must be in 2..64: the next file's buffer "
+                    "comes back only once the file before it is wholly committed, and its "
+                    "last bytes (the BLANK that ends it) are committed only when the writer "
+                    "has gone on into the next file, so one buffer waits for itself")
         if not 0 <= self.data_umask <= 0o777 or self.data_umask & 0o700:
             raise StoreConfigError(f"data_umask {self.data_umask:#o} must be in 0..0o077: "
                                    "the store's own processes must read and write its files")

@@ -243,3 +243,18 @@ def test_process_tables_take_what_supervisord_takes():
                                                        "backoff_s": 0.1, "enabled": False}}})
     assert (out["writer"].stopsignal, out["writer"].startsecs, out["writer"].enabled) == \
         ("INT", 2, False)
+
+
+@pytest.mark.parametrize("size", [0, 1, 65])
+def test_a_transient_store_pool_of_fewer_than_two_buffers_is_refused(size):
+    """One buffer waits for itself: file 1's buffer is file 0's, free only once file 0
+    is wholly committed, and the BLANK that ends file 0 is committed only after the
+    writer went on into file 1 (a store that took puts up to its first file's end, then
+    refused every one for good)."""
+    with pytest.raises(StoreConfigError, match="transient_store_pool_size must be in 2..64"):
+        StoreConfig(transient_store_pool_enable=True, transient_store_pool_size=size)
+
+
+def test_a_transient_store_pool_of_two_buffers_is_taken():
+    assert StoreConfig(transient_store_pool_enable=True,
+                       transient_store_pool_size=2).transient_store_pool_size == 2
