@@ -30,10 +30,20 @@ answers OUT_OF_ORDER_SEQUENCE; the level then takes the next generation, whose
 sequences start at 0 (no re-put of the old one can still be in flight after that long).
 A store that puts in process (the embedded one) loses no answer and ignores identities.
 
+Refusals. A put the store refuses for now (not writeable: a full disk, a flush error,
+a busy page cache, ...) leaves the level's offset at that message and holds the level
+for ``RETRY_MS`` (RocketMQ's DELAY_FOR_A_PERIOD, 10 s there): the next call does not
+look at it before, ``next_due_ms`` says so (a scheduler does not spin on it), and the
+refusal is logged once, not at every try. A message the store will never take as it
+is (``NEVER_TAKEN``: MESSAGE_ILLEGAL, say a queue id the topic no longer has since
+``default_topic_queue_nums`` went down) is passed over with an ERROR naming it, as
+RocketMQ drops a message it cannot rebuild: it stays in SCHEDULE_TOPIC_XXXX, readable
+by its offset, and holds back none of the level's later messages.
+
 Crash story: the offset table is written after the re-puts (``persist``), so a crash
 between the two puts that batch again on restart, with the same identities: never lost,
 never stored twice. A put refused because the store is not writeable leaves the offset
-at the first message not stored, and is retried on the next call.
+at the first message not stored, and is retried after ``RETRY_MS``.
 """
 
 from __future__ import annotations
@@ -55,6 +65,9 @@ log = logging.getLogger(__name__)
 
 DELAY_OFFSET_FILE = "delayOffset.json"
 BATCH = 64                 # due messages put again in one batch
+RETRY_MS = 1000            # a level whose put was refused for now waits this long
+NEVER_TAKEN = frozenset({PutMessageStatus.MESSAGE_ILLEGAL,
+                         PutMessageStatus.PROPERTIES_SIZE_EXCEEDED})
 
 
 class DelayQueues(Protocol):
@@ -84,6 +97,7 @@ class ScheduleMessageService:
         self._persisted: tuple = ({}, {})
         self.path = os.path.join(config_dir, DELAY_OFFSET_FILE)
         self.identity_base = _identity_base(config_dir)
+        self.held_levels: dict[int, tuple[float, str]] = {}  # level -> (monotonic s to retry, why)
 
     def load(self) -> None:
         """Read the offset table; levels without an entry start at offset 0."""
@@ -125,16 +139,19 @@ class ScheduleMessageService:
     def _deliver_level(self, level: int, now: int, deadline: float | None) -> int:
         """Deliver level ``level``'s due messages batch by batch, each batch's progress
         written before the next."""
+        held = self.held_levels.get(level)
+        if held is not None and time.monotonic() < held[0]:
+            return 0
         delivered = 0
         due = self._due(level, now)
         while True:
             batch = list(itertools.islice(due, BATCH))
             if not batch:
                 return delivered
-            done = self._redeliver(level, batch)
+            done, stored = self._redeliver(level, batch)
             if done:
                 self.offset_table[level] = batch[done - 1][0] + 1
-                delivered += done
+                delivered += stored
                 self.persist()
             if done < len(batch) or (deadline is not None and time.monotonic() >= deadline):
                 return delivered
@@ -149,37 +166,66 @@ class ScheduleMessageService:
                 return
             yield index, phy
 
-    def _redeliver(self, level: int, batch: list[tuple[int, int]]) -> int:
-        """Put the batch's messages again; how many from its start are done (stored, or
-        expired with their CommitLog file: nothing left to deliver). The level's
-        sequence moves past the messages stored."""
+    def _redeliver(self, level: int, batch: list[tuple[int, int]]) -> tuple[int, int]:
+        """Put the batch's messages again: how many from its start are done (stored,
+        passed over, or expired with their CommitLog file: nothing left to deliver), and
+        how many of them were stored. The level's sequence moves past those stored."""
         held = [self.queues.look_message(phy) for _, phy in batch]
         msgs = [restore_real_destination(m) for m in held if m is not None]
         results = iter(self.queues.put_again_batch(msgs, self.identity(level)) if msgs else [])
         generation, sequence = self.sequences.get(level, (0, 0))
+        passed_over = 0
+        expired = 0
         for done, ((_, phy), message) in enumerate(zip(batch, held)):
             if message is None:
+                expired += 1
                 continue
             status, reason = next(results)
+            if status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE and passed_over:
+                # the records after one the writer refused: not stored (what it stores
+                # of a batch is a prefix); the next batch puts them from here
+                self.sequences[level] = (generation, sequence)
+                return done, done - passed_over - expired
             if status is PutMessageStatus.OUT_OF_ORDER_SEQUENCE:
                 log.warning("level %d's producer is not the store's any more (%s): next "
                             "generation", level, reason)
                 self.sequences[level] = (generation + 1, 0)
-                return done
+                return done, done - passed_over - expired
+            if status in NEVER_TAKEN:
+                log.error("delayed message at %d (level %d) passed over: its destination "
+                          "refuses it (%s: %s); it stays in %s at that offset", phy, level,
+                          status.name, reason, message.topic)
+                passed_over += 1            # it took no sequence: none was stored
+                continue
             if not status.ok:
-                log.warning("delayed message at %d not delivered: %s", phy, reason)
+                self._hold(level, f"{status.name}: {reason}", phy)
                 self.sequences[level] = (generation, sequence)
-                return done
+                return done, done - passed_over - expired
             sequence += 1
         self.sequences[level] = (generation, sequence)
-        return len(batch)
+        if self.held_levels.pop(level, None) is not None:
+            log.info("level %d delivers again", level)
+        return len(batch), len(batch) - passed_over - expired
+
+    def _hold(self, level: int, why: str, phy: int) -> None:
+        """Retry ``level`` only after ``RETRY_MS``; say why once, not at every try."""
+        before = self.held_levels.get(level)
+        if before is None or before[1] != why:
+            log.warning("delayed messages of level %d held from the one at %d: %s (tried "
+                        "again every %d ms)", level, phy, why, RETRY_MS)
+        self.held_levels[level] = (time.monotonic() + RETRY_MS / 1000, why)
 
     def next_due_ms(self) -> int | None:
-        """When the earliest waiting message falls due (None when none waits)."""
+        """When the earliest waiting message falls due, or its held level may be tried
+        again (None when none waits)."""
         earliest = None
         for level in range(1, self.max_delay_level + 1):
+            held = self.held_levels.get(level)
+            retry_at = 0 if held is None else \
+                now_ms() + int((held[0] - time.monotonic()) * 1000)
             for _, _, _, deliver_at in self.queues.delay_units(
                     delay_level_to_queue_id(level), self.offset_table.get(level, 0)):
+                deliver_at = max(deliver_at, retry_at)
                 if earliest is None or deliver_at < earliest:
                     earliest = deliver_at
                 break

@@ -3,6 +3,7 @@ flush modes and injected disk faults. Real files in temporary directories."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -20,6 +21,7 @@ from storage.hashing import java_string_hash
 from storage.message import (
     PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+from storage.clock import now_ms
 from storage.record import MESSAGE_MAGIC_CODE_V2, SCHEDULE_TOPIC
 
 
@@ -424,6 +426,45 @@ def test_a_backlog_of_delayed_messages_goes_out_a_batch_at_a_time(config):
     assert service.deliver_due(due) == 5
     s.dispatch()
     assert [m.body for m in pull_all(s, "Later", 0)] == [b"d%03d" % i for i in range(BATCH * 2 + 5)]
+    s.close()
+
+
+def test_a_delayed_message_the_store_will_never_take_holds_back_nothing(config, caplog):
+    """Its queue went away (default_topic_queue_nums came down across a restart): it is
+    passed over with an ERROR, and the level's later messages go out."""
+    s = reopen(config)
+    stuck = s.put(Message(topic="Shrunk", body=b"to queue 7", queue_id=7, delay_level=1))
+    s.put(Message(topic="Shrunk", body=b"to queue 1", queue_id=1, delay_level=1))
+    s.close()
+    s = reopen(dataclasses.replace(config, default_topic_queue_nums=4))
+    with caplog.at_level(logging.ERROR, logger="storage.schedule_message"):
+        assert s.deliver_delayed_messages(stuck.store_timestamp + 60_000) == 1
+    assert f"delayed message at {stuck.wrote_offset} (level 1) passed over" in caplog.text
+    assert [m.body for m in pull_all(s, "Shrunk", 1)] == [b"to queue 1"]
+    assert s.schedule_message_service.held_levels == {}
+    assert s.deliver_delayed_messages(stuck.store_timestamp + 60_000) == 0
+    s.close()
+
+
+def test_a_level_refused_for_now_waits_and_says_so_once(config, caplog):
+    """A full disk: the level is held for RETRY_MS (no retry, no log line, before),
+    next_delayed_due_ms says when it is tried again, and it goes out once writeable."""
+    from storage import schedule_message
+    s = reopen(config)
+    r = s.put(Message(topic="Held", body=b"waits", queue_id=0, delay_level=1))
+    s.dispatch()
+    due = r.store_timestamp + 60_000
+    s.running_flags.get_and_make_disk_full()
+    with caplog.at_level(logging.WARNING, logger="storage.schedule_message"):
+        for _ in range(5):
+            assert s.deliver_delayed_messages(due) == 0
+    assert caplog.text.count("delayed messages of level 1 held") == 1
+    assert s.next_delayed_due_ms() >= now_ms() + schedule_message.RETRY_MS - 100
+    s.running_flags.get_and_make_disk_ok()
+    assert s.deliver_delayed_messages(due) == 0                 # still held
+    s.schedule_message_service.held_levels[1] = (0.0, "DISK_FULL")   # the wait, over
+    assert s.deliver_delayed_messages(due) == 1
+    assert [m.body for m in pull_all(s, "Held", 0)] == [b"waits"]
     s.close()
 
 
