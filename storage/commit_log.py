@@ -298,8 +298,9 @@ class CommitLog:
         topic, real_queue_id = msg.topic, queue_id
         props = msg.all_properties()
         tran = transaction_value(msg.sys_flag)
-        if msg.delay_level > 0 and tran in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
-            topic, queue_id, props = rewrite_for_delay(topic, queue_id, props, msg.delay_level,
+        delay_level = msg.requested_delay_level()
+        if delay_level > 0 and tran in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+            topic, queue_id, props = rewrite_for_delay(topic, queue_id, props, delay_level,
                                                        self.max_delay_level)
         topic_bytes = topic.encode("utf-8")
         props_bytes = encode_properties(props).encode("utf-8")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import re
 import struct
 from typing import Mapping
 from storage.clock import now_ms  # noqa: F401  (re-exported)
@@ -183,6 +184,12 @@ class Message:
             return [k for k in self.keys.split(KEY_SEPARATOR) if k]
         return [k for k in self.keys if k]  # an empty key is no key
 
+    def requested_delay_level(self) -> int:
+        """The delay level asked for: the field, or else a ``DELAY`` property (RocketMQ's
+        ``setDelayTimeLevel`` is that property); 0 for none or one that is no level
+        (``validation`` refuses those first)."""
+        return self.delay_level or parse_delay_property(self.properties.get(PROPERTY_DELAY_TIME_LEVEL))
+
     def all_properties(self) -> dict[str, str]:
         """The properties as they will be stored: user properties plus TAGS/KEYS/DELAY."""
         props = dict(self.properties)
@@ -196,6 +203,15 @@ class Message:
         if not self.wait_store_msg_ok:
             props[PROPERTY_WAIT_STORE_MSG_OK] = "false"
         return props
+
+
+DELAY_PROPERTY = re.compile(r"[0-9]{1,9}")     # ASCII digits: int() takes "1_0" and "２"
+
+
+def parse_delay_property(value: str | None) -> int:
+    """A ``DELAY`` property's level; 0 when absent or not a decimal level (a record
+    stored before such values were refused must not break its readers)."""
+    return int(value) if isinstance(value, str) and DELAY_PROPERTY.fullmatch(value) else 0
 
 
 class StoredMessageFields:
@@ -223,7 +239,7 @@ class StoredMessageFields:
 
     @property
     def delay_level(self) -> int:
-        return int(self.properties.get(PROPERTY_DELAY_TIME_LEVEL, "0") or 0)
+        return parse_delay_property(self.properties.get(PROPERTY_DELAY_TIME_LEVEL))
 
 
 @dataclasses.dataclass

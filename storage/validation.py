@@ -42,7 +42,8 @@ import re
 
 from storage.config import StoreConfig
 from storage.message import (
-    KEY_SEPARATOR, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, Message)
+    DELAY_PROPERTY, KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQUENCE, Message)
 from storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
 from storage.status import PutMessageStatus
 
@@ -107,6 +108,10 @@ def _check_properties(msg: Message) -> Refusal | None:
                             "ours) drop such a pair, so it could never be read back")
         if _has_reserved(name) or _has_reserved(value):
             return _illegal(f"property {name!r} holds a reserved byte (\\x00, \\x01 or \\x02)")
+    delay = msg.properties.get(PROPERTY_DELAY_TIME_LEVEL)
+    if delay is not None and not DELAY_PROPERTY.fullmatch(delay):
+        return _illegal(f"property {PROPERTY_DELAY_TIME_LEVEL} is the delay level, a "
+                        f"decimal number, not {delay!r}")
     if msg.tags is not None and (not isinstance(msg.tags, str) or _has_reserved(msg.tags)):
         return _illegal("tags must be a str without \\x00, \\x01 or \\x02")
     if msg.keys is not None and not isinstance(msg.keys, (str, list, tuple)):

@@ -429,6 +429,31 @@ def test_a_backlog_of_delayed_messages_goes_out_a_batch_at_a_time(config):
     s.close()
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "1_0", "\uff12", "", " 2"])
+def test_a_delay_property_that_is_no_level_is_refused(store, value):
+    r = store.put(Message(topic="T", body=b"x", properties={"DELAY": value}))
+    assert r.status is PutMessageStatus.MESSAGE_ILLEGAL, r
+
+
+def test_a_delay_property_delays_as_the_field_does(config):
+    """RocketMQ's setDelayTimeLevel is the DELAY property: a Message that carries it
+    (SEND, as SEND_RECORDS always did) waits in SCHEDULE_TOPIC_XXXX."""
+    s = reopen(config)
+    r = s.put(Message(topic="Later", body=b"x", queue_id=0, properties={"DELAY": "2"}))
+    s.dispatch()
+    assert pull_all(s, "Later", 0) == []
+    assert s.deliver_delayed_messages(r.store_timestamp + 5_000) == 1
+    (m,) = pull_all(s, "Later", 0)
+    assert m.body == b"x" and m.delay_level == 0
+    s.close()
+
+
+def test_a_stored_delay_property_that_is_no_level_reads_as_none():
+    from storage.message import parse_delay_property
+    assert [parse_delay_property(v) for v in ("3", "abc", "1_0", "\uff12", None, "")] == \
+        [3, 0, 0, 0, 0, 0]
+
+
 def test_a_delayed_message_the_store_will_never_take_holds_back_nothing(config, caplog):
     """Its queue went away (default_topic_queue_nums came down across a restart): it is
     passed over with an ERROR, and the level's later messages go out."""
