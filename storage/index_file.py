@@ -61,6 +61,7 @@ re-dispatch from the CommitLog; files at or below it are kept as they are.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -75,6 +76,8 @@ from storage.hashing import index_key_hash
 from storage.dir_sync import fsync_creation
 from storage.mapped_file import FILE_OPS, unlink_quietly
 from storage import file_modes
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------- IndexHeader
 BEGIN_TIMESTAMP_POS = 0
@@ -334,12 +337,18 @@ class IndexFile:
             raise CorruptRecordError(self.path, INDEX_COUNT_POS,
                                      f"indexCount {index_count} exceeds index_num "
                                      f"{self.index_num}")
+        if index_count <= 0 < self._hash_slot_count:
+            # a header a kill tore while struct zero-filled it (older versions): every
+            # put counts one in hashSlotCount and one in indexCount, so the count is known
+            index_count = self._hash_slot_count + 1
+            log.warning("%s: indexCount 0 beside %d entries (a torn header): taken as %d",
+                        self.path, self._hash_slot_count, index_count)
         self._index_count = index_count if index_count > 0 else 1
 
     def _write_header(self) -> None:
-        INDEX_HEADER.pack_into(self._buf, 0, self._begin_timestamp, self._end_timestamp,
-                               self._begin_phy_offset, self._end_phy_offset,
-                               self._hash_slot_count, self._index_count)
+        self._buf[:INDEX_HEADER_SIZE] = INDEX_HEADER.pack(
+            self._begin_timestamp, self._end_timestamp, self._begin_phy_offset,
+            self._end_phy_offset, self._hash_slot_count, self._index_count)
 
     # ----------------------------------------------------------------- header
     @property
@@ -391,9 +400,12 @@ class IndexFile:
         self._hash_slot_count += 1
         self._index_count = index_count + 1
         self._end_phy_offset = phy_offset
-        INDEX_HEADER.pack_into(buf, 0, self._begin_timestamp, store_timestamp,
-                               self._begin_phy_offset, phy_offset,
-                               self._hash_slot_count, index_count + 1)
+        # packed first, then copied: struct's pack_into zero-fills the whole header before
+        # it writes the fields, and a kill in between left indexCount 0 on disk, which the
+        # next dispatcher read as an empty file and wrote over every entry
+        buf[:INDEX_HEADER_SIZE] = INDEX_HEADER.pack(
+            self._begin_timestamp, store_timestamp, self._begin_phy_offset, phy_offset,
+            self._hash_slot_count, index_count + 1)
         HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
         self._end_timestamp = store_timestamp   # last: a flush on another thread that
         return True                             # reads it has every byte of this entry

@@ -390,3 +390,52 @@ def test_property_every_put_is_found_and_nothing_else(puts):
         f.close()
         data = pathlib.Path(f.path).read_bytes()
     assert data == refcodec.encode_index_file(slots, entries, puts)
+
+
+def test_a_header_write_never_passes_through_zeros(tmp_path, monkeypatch):
+    """struct's ``pack_into`` zero-fills its whole span before writing the fields, so a
+    kill in between left indexCount 0 (the next dispatcher then wrote over every entry
+    of the file). Headers are packed apart and copied in: the mapping is never seen
+    with a zero count, here watched by failing the pack half way."""
+    import struct
+    from storage import index_file as module
+    f = IndexFile(str(tmp_path / "20240101000000000"), 8, 16, 0, 0)
+    try:
+        for i in range(3):
+            assert f.put_key(f"k{i}", 100 * (i + 1), 1_700_000_000_000 + i)
+        before = bytes(f._buf[:module.INDEX_HEADER_SIZE])
+
+        class Failing:
+            size = module.INDEX_HEADER.size
+
+            def pack_into(self, *args):
+                raise AssertionError("pack_into on the mapping")
+
+            def pack(self, *args):
+                raise struct.error("killed half way")
+
+        monkeypatch.setattr(module, "INDEX_HEADER", Failing())
+        with pytest.raises(struct.error):
+            f.put_key("k3", 400, 1_700_000_000_003)
+        assert bytes(f._buf[:module.INDEX_HEADER_SIZE]) == before
+    finally:
+        monkeypatch.undo()
+        f.close()
+
+
+def test_a_torn_header_with_indexcount_0_is_read_back_from_its_entries(tmp_path):
+    """A header torn by an older version: every entry counted in hashSlotCount too."""
+    from storage.index_file import INDEX_COUNT_POS
+    path = str(tmp_path / "20240101000000000")
+    f = IndexFile(path, 8, 16, 0, 0)
+    for i in range(5):
+        assert f.put_key(f"k{i}", 100 * (i + 1), 1_700_000_000_000 + i)
+    f._buf[INDEX_COUNT_POS:INDEX_COUNT_POS + 4] = bytes(4)
+    f.close()
+    again = IndexFile(path, 8, 16, 0, 0)
+    try:
+        assert again.index_count == 6                  # entries 1..5 kept, not written over
+        assert again.put_key("k5", 600, 1_700_000_000_005)
+        assert [e[2] for e in again.iter_entries()] == [100, 200, 300, 400, 500, 600]
+    finally:
+        again.close()
