@@ -74,8 +74,10 @@ class StoreCheckpoint:
 
     def flush(self) -> None:
         """Write the three timestamps and fdatasync. Raises ``OSError`` on failure."""
-        TIMESTAMPS.pack_into(self.buf, 0, self.physic_msg_timestamp,
-                             self.logics_msg_timestamp, self.index_msg_timestamp)
+        # packed apart and copied in: pack_into zero-fills first, and a kill or a reader
+        # in between would see a time of 0
+        self.buf[:TIMESTAMPS.size] = TIMESTAMPS.pack(
+            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp)
         FILE_OPS.fdatasync(self.fd)
 
     def flush_one(self, field: str) -> None:
@@ -86,7 +88,7 @@ class StoreCheckpoint:
         them from overwriting each other. Raises ``OSError`` on failure.
         """
         pos = {"physic": PHYSIC_POS, "logics": LOGICS_POS, "index": INDEX_POS}[field]
-        _LONG.pack_into(self.buf, pos, getattr(self, f"{field}_msg_timestamp"))
+        self.buf[pos:pos + _LONG.size] = _LONG.pack(getattr(self, f"{field}_msg_timestamp"))
         FILE_OPS.fdatasync(self.fd)
 
     def reload(self) -> None:

@@ -406,7 +406,8 @@ class IndexFile:
         buf[:INDEX_HEADER_SIZE] = INDEX_HEADER.pack(
             self._begin_timestamp, store_timestamp, self._begin_phy_offset, phy_offset,
             self._hash_slot_count, index_count + 1)
-        HASH_SLOT.pack_into(buf, abs_slot_pos, index_count)
+        buf[abs_slot_pos:abs_slot_pos + HASH_SLOT_SIZE] = HASH_SLOT.pack(index_count)  # no
+        # zeroed moment either: a slot read as empty would cut its chain off for good
         self._end_timestamp = store_timestamp   # last: a flush on another thread that
         return True                             # reads it has every byte of this entry
 
