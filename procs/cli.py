@@ -288,7 +288,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if _Parser.json_wanted:
-            print(json.dumps({"error": "usage", "message": message, "exit": EXIT_USAGE}))
+            print(json.dumps(running_commands.failure_doc("usage", message, EXIT_USAGE)))
         super().error(message)
 
 

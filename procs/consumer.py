@@ -11,8 +11,9 @@ Group membership and queue sharing. Each live consumer holds an ``flock`` on its
 member file ``{store}/groups/{group}/{topic}/{member}``; a member file nobody holds
 belongs to a dead consumer and is removed. The directories are group-writable and
 setgid (``file_modes.shared_dir_mode``), the files group-readable, so consumers run by
-other members of the store owner's group share queues with the owner's. The live members, sorted, share the topic's
-queues as RocketMQ's AllocateMessageQueueAveragely does (queue ``q`` goes to member
+other members of the store owner's group share queues with the owner's. The live
+members, sorted, share the topic's queues as RocketMQ's AllocateMessageQueueAveragely
+does (queue ``q`` goes to member
 ``q mod n``), re-checked every ``rebalance_interval_ms``. While membership changes two
 consumers may briefly read the same queue: delivery is at least once, as in RocketMQ.
 

@@ -19,7 +19,7 @@ import tomllib
 from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
 from procs import group_offsets
-from procs.consumer import read_offsets, store_config
+from procs.consumer import check_names, read_offsets, store_config
 from procs.ha_protocol import error_name
 from procs.stats import read_published
 from procs.service import configure_logging
@@ -284,7 +284,7 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     """Print messages of a topic for a consumer group, committing as it goes; with
     ``--follow`` keep waiting for new ones until Ctrl-C."""
     try:
-        group_offsets.check_names(args.group, args.topic)
+        check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "consume", str(e))
     count = 0
@@ -313,7 +313,7 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
     (``procs.group_offsets``; ``--dry-run`` shows where without writing)."""
     try:
         target = None if args.reset_to is None else group_offsets.parse_target(args.reset_to)
-        group_offsets.check_names(args.group, args.topic)
+        check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "offsets", str(e))
     store = config.store_path_root_dir
@@ -331,8 +331,8 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
         print(f"rocketstore offsets: {e}", file=sys.stderr)
         if args.json:
             print(json.dumps({"group": args.group, "topic": args.topic, "queues": rows,
-                              "reset": e.written, "error": "GroupActive",
-                              "message": str(e), "exit": EXIT_FAILED}))
+                              "reset": e.written,
+                              **failure_doc("GroupActive", str(e), EXIT_FAILED)}))
         return EXIT_FAILED
     if args.json:
         print(json.dumps({"group": args.group, "topic": args.topic, "queues": rows,
@@ -412,8 +412,13 @@ def say_failure(args: argparse.Namespace, code: int, message: str, *, error: str
     every failure; returns ``code``."""
     print(f"rocketstore{' ' + command if command else ''}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"error": error, "message": message, "exit": code}))
+        print(json.dumps(failure_doc(error, message, code)))
     return code
+
+
+def failure_doc(error: str, message: str, code: int) -> dict:
+    """What ``--json`` says of a failure, whichever command failed."""
+    return {"error": error, "message": message, "exit": code}
 
 
 def usage_error(args: argparse.Namespace, command: str, message: str) -> int:

@@ -4,10 +4,9 @@
 
 1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml);
 2. raise the soft open-files limit to the hard one (``raise_open_files_limit``: every
-   file mapped for writing holds two descriptors), take the store's ``lock`` (a second ``up`` on
-   the same directory fails at once),
-   recover the files (abnormal recovery when ``abort`` exists) and create the position
-   table from them (``procs.recovery``);
+   file mapped for writing holds two descriptors), take the store's ``lock`` (a second
+   ``up`` on the same directory fails at once), recover the files (abnormal recovery
+   when ``abort`` exists) and create the position table from them (``procs.recovery``);
 3. start the processes by ascending ``priority``, each in a fresh interpreter (spawn),
    and mark the store RUNNING once every one of them has turned its loop;
 4. watch them: a process that exits when it should not is restarted after a back-off
@@ -141,7 +140,8 @@ def _check_process_setting(process: str, key: str, value: Any) -> None:
     elif kind in ("int", "float"):
         numbers = (int,) if kind == "int" else (int, float)
         if isinstance(value, bool) or not isinstance(value, numbers):
-            raise StoreConfigError(f"{where}: must be a{'n integer' if kind == 'int' else ' number'}")
+            raise StoreConfigError(
+                f"{where}: must be {'an integer' if kind == 'int' else 'a number'}")
         if value < 0 or not math.isfinite(value):
             raise StoreConfigError(f"{where}: must be finite and not negative")
     elif key == "stopsignal":
@@ -171,9 +171,10 @@ def raise_open_files_limit() -> None:
     processes inherit), saying so in the log.
 
     Every store file mapped for writing holds two descriptors, the store's (to flush
-    it) and the one the mapping keeps (Python's mmap duplicates it). The dispatcher maps every consume-queue and
-    index file, so a store of a thousand queues needs some thousands: past the soft
-    limit (often 1024) it stops with EMFILE, and every put is refused."""
+    it) and the one the mapping keeps (Python's mmap duplicates it). The dispatcher
+    maps every consume-queue and index file, so a store of a thousand queues needs some
+    thousands: past the soft limit (often 1024) it stops with EMFILE, and every put is
+    refused."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard
     if hard == resource.RLIM_INFINITY:

@@ -188,7 +188,8 @@ class Message:
         """The delay level asked for: the field, or else a ``DELAY`` property (RocketMQ's
         ``setDelayTimeLevel`` is that property); 0 for none or one that is no level
         (``validation`` refuses those first)."""
-        return self.delay_level or parse_delay_property(self.properties.get(PROPERTY_DELAY_TIME_LEVEL))
+        return self.delay_level or \
+            parse_delay_property(self.properties.get(PROPERTY_DELAY_TIME_LEVEL))
 
     def all_properties(self) -> dict[str, str]:
         """The properties as they will be stored: user properties plus TAGS/KEYS/DELAY."""
@@ -206,6 +207,14 @@ class Message:
 
 
 DELAY_PROPERTY = re.compile(r"[0-9]{1,9}")     # ASCII digits: int() takes "1_0" and "２"
+
+
+def delay_property_refusal(value: str) -> str | None:
+    """Why a ``DELAY`` property cannot be stored (None when it is a level)."""
+    if DELAY_PROPERTY.fullmatch(value):
+        return None
+    return (f"property {PROPERTY_DELAY_TIME_LEVEL} is the delay level, a decimal number, "
+            f"not {value!r}")
 
 
 def parse_delay_property(value: str | None) -> int:

@@ -66,11 +66,11 @@ import numpy as np
 from storage import record
 from storage.config import StoreConfig
 from storage.message import (
-    BORNHOST_V6_FLAG, DELAY_PROPERTY, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
+    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
     PROPERTY_TAGS,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_WAIT_STORE_MSG_OK, STOREHOSTADDRESS_V6_FLAG, Message,
     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, encode_host,
-    encode_properties, host_is_v6)
+    delay_property_refusal, encode_properties, host_is_v6)
 from storage.status import PutMessageStatus
 from storage.validation import check_topic
 
@@ -770,9 +770,9 @@ def _as_message(data, start: int, size: int, index: int) -> Message | tuple:
     wait = props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true") != "false"
     props.pop(PROPERTY_PRODUCER_ID, None)       # the writer stamps the identity again
     props.pop(PROPERTY_PRODUCER_SEQUENCE, None)
-    if not DELAY_PROPERTY.fullmatch(delay):
-        return (_ILLEGAL, f"record {index}: property {PROPERTY_DELAY_TIME_LEVEL} is the "
-                          f"delay level, a decimal number, not {delay!r}")
+    refusal = delay_property_refusal(delay)
+    if refusal:
+        return (_ILLEGAL, f"record {index}: {refusal}")
     delay_level = int(delay)
     return Message(ext.topic, ext.body, tags, keys.split(" ") if keys else None, props,
                    None if ext.queue_id == -1 else ext.queue_id, ext.flag,

@@ -23,8 +23,9 @@ questions about those bytes need answers of their own:
 - *Which of a slave's bytes came from a master?* Those from ``followed_from`` on
   (``config/haFollowedFrom.json``): a store's writer notes its WRITTEN there when it
   starts as a SLAVE, unless a lower offset is noted already (``note_following``), and
-  forgets it when it starts as a master (its bytes are its own from then on). Bytes a SYNC_MASTER sent may have been acknowledged on the slave's word: a slave
-  never cuts those (``procs.replica``).
+  forgets it when it starts as a master (its bytes are its own from then on). Bytes a
+  SYNC_MASTER sent may have been acknowledged on the slave's word: a slave never cuts
+  those (``procs.replica``).
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ import re
 
 from storage.config import StoreConfig
 from storage.message import (
-    DELAY_PROPERTY, KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
-    PROPERTY_PRODUCER_SEQUENCE, Message)
+    KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQUENCE, Message, delay_property_refusal)
 from storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
 from storage.status import PutMessageStatus
 
@@ -109,9 +109,9 @@ def _check_properties(msg: Message) -> Refusal | None:
         if _has_reserved(name) or _has_reserved(value):
             return _illegal(f"property {name!r} holds a reserved byte (\\x00, \\x01 or \\x02)")
     delay = msg.properties.get(PROPERTY_DELAY_TIME_LEVEL)
-    if delay is not None and not DELAY_PROPERTY.fullmatch(delay):
-        return _illegal(f"property {PROPERTY_DELAY_TIME_LEVEL} is the delay level, a "
-                        f"decimal number, not {delay!r}")
+    refusal = None if delay is None else delay_property_refusal(delay)
+    if refusal:
+        return _illegal(refusal)
     if msg.tags is not None and (not isinstance(msg.tags, str) or _has_reserved(msg.tags)):
         return _illegal("tags must be a str without \\x00, \\x01 or \\x02")
     if msg.keys is not None and not isinstance(msg.keys, (str, list, tuple)):
