@@ -461,8 +461,24 @@ def test_a_reset_target_without_a_zone_is_local_time():
 
 
 # ------------------------------------------------------------------ a group's users
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="running a consumer as another user needs root and setpriv")
+def _reachable_by_the_group(path: str) -> bool:
+    """Whether a member of this process's group who is not its user can reach ``path``
+    (every directory on the way searchable by that group or by others)."""
+    path = os.path.realpath(path)
+    while True:
+        st = os.stat(path)
+        if not (st.st_mode & 0o001 or (st.st_gid == os.getgid() and st.st_mode & 0o010)):
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
+                    or not all(_reachable_by_the_group(p) for p in (ROOT, sys.prefix)),
+                    reason="running a consumer as another user needs root, setpriv, and "
+                           "the code and its interpreter where the group can reach them")
 def test_a_consumer_run_by_another_member_of_the_owners_group_consumes_and_commits():
     """OPERATIONS "Who can read the files": a member of the store owner's group maps the
     files, reads the position table, joins the consumer group (its membership beside the
