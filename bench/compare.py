@@ -12,6 +12,9 @@ same messages: 128-byte bodies, a tag and a key each.
     consume, one process                  Consumer.poll(512), each        XREAD COUNT 1000, each
                                           body's length read              body's length read
     one-at-a-time send                    Producer.send, each waits       XADD, each waits
+      its floor                           a bare ZeroMQ DEALER/ROUTER echo
+                                          of a SEND-sized frame between two
+                                          Python processes (no store work)
     send -> visible p99, 4,000 msgs/s     frames of 20, a Consumer in     (not measured)
                                           another process; measured once
                                           right after the ingest and once
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import pathlib
 import shutil
@@ -40,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,6 +78,7 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                 settled = bench.latency(store, flush)
                 out["latency p99 ms"], out["latency p50 ms"] = settled["p99_ms"], settled["p50_ms"]
                 out["one-at-a-time"] = one_at_a_time(store.store_dir, args.seconds)
+                out["zeromq echo"] = zeromq_echo(root, args.seconds)
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
                 out["consume"] = bench.consume(store, "Consume", stored, 512, True)["msgs_s"]
         finally:
@@ -125,6 +132,50 @@ def one_at_a_time(store_dir: str, seconds: float) -> float:
             p.send("OneByOne", BODY, tags="TagA", keys=[f"k{n}"])
             n += 1
         return n / (time.perf_counter() - t0)
+
+
+def _echo(endpoint: str) -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    while True:
+        parts = router.recv_multipart()
+        if parts[-1] == b"stop":
+            break
+        router.send_multipart(parts)
+    ctx.destroy(0)
+
+
+def zeromq_echo(root: str, seconds: float) -> float:
+    """Round trips a second of a bare DEALER -> ROUTER -> DEALER echo of a 200-byte
+    frame (a one-message SEND is about that) between two Python processes over ipc://:
+    what any one-at-a-time send through pyzmq can reach on this machine, store work
+    aside."""
+    endpoint = f"ipc://{os.path.abspath(root)}/echo.sock"
+    proc = multiprocessing.get_context("spawn").Process(target=_echo, args=(endpoint,))
+    proc.start()
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    frame = b"x" * 200
+    try:
+        for _ in range(200):                # connected, both sides warm
+            dealer.send(frame)
+            dealer.recv()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            dealer.send(frame)
+            dealer.recv()
+            n += 1
+        rate = n / (time.perf_counter() - t0)
+        dealer.send(b"stop")
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        dealer.close(0)
+        ctx.term()
+    return rate
 
 
 # ============================================================================ Redis
@@ -239,8 +290,9 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
         theirs = [rd[name] for _, rd in rounds if name in rd]
         ratios = [rs[name] / rd[name] for rs, rd in rounds if name in rs and rd.get(name)]
         out[name] = {"rocketstore": mine, "redis": theirs, "ratio": ratios}
-    for key in ("latency p99 ms", "latency p50 ms", "latency p99 ms, right after",
-                "flush settle s", "pool ingest ASYNC_FLUSH", "pool latency p99 ms"):
+    for key in ("zeromq echo", "latency p99 ms", "latency p50 ms",
+                "latency p99 ms, right after", "flush settle s", "pool ingest ASYNC_FLUSH",
+                "pool latency p99 ms"):
         out[key] = [rs[key] for rs, _ in rounds if key in rs]
     for key in ("cpu_us_per_msg", "pool cpu_us_per_msg"):
         names = dict.fromkeys(n for rs, _ in rounds for n in rs.get(key, {}))
@@ -260,6 +312,9 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
         ratio = _spread(row["ratio"], ".2f") + "x" if row["ratio"] else "-"
         print(f"{name + ' (msgs/s)':<28} {mine:>31} {theirs:>27} {ratio:>18} "
               f"{GOALS[name]:>4}x")
+        if name == "one-at-a-time" and s["zeromq echo"]:
+            print(f"  (its floor, a bare ZeroMQ DEALER/ROUTER echo between two Python "
+                  f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s)")
     print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
           f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms)")
     print(f"  (right after the ingest, while its {_spread(s['flush settle s'], '.1f')} s of "
