@@ -507,6 +507,26 @@ class IndexFile:
                                   self._index_count, index_key_hash(key), max_num,
                                   begin_ms, end_ms)
 
+    def holds_newest(self, key_hash: int, phy_offset: int) -> bool:
+        """Whether an entry ``key_hash -> phy_offset`` is among the newest of its slot's
+        chain: those for ``phy_offset``, the last record put (``endPhyOffset``), head
+        every chain they are in. Re-dispatch after a start passes that record again, and
+        puts only the keys this says are missing (a kill may have come between two of its
+        keys)."""
+        buf = self._check_open()
+        count = self._index_count
+        entry = HASH_SLOT.unpack_from(
+            buf, INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE)[0]
+        while INVALID_INDEX < entry < count:
+            their_hash, their_phy, _, prev = INDEX_ENTRY.unpack_from(
+                buf, self._index_base + entry * INDEX_SIZE)
+            if their_phy != phy_offset:
+                return False
+            if their_hash == key_hash:
+                return True
+            entry = prev if prev < entry else INVALID_INDEX
+        return False
+
     def first_entry_at_or_after(self, phy_offset: int) -> int:
         """The number of the first entry whose phyOffset >= ``phy_offset`` (indexCount
         when none): entries are written in CommitLog order, so a binary search."""

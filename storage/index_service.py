@@ -48,7 +48,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from storage.errors import StoreError
-from storage.hashing import index_key_hashes
+from storage.hashing import index_key_hash, index_key_hashes
 from storage.index_file import (
     IndexFile, human_string_to_time_millis, time_millis_to_human_string)
 from storage.mapped_file import now_ms, unlink_quietly
@@ -160,7 +160,10 @@ class IndexService:
         ``commit_log_offset``.
 
         Skips (returning True) a message below the last file's endPhyOffset (already
-        indexed: re-dispatch after recovery) and ROLLBACK messages. Rolls to a new file
+        indexed: re-dispatch after recovery) and ROLLBACK messages. Of the message at
+        endPhyOffset (the last one put, which re-dispatch passes again) it puts only the
+        keys not there yet (``_held``): every start would otherwise add its keys once
+        more. Rolls to a new file
         whenever the last one is full. Returns False only when no index file could be
         created (the caller stops building the index and marks the store's index
         error). Raises ``OSError`` when flushing a full file fails.
@@ -173,20 +176,18 @@ class IndexService:
             return True
         if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
             return True
-        if uniq_key is not None:
-            index_file = self._put_key(index_file, topic + "#" + uniq_key,
-                                       commit_log_offset, store_timestamp)
-            if index_file is None:
-                log.error("putKey error commitlog %d uniqkey %s", commit_log_offset, uniq_key)
-                return False
+        again = commit_log_offset == index_file.end_phy_offset   # the last record put
+        names = [] if uniq_key is None else [uniq_key]
         if keys:
-            for key in keys.split(KEY_SEPARATOR):
-                if key:
-                    index_file = self._put_key(index_file, topic + "#" + key,
-                                               commit_log_offset, store_timestamp)
-                    if index_file is None:
-                        log.error("putKey error commitlog %d key %s", commit_log_offset, key)
-                        return False
+            names += [key for key in keys.split(KEY_SEPARATOR) if key]
+        for name in names:
+            key = topic + "#" + name
+            if again and self._held(index_key_hash(key), commit_log_offset):
+                continue
+            index_file = self._put_key(index_file, key, commit_log_offset, store_timestamp)
+            if index_file is None:
+                log.error("putKey error commitlog %d key %s", commit_log_offset, name)
+                return False
         return True
 
     def build_index_run(self, topics: Sequence[str], phy_offsets: np.ndarray,
@@ -208,6 +209,13 @@ class IndexService:
         hashes = index_key_hashes(names)
         owner = np.asarray(owners, np.int64)
         phys, stamps = phy_offsets[owner], store_timestamps[owner]
+        again = np.flatnonzero(phys == index_file.end_phy_offset)    # the last record put
+        if len(again):
+            held = [i for i in again.tolist() if self._held(int(hashes[i]), int(phys[i]))]
+            if held:
+                hashes, phys, stamps = (np.delete(a, held) for a in (hashes, phys, stamps))
+                if not len(hashes):
+                    return True
         done = 0
         while True:
             done += index_file.put_entries(hashes[done:], phys[done:], stamps[done:])
@@ -219,6 +227,17 @@ class IndexService:
             if index_file is None:
                 log.error("putKey error commitlog %d", int(phys[done]))
                 return False
+
+    def _held(self, key_hash: int, phy_offset: int) -> bool:
+        """Whether the record at ``phy_offset``, the last one put, has an entry for
+        ``key_hash``: in the last file, or in the files before it that end with that
+        record (its keys may have filled one file and gone on in the next)."""
+        for f in reversed(self._files):
+            if f.end_phy_offset != phy_offset:
+                return False
+            if f.holds_newest(key_hash, phy_offset):
+                return True
+        return False
 
     def _put_key(self, index_file: IndexFile, key: str, commit_log_offset: int,
                  store_timestamp: int) -> IndexFile | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 
+import numpy as np
 import pytest
 
 from conftest import refuse_space
@@ -91,6 +92,59 @@ def test_offset_below_end_phy_offset_is_skipped(service):
     assert service.build_index("T", 50, T0 + 5000, NOT, None, "K")
     assert f.index_count == 3                  # nothing added
     assert service.query_offset("T", "K", 64, *WHOLE).phy_offsets == [100, 0]
+
+
+def _entries(s: IndexService) -> list[tuple]:
+    return [e[1:3] for f in s.files for e in f.iter_entries()]
+
+
+def _run(s: IndexService, offsets: list[int], uniq: list, keys: list) -> bool:
+    """``build_index_run`` over messages of topic T at ``offsets``."""
+    n = len(offsets)
+    return s.build_index_run(["T"] * n, np.asarray(offsets, np.int64),
+                             np.asarray([T0 + o for o in offsets], np.int64),
+                             np.zeros(n, np.int64), uniq, keys)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+@pytest.mark.parametrize("keys", ["b", "b c"])      # 3 entries fill a file; 4 go on
+def test_the_last_record_passed_again_adds_no_entry(service, index_dir, bulk, keys):
+    """Re-dispatch after every start passes the record at endPhyOffset again: its keys
+    are there already (in one file, or over two when they filled one), so nothing is
+    added (each start used to add them once more)."""
+    assert service.build_index("T", 0, T0, NOT, None, "a")
+    assert service.build_index("T", 100, T0, NOT, "U1", keys)
+    before = _entries(service)
+    service.close()
+    s = reopen(index_dir)
+    try:
+        if bulk:
+            assert _run(s, [100, 200], [b"U1", None], [keys.encode(), b"d"])
+        else:
+            assert s.build_index("T", 100, T0, NOT, "U1", keys)
+            assert s.build_index("T", 200, T0, NOT, None, "d")
+        after = _entries(s)
+        assert after[:len(before)] == before and [p for _, p in after[len(before):]] == [200]
+        for key in ["U1"] + keys.split():
+            assert s.query_offset("T", key, 64, *WHOLE).phy_offsets == [100]
+        assert s.query_offset("T", "d", 64, *WHOLE).phy_offsets == [200]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_key_the_last_record_lacks_is_put_when_it_is_passed_again(service, bulk):
+    """A kill between two keys of one record leaves the first indexed and the second
+    not: passing the record again puts the second only."""
+    assert service.build_index("T", 0, T0, NOT, None, "a")
+    assert service.build_index("T", 100, T0, NOT, None, "b")     # "c" never came
+    if bulk:
+        assert _run(service, [100], [None], [b"b c"])
+    else:
+        assert service.build_index("T", 100, T0, NOT, None, "b c")
+    assert [phy for _, phy in _entries(service)] == [0, 100, 100]
+    assert service.query_offset("T", "b", 64, *WHOLE).phy_offsets == [100]
+    assert service.query_offset("T", "c", 64, *WHOLE).phy_offsets == [100]
 
 
 def test_roll_over_to_new_files(service):
@@ -243,11 +297,11 @@ def test_abnormal_load_destroys_files_newer_than_the_checkpoint(service, index_d
     assert sorted(os.listdir(index_dir)) == names[:2]
     assert s.durable_timestamp == checkpoint_ms
     # re-dispatch from the start: what is kept is skipped, the rest is rebuilt. As in
-    # RocketMQ the guard is "offset < endPhyOffset", so the message *at* endPhyOffset
-    # (500) is indexed a second time; callers drop duplicate offsets.
+    # RocketMQ the guard is "offset < endPhyOffset"; the message *at* endPhyOffset (500)
+    # is passed too, and its key, found there, is not put a second time
     build(s, 10)
     found = s.query_offset("T", "K", 64, *WHOLE).phy_offsets
-    assert found == [900, 800, 700, 600, 500, 500, 400, 300, 200, 100, 0]
+    assert found == [900, 800, 700, 600, 500, 400, 300, 200, 100, 0]
     s.close()
 
 

@@ -99,6 +99,21 @@ def test_put_continues_after_reopen(config):
     s.close()
 
 
+def test_clean_reopens_and_checks_add_no_index_entry(config):
+    """Each start passes the last indexed message again; its keys are not put again
+    (every load and every check used to add them once more)."""
+    s = reopen(config)
+    s.put_batch([msg(i, queue_id=1) for i in range(5)])
+    s.close()
+    counts = []
+    for _ in range(3):
+        s = reopen(config)
+        assert s.check() == []
+        counts.append(sum(1 for f in s.index_service.files for _ in f.iter_entries()))
+        s.close()
+    assert counts[0] > 0 and counts == [counts[0]] * 3
+
+
 def test_long_topic_uses_v2_layout(store):
     topic = "T" * 200
     r = store.put(Message(topic=topic, body=b"x", queue_id=0))
