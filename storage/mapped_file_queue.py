@@ -40,7 +40,7 @@ from storage.errors import StoreFileError
 from storage.mapped_file import (
     INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, now_ms,
     offset_to_file_name)
-from storage import file_modes
+from storage import file_modes, record
 
 if TYPE_CHECKING:
     from storage.allocate import AllocateMappedFileService
@@ -481,16 +481,21 @@ def _memlock_limit() -> str:
 
 
 def _quarantine_tail(mf: MappedFile, pos: int, quarantine_dir: str) -> None:
-    """Copy every region of ``mf`` after ``pos`` that holds a non-zero byte to
-    ``{name}.from-{region start}``."""
+    """Copy every region of ``mf`` after ``pos`` (a CommitLog's: a record starts at
+    ``pos``) that holds a non-zero byte to ``{name}.from-{region start}``: up to its last
+    non-zero byte, and on to the end of the record that holds it where the region
+    starts at ``pos`` (a record may end in zeros)."""
     for start, end in data_regions(mf.fd, pos, mf.file_size):
         data = mf.buf[start:end]
         if data.count(0) == len(data):
             continue
+        kept = len(data.rstrip(b"\0"))
+        if start == pos:
+            kept = record.chain_end(data, kept)
         file_modes.make_dirs(quarantine_dir)
         dest = os.path.join(quarantine_dir, f"{mf.file_name}.from-{start}")
         with os.fdopen(file_modes.create(dest, os.O_WRONLY | os.O_TRUNC), "wb") as f:
-            f.write(data.rstrip(b"\0"))
+            f.write(data[:kept])
             os.fsync(f.fileno())
         log.warning("recovery cut %s at %d; the bytes from %d are kept in %s",
                     mf.path, pos, start, dest)

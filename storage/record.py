@@ -309,6 +309,21 @@ def check_message_and_return_size(buf, pos: int, limit: int, expected_offset: in
                            _property(props_raw, b"UNIQ_KEY\x01"), sys_flag, prepared)
 
 
+def chain_end(buf, least: int) -> int:
+    """Where the TOTALSIZE chain of records from ``buf``'s start ends, once at or past
+    ``least`` (never less than ``least``): each step must open with a message magic code
+    and fit in ``buf``. For bytes whose last non-zero byte is at ``least - 1``: a record
+    may end in zeros (PROPERTIESLENGTH 0, say), which these bytes must keep."""
+    pos, limit = 0, len(buf)
+    while pos < least and pos + 8 <= limit:
+        total, magic = SIZE_MAGIC.unpack_from(buf, pos)
+        if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) or total <= HEAD.size \
+                or pos + total > limit:
+            break
+        pos += total
+    return max(pos, least)
+
+
 def properties_at(buf, pos: int) -> bytes:
     """The raw PROPERTIES of the record at ``pos``, found through its length fields
     without decoding the rest. The record must already have passed

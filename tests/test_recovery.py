@@ -958,6 +958,34 @@ def test_cut_data_is_quarantined_not_destroyed(tmp_path):
         assert f.read(4) == victim.wrote_bytes.to_bytes(4, "big")
 
 
+def test_a_quarantined_tail_is_the_cut_bytes_exactly(tmp_path):
+    """The copy kept of a cut tail is every byte cut, those of its last record
+    included: a record without properties ends in PROPERTIESLENGTH 0, two zero bytes
+    that trimming the zeros after the data took away."""
+    cfg = small_config(str(tmp_path / "store"))
+    with reopen(cfg) as s:
+        rs = s.put_batch([Message(topic="Bare", body=b"body%d" % i, queue_id=0)
+                          for i in range(10)])
+    end = rs[-1].wrote_offset + rs[-1].wrote_bytes
+    with open(file_path(cfg, 0), "rb") as f:
+        assert f.read()[end - 2:end] == b"\0\0"      # the last record ends in zeros
+    victim = rs[3].wrote_offset
+    overwrite_at = victim + rs[3].wrote_bytes - 8   # the body's last byte (before the
+    # topic's length and 4 bytes, and PROPERTIESLENGTH): the CRC fails
+    with open(file_path(cfg, 0), "r+b") as f:
+        f.seek(overwrite_at)
+        f.write(bytes([f.read(1)[0] ^ 0xFF]))
+        f.seek(victim)
+        cut = f.read(end - victim)
+    with reopen(cfg) as s:
+        assert s.commit_log.get_max_offset() == victim
+    [kept] = [os.path.join(root, n) for root, _, names in
+              os.walk(os.path.join(cfg.store_path_root_dir, "quarantine")) for n in names]
+    assert kept.endswith(f"{0:020d}.from-{victim}")
+    with open(kept, "rb") as f:
+        assert f.read() == cut
+
+
 # ============================================================================ torn units
 @pytest.mark.parametrize("kept", [12, 14, 19])
 def test_a_unit_torn_by_a_kill_is_written_again(tmp_path, kept):
