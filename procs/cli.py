@@ -101,16 +101,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
                                        args.limit)
     else:
         items = dumping.describe_checkpoint(args.path)
-    _print_items(items, args.json)
-    return EXIT_OK
+    damaged = _print_items(items, args.json)
+    return EXIT_FAILED if damaged else EXIT_OK
 
 
-def _print_items(items: Iterable[dict], as_json: bool) -> None:
+def _print_items(items: Iterable[dict], as_json: bool) -> bool:
+    """Print each item; whether one said the file holds a bad record."""
+    damaged = False
     for item in items:
+        damaged = damaged or "bad_record_at" in item
         if as_json:
             print(json.dumps(item, default=str))
         else:
             print(_format_item(item))
+    return damaged
 
 
 def _format_item(item: dict) -> str:

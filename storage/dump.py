@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 from typing import Iterator
 
 from storage import checkpoint as checkpoint_codec
@@ -21,9 +22,17 @@ from storage import index_file
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint")
 
 
+_QUARANTINED = re.compile(r"(\d+)\.from-(\d+)")
+
+
 def _file_offset(path: str) -> int:
+    """The offset a file's first byte has in its queue: its name, or for a tail recovery
+    kept in quarantine/ (``NAME.from-N``) its file's name plus ``N``; 0 for other names."""
     name = os.path.basename(path)
-    return int(name) if name.isdigit() else 0
+    if name.isdigit():
+        return int(name)
+    kept = _QUARANTINED.fullmatch(name)
+    return int(kept[1]) + int(kept[2]) if kept else 0
 
 
 @contextlib.contextmanager
@@ -54,26 +63,53 @@ def detect_kind(path: str) -> str:
 
 
 def describe_commit_log(path: str, limit: int | None = None) -> Iterator[dict]:
-    """Every record of a CommitLog file, then a summary ``{"end", "blank", "records"}``."""
+    """Every record of a CommitLog file, then a summary ``{"end", "blank", "records"}``.
+
+    The walk ends at the first place that holds no record. Where bytes other than zeros
+    lie there (a damaged record, not the end of the data), the summary also says
+    ``bad_record_at`` (its position in the file) and ``why``: the records after it are
+    not shown, and recovery would cut the CommitLog there."""
     with _mapped(path) as data:
         yield from _walk_commit_log(path, data, limit)
 
 
 def _walk_commit_log(path: str, data, limit: int | None) -> Iterator[dict]:
     base = _file_offset(path)
-    pos, count, blank = 0, 0, None
-    while pos + 8 <= len(data) and (limit is None or count < limit):
+    pos, count, blank, bad = 0, 0, None, {}
+    while pos < len(data) and (limit is None or count < limit):
         req = record.check_message_and_return_size(data, pos, len(data), base + pos, True)
         if req.success and req.msg_size == 0:
             blank = len(data) - pos
             break
         if not req.success:
+            if data[pos:].count(0) != len(data) - pos:
+                bad = {"bad_record_at": pos, "why": _why_no_record(data, pos, base + pos)}
             break
         yield {"kind": "message", "position": pos, **record.decode_at(data, pos).to_dict()}
         pos += req.msg_size
         count += 1
     yield {"kind": "summary", "file": path, "records": count, "end": pos, "blank": blank,
-           "file_size": len(data)}
+           "file_size": len(data), **bad}
+
+
+def _why_no_record(data, pos: int, offset: int) -> str:
+    """Why the bytes at ``pos`` (CommitLog offset ``offset``), not all zeros, are no
+    record: the first check of ``record.check_message_and_return_size`` they fail."""
+    if pos + 8 > len(data):
+        return f"{len(data) - pos} bytes, too few for a record's TOTALSIZE and MAGICCODE"
+    total, magic = record.SIZE_MAGIC.unpack_from(data, pos)
+    if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2):
+        return f"MAGICCODE {magic:#010x} is no message's"
+    if total <= record.HEAD.size or pos + total > len(data):
+        return f"TOTALSIZE {total} does not fit the {len(data) - pos} bytes left"
+    physical = record.HEAD.unpack_from(data, pos)[6]
+    if physical != offset:
+        return f"PHYSICALOFFSET {physical}, where this record lies at {offset}"
+    try:
+        record.decode_at(data, pos, check_crc=True)
+    except record.RecordFormatError as e:
+        return str(e)
+    return "the record's fields do not hold together"
 
 
 def describe_consume_queue(path: str, limit: int | None = None) -> Iterator[dict]:

@@ -150,6 +150,47 @@ def test_dump_commit_log_text_json_and_limit(demo_store):
     assert items[-1]["records"] == 3
 
 
+def _flip(path: str, pos: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def test_dump_names_a_damaged_record_and_reads_a_quarantined_tail(tmp_path):
+    """A flipped body byte in the middle: dump shows the records before it, names the
+    bad one (exit 1) instead of ending as if the data did. Recovery then cuts there and
+    keeps the tail as ``NAME.from-N``, which dump reads at its true offsets."""
+    from conftest import reopen, small_config
+    cfg = small_config(str(tmp_path / "store"))
+    with reopen(cfg) as s:
+        rs = s.put_batch([Message(topic="T", body=b"body%d" % i, keys=[f"k{i}"], queue_id=0)
+                          for i in range(10)])
+    path = os.path.join(cfg.commit_log_dir, ZERO_NAME)
+    with open(path, "rb") as f:
+        body_at = f.read().index(b"body3", rs[3].wrote_offset)
+    _flip(path, body_at)
+    r = run("dump", path, "--json")
+    assert r.returncode == 1, r.stderr
+    *msgs, summary = json_lines(r.stdout)
+    assert len(msgs) == 3 and summary["records"] == 3
+    assert summary["bad_record_at"] == rs[3].wrote_offset
+    assert "CRC" in summary["why"]
+    assert "bad_record_at=" in run("dump", path).stdout
+    with reopen(cfg):
+        pass                                      # recovery cuts at message 3
+    [kept] = [os.path.join(root, n) for root, _, names in
+              os.walk(os.path.join(cfg.store_path_root_dir, "quarantine")) for n in names]
+    _flip(kept, body_at - rs[3].wrote_offset)    # undone: seven good records
+    r = run("dump", kept, "--json")
+    assert r.returncode == 0, r.stderr
+    *msgs, summary = json_lines(r.stdout)
+    assert [m["commit_log_offset"] for m in msgs] == [x.wrote_offset for x in rs[3:]]
+    assert [m["keys"] for m in msgs] == [[f"k{i}"] for i in range(3, 10)]
+    assert "bad_record_at" not in summary
+
+
 def test_dump_consume_queue(demo_store):
     d = demo_store[0]
     path = os.path.join(d, "consumequeue", "DemoTopic", "0", ZERO_NAME)
