@@ -134,10 +134,15 @@ def _check_index(store, records: dict, report: _Report) -> None:
     min_phy = store.commit_log.get_min_offset()
     entries: set[tuple[int, int]] = set()
     for f in store.index_service.files:
+        reached = f.reachable()
         for entry_no, key_hash, phy, _, _ in f.iter_entries():
-            entries.add((phy, key_hash))
             if phy < min_phy:
                 continue
+            if reached[entry_no]:
+                entries.add((phy, key_hash))
+            else:
+                report.add(f"index {f.file_name} entry {entry_no} (offset {phy}): no query "
+                           "reaches it (its slot's chain does not lead there)")
             req = records.get(phy)
             if req is None:
                 report.add(f"index {f.file_name} entry {entry_no}: offset {phy} is not a "

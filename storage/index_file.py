@@ -599,6 +599,31 @@ class IndexFile:
                 yield (entry_no, *fields)
                 entry_no += 1
 
+    def reachable(self) -> np.ndarray:
+        """Which entries (a mask over ``0 .. indexCount - 1``) a query can reach: walked
+        from their slot as ``select_phy_offsets`` walks (a head inside the file, links
+        that point backwards, no negative timeDiff), and in the slot their hash names.
+        An entry no query reaches is a key lost to a damaged slot or link (for checks)."""
+        buf = self._check_open()
+        count, slots_n = self._index_count, self.hash_slot_num
+        view = np.frombuffer(buf, _SLOT_DTYPE, slots_n, INDEX_HEADER_SIZE)
+        slots = view.astype(np.int32)         # native order, 4 bytes: a full file's
+        view = np.frombuffer(buf, _ENTRY_DTYPE, count, self._index_base)   # 20 M entries
+        key_hash, time_diff, prev = (view[name].astype(np.int32)
+                                     for name in ("key_hash", "time_diff", "pre_index_no"))
+        del view                              # no export of the mapping outlives this
+        reached = np.zeros(count, bool)
+        slot = np.flatnonzero((slots > INVALID_INDEX) & (slots < count))
+        entry = slots[slot]
+        while len(entry):                     # a step down every chain at once
+            live = time_diff[entry] >= 0
+            entry, slot = entry[live], slot[live]
+            reached[entry[key_hash[entry] % slots_n == slot]] = True
+            after = prev[entry]
+            on = (after > INVALID_INDEX) & (after < entry)
+            entry, slot = after[on], slot[on]
+        return reached
+
     def slot_value(self, slot: int) -> int:
         """The raw int in hash slot ``slot`` (for consistency checks)."""
         if self._buf is None:

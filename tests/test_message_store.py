@@ -114,6 +114,40 @@ def test_clean_reopens_and_checks_add_no_index_entry(config):
     assert counts[0] > 0 and counts == [counts[0]] * 3
 
 
+@pytest.mark.parametrize("damage", ["slot", "link"])
+def test_check_names_keys_no_query_reaches(config, damage):
+    """A zeroed hash slot, or a link that points forwards, loses keys to every query;
+    check walks the chains as queries do and names the entries cut off and the keys."""
+    from storage.index_file import (
+        HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, PRE_INDEX_NO_POS)
+    s = reopen(config)
+    s.put_batch([msg(i, queue_id=0) for i in range(40)])
+    s.dispatch()
+    [f] = s.index_service.files
+    entries = list(f.iter_entries())
+    # an entry with an older one behind it in its chain
+    no, key_hash, phy, _, prev = next(e for e in entries if e[4] > 0)
+    path, slots = f.path, f.hash_slot_num
+    s.close()
+    with open(path, "r+b") as out:
+        if damage == "slot":
+            out.seek(INDEX_HEADER_SIZE + key_hash % slots * HASH_SLOT_SIZE)
+            out.write(bytes(4))
+        else:
+            out.seek(INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE + no * INDEX_SIZE
+                     + PRE_INDEX_NO_POS)
+            out.write((no + 1).to_bytes(4, "big"))
+    s = reopen(config)
+    try:
+        problems = s.check()
+        lost = [e for e in entries if f"entry {e[0]} (offset {e[2]}): no query" in
+                " ".join(problems)]
+        assert lost and (prev in [e[0] for e in lost])
+        assert all(f"commitlog offset {e[2]}: key" in " ".join(problems) for e in lost)
+    finally:
+        s.close()
+
+
 def test_long_topic_uses_v2_layout(store):
     topic = "T" * 200
     r = store.put(Message(topic=topic, body=b"x", queue_id=0))
