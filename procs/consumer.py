@@ -22,10 +22,19 @@ RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 42}}}``, merged under 
 flock with what other consumers wrote. A queue without a committed offset starts at
 ``from_where``: ``"earliest"`` (the default) or ``"latest"``.
 
+Queues that move. ``commit`` looks at the membership first and writes only the queues
+this member still owns: a queue that went to another member may have moved on there
+(Kafka fences such a commit). A queue that goes away is handed over: its position is
+written unless the group's committed offset is already past it (RocketMQ persists a
+dropped queue's offset), so its new owner neither reads it again from an older commit
+nor, ``from_where="latest"``, skips to the end past what was not read.
+
 Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
 COMMIT takes no other): both become directory names, so anything else raises
-``ValueError`` before anything is opened. After ``close`` (idempotent), ``poll`` and
-``commit`` raise ``StoreClosedError``.
+``ValueError`` before anything is opened. After ``close`` (idempotent) every call but
+``close`` raises ``StoreClosedError``. One consumer may be used from several threads:
+its calls take turns, and a ``close`` from another thread ends a waiting ``poll``
+(which returns what it has, or nothing) within 200 ms.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 import uuid
 
@@ -69,7 +79,8 @@ class Consumer:
         self.from_where = from_where
         self.tags = tags
         self.rebalance_interval_ms = rebalance_interval_ms
-        self._closed = False
+        self._closed = self._closing = False
+        self._lock = threading.RLock()       # one call at a time: one socket, one view
         self.reader = self.context = self._wakeups = self._member = None
         self.table = PositionTable.attach(store_dir)
         try:
@@ -91,17 +102,16 @@ class Consumer:
     def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
         """Up to ``max_msgs`` messages from this consumer's queues, waiting at most
         ``timeout_ms`` for the first one."""
-        self._check_open()
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            self._rebalance_if_due()
-            found = self._pull_once(max_msgs)
-            if found:
-                return found
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                return []
-            self._wakeups.wait(min(left_ms, 200))
+        with self._lock:
+            self._check_open()
+            deadline = time.monotonic() + timeout_ms / 1000
+            while True:
+                self._rebalance_if_due()
+                found = self._pull_once(max_msgs)
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if found or left_ms <= 0 or self._closing:
+                    return found
+                self._wakeups.wait(min(left_ms, 200))
 
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
@@ -112,25 +122,28 @@ class Consumer:
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
         self._turn = (self._turn + 1) % max(1, len(self._assigned))
-        caught_up = self._caught_up
+        moved: dict[int, int] = {}     # applied at the end: a failure or Ctrl-C on the
+        caught_up: dict[int, int] = {}  # way moves no queue past messages never returned
         for q in queues:
             if len(out) >= max_msgs:
                 break
-            if caught_up.get(q) == dispatched:
+            if self._caught_up.get(q) == dispatched:
                 continue
             offset = self._offset(q, dispatched)
             r = self._read(q, offset, max_msgs - len(out), dispatched)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(r.messages)
-                self._offsets[q] = r.next_begin_offset
+                offset = moved[q] = r.next_begin_offset
             elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL,
                               GetMessageStatus.OFFSET_OVERFLOW_BADLY,
                               GetMessageStatus.OFFSET_FOUND_NULL,
                               GetMessageStatus.NO_MATCHED_MESSAGE,
                               GetMessageStatus.MESSAGE_WAS_REMOVING):
-                self._offsets[q] = r.next_begin_offset
-            if self._offsets[q] >= r.max_offset:
+                offset = moved[q] = r.next_begin_offset
+            if offset >= r.max_offset:
                 caught_up[q] = dispatched
+        self._offsets.update(moved)
+        self._caught_up.update(caught_up)
         return out
 
     def _read(self, queue_id: int, offset: int, max_msgs: int,
@@ -196,41 +209,67 @@ class Consumer:
     # ------------------------------------------------------------------ positions
     def seek(self, queue_id: int, offset: int) -> None:
         """Continue ``queue_id`` from logical ``offset`` (committed only on ``commit``)."""
-        self._offsets[queue_id] = offset
-        self._caught_up.pop(queue_id, None)
+        with self._lock:
+            self._check_open()
+            self._offsets[queue_id] = offset
+            self._caught_up.pop(queue_id, None)
+
+    def rewind(self, messages: list[MessageView]) -> None:
+        """Continue each queue of ``messages`` (polled, in poll order) from the first of
+        them: messages taken but not handled are read again, and not committed."""
+        first: dict[int, int] = {}
+        for m in messages:
+            first.setdefault(m.queue_id, m.queue_offset)
+        for q, offset in first.items():
+            self.seek(q, offset)
 
     def seek_to_time(self, timestamp_ms: int) -> None:
         """Every assigned queue continues from the message stored nearest that time."""
-        self._rebalance_if_due()
-        dispatched = self.table.get(Slot.DISPATCHED)
-        for q in self._assigned:
-            self.seek(q, self.reader.get_offset_in_queue_by_time(
-                self.topic, q, timestamp_ms, dispatched))
+        with self._lock:
+            self._check_open()
+            self._rebalance_if_due()
+            dispatched = self.table.get(Slot.DISPATCHED)
+            for q in self._assigned:
+                self.seek(q, self.reader.get_offset_in_queue_by_time(
+                    self.topic, q, timestamp_ms, dispatched))
 
     def position(self, queue_id: int) -> int | None:
-        return self._offsets.get(queue_id)
+        with self._lock:
+            self._check_open()
+            return self._offsets.get(queue_id)
 
     def assignment(self) -> list[int]:
-        self._rebalance_if_due()
-        return list(self._assigned)
+        with self._lock:
+            self._check_open()
+            self._rebalance_if_due()
+            return list(self._assigned)
 
     def commit(self) -> None:
-        """Persist this consumer's offsets (merged with the rest of the group's)."""
-        self._check_open()
-        mine = {str(q): self._offsets[q] for q in self._assigned if q in self._offsets}
-        if mine:
-            update_offsets(self.config.config_dir, f"{self.topic}@{self.group}", mine)
+        """Persist the offsets of the queues this consumer owns now (merged with the
+        rest of the group's); the membership is looked at first."""
+        with self._lock:
+            self._check_open()
+            self._rebalance_if_due(now=True)
+            mine = {str(q): self._offsets[q] for q in self._assigned if q in self._offsets}
+            if mine:
+                update_offsets(self.config.config_dir, self._key, mine)
+
+    @property
+    def _key(self) -> str:
+        return f"{self.topic}@{self.group}"
 
     def _committed(self) -> dict[str, int]:
         doc = json_file.load(os.path.join(self.config.config_dir, OFFSET_FILE)) or {}
-        return doc.get("offsetTable", {}).get(f"{self.topic}@{self.group}", {})
+        return doc.get("offsetTable", {}).get(self._key, {})
 
     # ------------------------------------------------------------------ group
-    def _rebalance_if_due(self) -> None:
-        now = time.monotonic()
-        if now < self._next_rebalance:
+    def _rebalance_if_due(self, now: bool = False) -> None:
+        """Share the queues again among the live members, every
+        ``rebalance_interval_ms`` (or ``now``); the queues that go away are handed over."""
+        clock = time.monotonic()
+        if clock < self._next_rebalance and not now:
             return
-        self._next_rebalance = now + self.rebalance_interval_ms / 1000
+        self._next_rebalance = clock + self.rebalance_interval_ms / 1000
         self._follow_restart()
         members = self._member.live_members()
         if self._member.name not in members:
@@ -240,10 +279,24 @@ class Consumer:
                         | set(self.reader.topics().get(self.topic, [])))
         assigned = [q for i, q in enumerate(queues) if i % len(members) == me]
         if assigned != self._assigned:
-            for q in set(self._assigned) - set(assigned):
+            gone = set(self._assigned) - set(assigned)
+            self._hand_over({q: self._offsets[q] for q in gone if q in self._offsets})
+            for q in gone:
                 self._offsets.pop(q, None)  # another member continues from the commit
                 self._caught_up.pop(q, None)
             self._assigned = assigned
+
+    def _hand_over(self, positions: dict[int, int]) -> None:
+        """Commit the positions of queues another member now owns, each unless the
+        group's committed offset is past it already (the new owner's commit)."""
+        if not positions:
+            return
+        with offsets_locked(self.config.config_dir):
+            committed = read_offsets(self.config.config_dir).get(self._key, {})
+            ahead = {str(q): p for q, p in positions.items()
+                     if p > int(committed.get(str(q), -1))}
+            if ahead:
+                merge_offsets(self.config.config_dir, self._key, ahead)
 
     def _follow_restart(self) -> None:
         """A restarted store has a new position table (and maybe files recovery cut and
@@ -261,14 +314,17 @@ class Consumer:
         self._caught_up.clear()     # a DISPATCHED of the old table means nothing here
 
     def close(self) -> None:
-        """Commit, leave the group, release everything; a second close does nothing."""
-        if self._closed:
-            return
-        try:
-            self.commit()
-        finally:
-            self._closed = True
-            self._release()
+        """Commit, leave the group, release everything; a second close does nothing. A
+        ``poll`` waiting in another thread returns first."""
+        self._closing = True
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self.commit()
+            finally:
+                self._closed = True
+                self._release()
 
     def _release(self) -> None:
         """Close what this consumer opened (all of it, or what a failed start made)."""

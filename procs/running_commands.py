@@ -287,7 +287,7 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
         check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "consume", str(e))
-    count = 0
+    count, outcome = 0, EXIT_OK
     with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
                   from_where=args.from_where, tags=args.tags) as consumer:
         try:
@@ -296,15 +296,31 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
                 batch = consumer.poll(want, 1000 if args.follow else 200)
                 if not batch and not args.follow:
                     break
-                for m in batch:
-                    print(json.dumps(m.to_dict()) if args.json else _one_line(m), flush=True)
-                count += len(batch)
+                count += _print_batch(consumer, batch, args.json)
                 consumer.commit()
         except KeyboardInterrupt:
             pass
+        except BrokenPipeError:            # the reader went away (``| head``)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            outcome = EXIT_FAILED
     if not args.json:
         print(f"consumed {count} message(s)", file=sys.stderr)
-    return EXIT_OK
+    return outcome
+
+
+def _print_batch(consumer: Consumer, batch: list, as_json: bool) -> int:
+    """Print a polled batch; how many were printed. Stopped part way (Ctrl-C, a closed
+    pipe), the consumer goes back to the first message not printed, so that the commit
+    on the way out does not take it as consumed."""
+    printed = 0
+    try:
+        for m in batch:
+            print(json.dumps(m.to_dict()) if as_json else _one_line(m), flush=True)
+            printed += 1
+    finally:
+        if printed < len(batch):
+            consumer.rewind(batch[printed:])
+    return printed
 
 
 # ------------------------------------------------------------------------------ offsets

@@ -578,6 +578,35 @@ def test_a_store_whose_supervisor_was_killed_is_not_running_to_every_command(tmp
             assert [m.body for m in c.poll(8, 5000)] == [b"acked before the kill"]
 
 
+def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
+    """Ctrl-C while ``consume --follow`` writes a batch into a pipe nobody reads yet:
+    the commit on its way out used to take the whole batch, the unprinted rest lost for
+    the group. Every committed offset must now have been printed."""
+    import signal
+    from procs.consumer import read_offsets
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            for k in range(8):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic="T", body=b"m%d" % (k * 500 + i), queue_id=0)
+                     for i in range(500)]))
+        printed: set = set()
+        for attempt in range(2):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "procs.cli", "consume", "--config", rs.config_path,
+                 "--group", "g", "--topic", "T", "--follow"], cwd=WORK_DIR, env=ENV,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            lines = [proc.stdout.readline() for _ in range(100 + 37 * attempt)]
+            time.sleep(0.3)                 # blocked on the full pipe, mid-batch
+            proc.send_signal(signal.SIGINT)
+            lines += proc.stdout.readlines()
+            assert proc.wait(30) == 0
+            printed |= {int(line.split()[0].split("#")[1]) for line in lines
+                        if line.startswith("T/0#")}
+            committed = read_offsets(os.path.join(rs.store_dir, "config"))["T@g"]["0"]
+            assert 0 < committed <= 4000 and set(range(committed)) <= printed
+
+
 def test_status_shows_consumer_group_lag(tmp_path):
     """``status`` of a running store lists every ``topic@group`` of consumerOffset.json:
     committed offset, max offset and lag per queue, and the group's total lag."""

@@ -19,7 +19,7 @@ import zmq
 
 from procs import protocol
 from procs.client import Consumer, Producer, ReaderClient, RequestTimeout
-from procs.consumer import BULK_READ_MIN
+from procs.consumer import BULK_READ_MIN, read_offsets
 from shm import bus
 from shm.positions import Slot
 from storage import Message, MessageStore, StoreConfig, record, record_batch
@@ -208,13 +208,13 @@ def test_a_consumer_takes_only_names_and_is_done_after_close(tmp_path):
                              env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
                              text=True, timeout=60)
         assert run.stdout.strip() == "collected", run.stderr
-        c = Consumer(rs.store_dir, "g", TOPIC)
+        c = Consumer(rs.store_dir, "g", TOPIC, rebalance_interval_ms=0)
         c.close()
         c.close()
-        with pytest.raises(StoreClosedError):
-            c.poll(1, 0)
-        with pytest.raises(StoreClosedError):
-            c.commit()
+        for call in (lambda: c.poll(1, 0), c.commit, c.assignment, lambda: c.seek(0, 1),
+                     lambda: c.seek_to_time(0), lambda: c.position(0)):
+            with pytest.raises(StoreClosedError):
+                call()
 
 
 def test_sync_flush_never_shows_an_unflushed_message(tmp_path):
@@ -317,6 +317,92 @@ def test_consumers_of_one_group_share_the_queues(tmp_path):
         finally:
             a.close()
             b.close()
+
+
+def _each_queue(p: Producer, n: int, tag: str) -> None:
+    for q in range(8):
+        assert all(r.ok for r in p.send_batch(
+            [Message(topic=TOPIC, body=f"{tag}{q}-{i}".encode(), queue_id=q)
+             for i in range(n)]))
+
+
+def _drain(c: Consumer, want: int) -> list:
+    got, deadline = [], time.monotonic() + 30
+    while len(got) < want and time.monotonic() < deadline:
+        got += c.poll(100, 200)
+    return got
+
+
+def test_a_member_commits_only_the_queues_it_owns_and_hands_over_the_rest(tmp_path):
+    """A commit after another member took some queues leaves that member's newer
+    offsets alone (they went back to the old ones). A queue that moves away is handed
+    over at its position: a new owner reading from "latest" used to skip to the end,
+    past the messages the old owner had not read."""
+    with RunningStore(tmp_path) as rs, Producer(rs.store_dir) as p:
+        committed = lambda: read_offsets(os.path.join(rs.store_dir, "config"))  # noqa: E731
+        _each_queue(p, 5, "a")
+        a = Consumer(rs.store_dir, "g", TOPIC)
+        try:
+            assert len(_drain(a, 40)) == 40
+            a.commit()
+            _each_queue(p, 5, "b")
+            with Consumer(rs.store_dir, "g", TOPIC) as b:
+                assert len(_drain(b, 20)) == 20 and len(b.assignment()) == 4
+                b.commit()
+                a.commit()                   # before a's own rebalance was due
+                offsets = committed()[f"{TOPIC}@g"]
+                assert {offsets[str(q)] for q in b.assignment()} == {10}
+                assert {offsets[str(q)] for q in a.assignment()} == {5}
+        finally:
+            a.close()
+        late = Consumer(rs.store_dir, "h", TOPIC, from_where="latest")
+        try:
+            assert late.poll(100, 200) == [] and len(late.assignment()) == 8
+            _each_queue(p, 3, "c")          # not read by its owner before the move
+            with Consumer(rs.store_dir, "h", TOPIC, from_where="latest") as new:
+                late.commit()                # sees the new member: hands four queues over
+                got = _drain(new, 12)
+                assert sorted(m.body for m in got) == sorted(
+                    f"c{q}-{i}".encode() for q in new.assignment() for i in range(3))
+        finally:
+            late.close()
+
+
+def test_one_consumer_shared_by_threads(tmp_path):
+    """Two threads polling one consumer get every message once between them (its
+    socket and views were used at once: libzmq aborted, or reads saw torn records);
+    a close from another thread ends a waiting poll, which returns nothing."""
+    import threading
+    with RunningStore(tmp_path) as rs:
+        acked: dict = {}
+        with Producer(rs.store_dir) as p:
+            send_some(p, acked, 0, 2000)
+        c = Consumer(rs.store_dir, "threads", TOPIC)
+        got: list = []
+        errors: list = []
+
+        def take():
+            try:
+                deadline = time.monotonic() + 30
+                while len(got) < 2000 and time.monotonic() < deadline:
+                    got.extend(c.poll(37, 100))
+            except Exception as e:    # noqa: BLE001 - the test reports it
+                errors.append(e)
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        check_exactly_once(acked, got)
+        waiting = threading.Thread(target=lambda: got.append(c.poll(10, 30_000)))
+        waiting.start()
+        time.sleep(0.3)
+        began = time.monotonic()
+        c.close()
+        waiting.join(5)
+        assert not waiting.is_alive() and got[-1] == [] and time.monotonic() - began < 2
 
 
 @pytest.mark.parametrize("per_read", [32, 512])
