@@ -635,10 +635,14 @@ class MessageStore:
             return unit[0] if unit else 0
 
     def get_min_phy_offset(self) -> int:
-        return self.commit_log.get_min_offset()
+        with self._mutex:
+            self._check_running()
+            return self.commit_log.get_min_offset()
 
     def get_max_phy_offset(self) -> int:
-        return self.commit_log.get_max_offset()
+        with self._mutex:
+            self._check_running()
+            return self.commit_log.get_max_offset()
 
     # ================================================================== delayed messages
     def deliver_delayed_messages(self, now: int | None = None) -> int:

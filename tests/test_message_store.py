@@ -231,8 +231,11 @@ def test_closed_store(config):
     s = reopen(config)
     s.close()
     assert s.put(msg(0)).status is PutMessageStatus.SERVICE_NOT_AVAILABLE
-    with pytest.raises(StoreClosedError):
-        s.get_message("g", "TopicTest", 0, 0, 1)
+    for call in (lambda: s.get_message("g", "TopicTest", 0, 0, 1), s.get_min_phy_offset,
+                 s.get_max_phy_offset, lambda: s.query_message("TopicTest", "k"),
+                 lambda: s.look_message_by_offset(0)):
+        with pytest.raises(StoreClosedError):
+            call()
 
 
 def test_second_store_on_same_directory_is_refused(store, config):
