@@ -98,19 +98,27 @@ class MappedFileQueue:
     def refresh(self, min_offset: int = -1) -> None:
         """Read-only views only: map files another process created after the last file
         mapped here, and unmap files wholly below ``min_offset`` (deleted by the
-        cleaner, or about to be). A file not yet allocated to full size is left for a
-        later call. Every mapped file is shown again first (``show_all``)."""
+        cleaner, or about to be). When the first file on disk lies past the last one
+        mapped here, the cleaner took them all: the view starts again from the files
+        there are. A file not yet allocated to full size is left for a later call. Every
+        mapped file is shown again first (``show_all``)."""
         self.show_all()
         while self.mapped_files and \
                 self.mapped_files[0].file_from_offset + self.mapped_file_size <= min_offset \
                 and len(self.mapped_files) > 1:
             self.mapped_files.pop(0).close()
-        last = self.get_last_mapped_file()
-        next_offset = last.file_from_offset + self.mapped_file_size if last else None
         try:
             names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
         except FileNotFoundError:
             return
+        last = self.get_last_mapped_file()
+        if last is not None and names and int(names[0]) > last.file_from_offset:
+            # every file mapped here is gone, and the ones after it too (the cleaner
+            # passed them all while this view looked elsewhere): start from the first
+            for mf in self.mapped_files:
+                mf.close()
+            self.mapped_files, last = [], None
+        next_offset = last.file_from_offset + self.mapped_file_size if last else None
         for name in names:
             offset = int(name)
             if next_offset is not None and offset != next_offset:

@@ -683,6 +683,33 @@ def test_refresh_maps_new_files_and_drops_deleted_ones(tmp_path):
         writer.close()
 
 
+def test_refresh_after_the_cleaner_passed_every_file_mapped_and_the_next(tmp_path):
+    """A view that looked away while the log rolled on and the cleaner deleted every
+    file it mapped and those after it: it used to keep its last file (gone) and wait for
+    one named right after it, which never came again, so every read of the live files
+    was "expired" for good (the reader process's remote reads). It starts again from
+    the files there are."""
+    writer = MappedFileQueue(str(tmp_path), SIZE)
+    writer.get_or_create_last_mapped_file(0)
+    reader = MappedFileQueue(str(tmp_path), SIZE, read_only=True)
+    reader.load()
+    try:
+        assert [m.file_from_offset for m in reader.mapped_files] == [0]
+        for _ in range(4):
+            fill(writer.get_last_mapped_file())
+            writer.get_or_create_last_mapped_file(0)
+        assert writer.delete_expired_file_by_time(-1, 0, 0, True) == 4   # 0 .. 3*SIZE
+        reader.refresh(min_offset=4 * SIZE)
+        assert [m.file_from_offset for m in reader.mapped_files] == [4 * SIZE]
+        fill(writer.get_last_mapped_file())
+        writer.get_or_create_last_mapped_file(0)
+        reader.refresh(min_offset=4 * SIZE)
+        assert [m.file_from_offset for m in reader.mapped_files] == [4 * SIZE, 5 * SIZE]
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_truncate_keeping_files_zeroes_later_files_in_place(tmp_path):
     """A restarting writer must not unlink files other processes map: the next file
     is zeroed and closed, keeping its inode, and comes back when the log reaches it."""
