@@ -44,6 +44,7 @@ from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES
 from storage.consume_queue import BLANK_UNIT_SIZE
 from storage.status import GetMessageStatus
 from storage.store_reader import StoreReader
+from storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,10 @@ class LocalStore:
         """Every queue of ``topics`` (None: all topics) with its offsets now."""
         dispatched, min_phy = self._positions()
         known = self.reader.topics()
+        if topics is None:      # every topic a producer may send to, as the reader answers
+            topics = [t for t in known if check_topic(t) is None]
         out = []
-        for topic in sorted(known if topics is None else topics):
+        for topic in sorted(topics):
             for q in known.get(topic, []):
                 lo = self.reader.get_min_offset_in_queue(topic, q, dispatched,
                                                          min_commit_log_offset=min_phy)

@@ -23,14 +23,15 @@
                                         ``spark-rocketstore``); `rocketstore status` shows lag
     batchSize              yes   yes    reading: rows per Arrow batch (default 65536, and
                                         at most 16 MiB of records); writing: messages per
-                                        SEND frame (default 500)
+                                        SEND frame (default 500, at most 65536; a frame is
+                                        cut sooner where its records would pass 32 MiB)
     timeoutMs                    yes    how long a send waits for the store (default 30000)
     tags                   yes          RocketMQ's subscription, ``TagA || TagB`` (``*``, the
                                         default: every message): only rows with one of
                                         these tags leave the source, as a Consumer filters
 
 Unknown options are refused with the list of known ones, as a misspelt option would
-otherwise be silently ignored.
+otherwise be silently ignored; so are reading options given to a write.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ KNOWN = {"store", "endpoint", "topic", "topics", "topicpattern", "startingoffset
          "failondataloss", "group", "batchsize", "timeoutms", "tags", "curveserverkey",
          "curveclientkey"}
 SPARKS_OWN = {"path", "checkpointlocation", "queryname"}  # options Spark itself passes on
+READ_ONLY = ("topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
+             "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "group", "tags")
+MAX_WRITE_BATCH = 65536       # records a SEND frame may carry (procs.protocol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,11 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(unknown)} for format rocketstore; "
                          f"known: {', '.join(sorted(KNOWN))}")
+    misplaced = [] if reading else [name for name in READ_ONLY if name.lower() in opts]
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)}: for reading only (a write names its topic "
+                         "with the topic option or a topic column, and its tags in a tags "
+                         "column)")
     store = opts.get("store") or opts.get("path") or None
     endpoint = opts.get("endpoint") or None
     if (store is None) == (endpoint is None):
@@ -101,9 +110,6 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
             raise ValueError(f"option topic(s): {reason}")
     pattern = opts.get("topicpattern") or None
     if pattern is not None:
-        if not reading:
-            raise ValueError("topicPattern is for reading; a write names its topic with the "
-                             "topic option or a topic column")
         if topics:
             raise ValueError("give topic(s) or topicPattern, not both")
         try:
@@ -114,8 +120,6 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
     elif reading and not topics:
         raise ValueError("name what to read with the option topic, topics or topicPattern")
     tags = tuple(sorted(subscription_tags(opts.get("tags"))))
-    if tags and not reading:
-        raise ValueError("tags is for reading; a write gives each row's tags in its tags column")
     curve = (opts.get("curveserverkey") or None, opts.get("curveclientkey") or None)
     if any(curve) and not (all(curve) and endpoint):
         raise ValueError("curveServerKey and curveClientKey go together, with endpoint: the "
@@ -132,13 +136,15 @@ def parse(options: Mapping[str, str], *, reading: bool) -> Options:
         min_partitions=_int(opts, "minpartitions", "minPartitions", minimum=1),
         fail_on_data_loss=_bool(opts, "failondataloss", "failOnDataLoss", True),
         group=group,
-        batch_size=_int(opts, "batchsize", "batchSize", minimum=1),
+        batch_size=_int(opts, "batchsize", "batchSize", minimum=1,
+                        maximum=None if reading else MAX_WRITE_BATCH),
         timeout_ms=_int(opts, "timeoutms", "timeoutMs", minimum=1) or 30_000,
         tags=tags, curve=curve,
     )
 
 
-def _int(opts: dict, key: str, name: str, *, minimum: int) -> int | None:
+def _int(opts: dict, key: str, name: str, *, minimum: int,
+         maximum: int | None = None) -> int | None:
     text = opts.get(key)
     if text is None or str(text).strip() == "":
         return None
@@ -148,6 +154,8 @@ def _int(opts: dict, key: str, name: str, *, minimum: int) -> int | None:
         raise ValueError(f"option {name} must be an integer, got {text!r}") from None
     if value < minimum:
         raise ValueError(f"option {name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"option {name} must be at most {maximum}, got {value}")
     return value
 
 

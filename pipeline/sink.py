@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_ROWS = 500
 WINDOW = 16
+FRAME_BYTES = 32 << 20    # a chunk is cut before its messages pass this (a SEND frame's
+                          # bound is 64 MiB: half of it leaves room for the layout)
+RECORD_OVERHEAD = 256     # a record's fixed fields and the frame's per-record bytes, about
 RETRY_PAUSE_S = (0.05, 2.0)
 RETRIABLE = {PutMessageStatus.OS_PAGECACHE_BUSY, PutMessageStatus.SERVICE_NOT_AVAILABLE,
              PutMessageStatus.OUT_OF_ORDER_SEQUENCE}
@@ -133,11 +136,18 @@ def batch_messages(batch, default_topic: str | None) -> list[Message]:
         body = bodies[i]
         if body is None:
             raise SinkError(f"row {i} of a batch has a null body")
+        topic = topics[i] or default_topic
+        if topic is None:
+            raise SinkError(f"row {i} of a batch has a null topic, and the write has no "
+                            "topic option to use instead")
+        properties = dict(props[i]) if props[i] else {}
+        nulls = [name for name, value in properties.items() if value is None]
+        if nulls:
+            raise SinkError(f"row {i} of a batch has null property value(s) for "
+                            f"{', '.join(map(repr, nulls))}: a property is a string")
         out.append(Message(
-            topic=topics[i] or default_topic,
-            body=body.encode("utf-8") if isinstance(body, str) else body,
-            tags=tags[i], keys=keys[i], properties=dict(props[i]) if props[i] else {},
-            queue_id=queues[i]))
+            topic=topic, body=body.encode("utf-8") if isinstance(body, str) else body,
+            tags=tags[i], keys=keys[i], properties=properties, queue_id=queues[i]))
     return out
 
 
@@ -147,6 +157,14 @@ def _rows(batches: Iterator, default_topic: str | None) -> Iterator[Message]:
 
 
 # ------------------------------------------------------------------------------ sending
+def _size_about(m: Message) -> int:
+    """About the bytes ``m`` takes in a frame (at least its record's)."""
+    props = m.properties or {}
+    return (RECORD_OVERHEAD + len(m.body) + 4 * len(m.topic) + 4 * len(m.tags or "")
+            + 4 * len(" ".join(m.key_list())) + sum(4 * (len(k) + len(v)) + 2
+                                                     for k, v in props.items()))
+
+
 class IdempotentSender:
     """Sends a task's rows in order with sequences 0, 1, 2, ... and rewinds to the
     first unacknowledged row whenever a batch did not get in."""
@@ -163,12 +181,20 @@ class IdempotentSender:
         self.acked = 0                    # rows every one of which the store holds
 
     def send_all(self, messages: Iterator[Message]) -> int:
+        """Send every message, in chunks of ``batch_rows``, each cut sooner where its
+        messages would pass ``FRAME_BYTES``; the rows acknowledged."""
         chunk: list[Message] = []
+        size = 0
         for m in messages:
+            grows = _size_about(m)
+            if chunk and size + grows > FRAME_BYTES:
+                self._send(chunk)
+                chunk, size = [], 0
             chunk.append(m)
+            size += grows
             if len(chunk) == self.batch_rows:
                 self._send(chunk)
-                chunk = []
+                chunk, size = [], 0
         if chunk:
             self._send(chunk)
         while self.in_flight:

@@ -141,8 +141,21 @@ def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | N
 def _starting(opts: Options, bounds: list[off.QueueBounds], default: str) -> dict:
     if opts.starting_timestamp is not None:
         return off.resolve_timestamp(_bounds(opts, opts.starting_timestamp))
-    spec = off.parse_spec("startingOffsets", opts.starting_offsets, default)
+    spec = _spec(opts, "startingOffsets", opts.starting_offsets, default)
     return off.resolve(spec, bounds, default)
+
+
+def _spec(opts: Options, name: str, text: str | None, default: str):
+    """``parse_spec``, refusing a JSON spec that names a topic the query does not read
+    (Kafka refuses it too): a misspelt topic would otherwise leave every queue at the
+    default without a word."""
+    spec = off.parse_spec(name, text, default)
+    if isinstance(spec, dict):
+        strangers = sorted({topic for topic, _ in spec if not opts.matches(topic)})
+        if strangers:
+            raise ValueError(f"option {name}: topic(s) {', '.join(map(repr, strangers))} "
+                             "are not read by this query")
+    return spec
 
 
 def _partitions(opts: Options, start: dict, end: dict) -> list[RangePartition]:
@@ -159,8 +172,8 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list[RangePartition]:
         opts = self.opts
         bounds = _bounds(opts)
-        start_spec = off.parse_spec("startingOffsets", opts.starting_offsets, "earliest")
-        end_spec = off.parse_spec("endingOffsets", opts.ending_offsets, "latest")
+        start_spec = _spec(opts, "startingOffsets", opts.starting_offsets, "earliest")
+        end_spec = _spec(opts, "endingOffsets", opts.ending_offsets, "latest")
         if start_spec == "latest" or end_spec == "earliest":
             raise ValueError("a batch read cannot start at latest nor end at earliest: it "
                              "would read nothing (use a streaming read to follow new messages)")

@@ -57,3 +57,18 @@ def test_columns_asked_for_come_alone(running, path):
         batches = list(store.read(QueueRange(BIG, 0, 3, 9), columns=("queue_offset",)))
     assert [b.schema.names for b in batches] == [["queue_offset"]] * len(batches)
     assert pa.Table.from_batches(batches).column(0).to_pylist() == list(range(3, 9))
+
+
+def test_every_topic_is_the_same_set_on_both_paths(running):
+    """Bounds of every topic (``topicPattern``): the local path listed the store's own
+    SCHEDULE_TOPIC_XXXX too, where delayed messages wait (read now, and again when due);
+    the reader never did."""
+    with Producer(running.store_dir) as p:
+        assert p.send("Later", b"in a minute", delay_level=5).ok
+    wait_for(lambda: running.slot(Slot.DISPATCHED) >= running.slot(Slot.WRITTEN), 30,
+             "dispatch")
+    with LocalStore(running.store_dir) as local, \
+            RemoteStore(f"ipc://{running.store_dir}") as remote:
+        mine = {b.topic for b in local.bounds()}
+        theirs = {b.topic for b in remote.bounds()}
+    assert mine == theirs == {BIG}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeline import offsets as off
-from pipeline.options import DEFAULT_GROUP, parse
+from pipeline.options import DEFAULT_GROUP, READ_ONLY, parse
 from procs import endpoints
 from shm import bus
 
@@ -69,14 +69,24 @@ def test_the_tags_option_is_a_subscription_for_reading_only():
     assert parse({"store": "s", "topic": "T", "tags": " b ||a|| "}, reading=True).tags == ("a", "b")
     assert parse({"store": "s", "topic": "T", "tags": "*"}, reading=True).tags == ()
     assert parse({"store": "s", "topic": "T"}, reading=True).tags == ()
-    with pytest.raises(ValueError, match="tags is for reading"):
+    with pytest.raises(ValueError, match="tags: for reading only"):
         parse({"store": "s", "topic": "T", "tags": "a"}, reading=False)
 
 
-def test_write_options_refuse_a_pattern():
-    with pytest.raises(ValueError, match="for reading"):
-        parse({"store": "s", "topicPattern": "A"}, reading=False)
+@pytest.mark.parametrize("name", READ_ONLY)
+def test_write_options_refuse_what_only_a_read_uses(name):
+    """A reading option given to a write would be silently ignored: it is refused."""
+    with pytest.raises(ValueError, match=f"{name}: for reading only"):
+        parse({"store": "s", name.upper(): "1"}, reading=False)
     assert parse({"store": "s"}, reading=False).topics == ()
+
+
+def test_a_write_batch_is_at_most_a_frame_of_records():
+    assert parse({"store": "s", "batchSize": "65536"}, reading=False).batch_size == 65536
+    with pytest.raises(ValueError, match="batchSize must be at most 65536"):
+        parse({"store": "s", "batchSize": "70000"}, reading=False)
+    assert parse({"store": "s", "topic": "T", "batchSize": "70000"}, reading=True).batch_size \
+        == 70000
 
 
 # ------------------------------------------------------------------------------ specs
@@ -222,3 +232,19 @@ def test_a_user_schema_is_a_projection_checked_column_by_column():
     for schema, words in bad:
         with pytest.raises(ValueError, match=words):
             projection(struct(schema))
+
+
+@pytest.mark.parametrize("options, option", [
+    ({"topic": "Orders", "startingOffsets": '{"orders": {"0": 5}}'}, "startingOffsets"),
+    ({"topics": "A,B", "endingOffsets": '{"A": {"0": 1}, "C": {"0": 1}}'}, "endingOffsets"),
+    ({"topicPattern": "Or.*", "startingOffsets": '{"Sales": {"0": 1}}'}, "startingOffsets"),
+])
+def test_offsets_for_a_topic_the_query_does_not_read_are_refused(options, option):
+    """A misspelt topic in an offsets JSON left every queue at the default, silently."""
+    from pipeline.source import _spec
+    opts = parse({"store": "s", **options}, reading=True)
+    text = options[option]
+    with pytest.raises(ValueError, match=f"option {option}: topic"):
+        _spec(opts, option, text, "earliest")
+    fine = parse({"store": "s", "topic": "Orders"}, reading=True)
+    assert _spec(fine, option, '{"Orders": {"3": 7}}', "earliest") == {("Orders", 3): 7}

@@ -88,6 +88,46 @@ def test_a_refused_row_fails_the_write_with_the_store_reason(spark, running):
             .option("topic", "Refused").mode("append").save()
 
 
+@pytest.mark.parametrize("column, value, words", [
+    ("topic", None, "null topic, and the write has no topic option"),
+    ("properties", [("a", "1"), ("b", None)], "null property value(s) for 'b'"),
+])
+def test_null_topics_and_property_values_are_refused_by_name(column, value, words):
+    """A null topic without a topic option failed deep in the encoder; a null property
+    value was stored as the text "None"."""
+    import pyarrow as pa
+    from pipeline.sink import SinkError, batch_messages
+    good = {"topic": ("T", pa.string()),
+            "properties": ([("a", "1")], pa.map_(pa.string(), pa.string()))}
+    first, kind = good[column]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([b"ok", b"bad"]), pa.array([first, value], kind)], ["body", column])
+    with pytest.raises(SinkError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        batch_messages(batch, None if column == "topic" else "T")
+
+
+def test_a_write_cuts_its_frames_by_bytes_as_well_as_rows(running, monkeypatch):
+    """Rows of large bodies: a chunk of batchSize rows would pass a frame's 64 MiB
+    (FRAME_TOO_LARGE on every attempt), so chunks are also cut by their bytes."""
+    from pipeline import sink
+    monkeypatch.setattr(sink, "FRAME_BYTES", 1 << 20)       # 1 MiB: a few rows a frame
+    sender = sink.IdempotentSender(running.store_dir, 0x5EED, batch_rows=500,
+                                   timeout_ms=30_000)
+    frames = []
+    send_async = sender.producer.send_async
+    sender.producer.send_async = lambda chunk, **kw: (frames.append(len(chunk)),
+                                                      send_async(chunk, **kw))[1]
+    try:
+        rows = [Message(topic="BigRows", body=bytes([i]) * 60_000, queue_id=0)
+                for i in range(60)]
+        assert sender.send_all(iter(rows)) == 60
+    finally:
+        sender.producer.close()
+    assert sum(frames) == 60 and max(frames) <= 17 and len(frames) >= 4
+    caught_up(running)
+    assert stored_count(running, "BigRows") == 60
+
+
 # ------------------------------------------------------------------------------ retries
 def python_workers() -> list[int]:
     """Pids of the Python workers Spark's pyspark.daemon forked (not the daemon)."""
