@@ -72,7 +72,12 @@ def is_consumable(sys_flag: int) -> bool:
 
 # --- properties --------------------------------------------------------------------------
 def encode_properties(props: Mapping[str, str]) -> str:
-    """``messageProperties2String``: ``name\\x01value\\x02`` for each pair, in order."""
+    """``messageProperties2String``: ``name\\x01value\\x02`` for each pair, in order.
+    Raises ``ValueError`` for a name or value that is not a str (None would be written
+    as the text "None")."""
+    for name, value in props.items():
+        if not (isinstance(name, str) and isinstance(value, str)):
+            raise ValueError(f"property {name!r} = {value!r}: names and values are str")
     return "".join(f"{k}\x01{v}\x02" for k, v in props.items())
 
 

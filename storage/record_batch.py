@@ -308,7 +308,7 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
         topic_part = bytes((len(topic),)) + topic
         if len(_TOPIC_PARTS) < 4096:
             _TOPIC_PARTS[msg.topic] = topic_part
-    text = "".join([f"{k}\x01{v}\x02" for k, v in props.items()]) if props else ""
+    text = encode_properties(props) if props else ""
     if identity is not None:
         text += (f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
                  f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")

@@ -546,3 +546,15 @@ def test_same_bytes_tells_one_topic_from_several_of_one_length():
     assert not same_bytes(raw, np.array([0, 6, 12, 18]), six)      # one byte differs
     assert not same_bytes(raw, np.array([0, 6]), np.array([6, 5]))  # lengths differ
     assert same_bytes(raw, np.array([6]), six[:1])
+
+
+@pytest.mark.parametrize("properties", [{"a": None}, {"a": 1}, {None: "x"}])
+def test_a_property_that_is_not_str_is_refused_before_it_is_sent(properties):
+    """A None value went out as the text "None" (the f-string that lays properties out
+    took anything); both encodings now refuse what is not a str, and send_async raises
+    before sending, as for any message that does not fit the wire."""
+    msgs = [Message(topic="T", body=b"x", properties=dict(properties))] * 8
+    with pytest.raises(ValueError, match="names and values are str"):
+        record_batch.encode_records(msgs, 1)
+    with pytest.raises(ValueError, match="names and values are str"):
+        protocol.encode_send(1, msgs[:1])
