@@ -53,9 +53,14 @@ is the ``mkdir`` and ``open`` of each queue, slow on a busy journal.
 
 A record below the confirm offset that cannot be read is damage on disk: DISPATCH_ERROR
 is set (EBADMSG), the error is logged, and the process exits non-zero so the supervisor
-restarts it; it never skips data. A file it cannot create (ENOSPC), a failed fdatasync
-or an index that cannot grow stop it the same way, with the errno in DISPATCH_ERROR.
-The next dispatcher clears DISPATCH_ERROR once DISPATCHED moves again.
+restarts it; it never skips data. A failed fdatasync, or a file it cannot create for
+another reason, stops it the same way, with the errno in DISPATCH_ERROR. A full disk
+(ENOSPC, EDQUOT: a consume-queue or index file that cannot be made) does not: exiting
+would only crash-loop the dispatcher until the supervisor stops the store. It sets
+DISPATCH_ERROR (the writer refuses puts meanwhile), says so once, keeps following
+MIN_OFFSET (an expired file's space comes back only once its last mapping goes) and
+tries again every ``SPACE_RETRY_MS``; dispatch is idempotent, so the retry redoes
+nothing twice. DISPATCH_ERROR is cleared once DISPATCHED moves again.
 
 Restart decision table (``setup``; after a SIGKILL at any instant, or a clean stop):
 
@@ -137,6 +142,8 @@ log = logging.getLogger(__name__)
 CHUNK_RECORDS = 2048              # records per dispatch pass between two publications
 DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
 STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
+SPACE_RETRY_MS = 1000             # a full disk: dispatch is tried again this often
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 FLUSH_TICK_MIN_S = 0.005          # the flush thread's shortest wait (an interval of 0)
 
 
@@ -232,6 +239,7 @@ class Dispatcher(Service):
         self._seen_min_offset = -1
         self._dirty = False
         self._stalled = False
+        self._space_retry_ns = 0      # set while dispatch waits for disk space
         self.dispatched_messages = 0
         self.dispatch_busy_ns = 0
         log.info("dispatching from %d (%d queues, %d units past it rewound)", dispatched,
@@ -242,11 +250,14 @@ class Dispatcher(Service):
 
     def _index_failed(self) -> None:
         raise IndexBuildError("no index file can be created: dispatch stops rather than "
-                              "publish messages the index misses")
+                              "publish messages the index misses") \
+            from self.index_service.create_error
 
     # ================================================================== the loop
     def turn(self) -> None:
         try:
+            if self._waiting_for_space():
+                return
             end = self.table.confirm_offset()
             if self.reput.reput_from_offset >= end or self._stalled:
                 self.subscriber.wait(STALL_WAIT_MS if self._stalled else MAX_TURN_MS)
@@ -254,12 +265,42 @@ class Dispatcher(Service):
             self._follow_min_offset()
             deadline_ns = time.monotonic_ns() + DISPATCH_BUDGET_MS * 1_000_000
             before = self.reput.reput_from_offset
-            self.dispatch_to(end, deadline_ns)
+            try:
+                self.dispatch_to(end, deadline_ns)
+            except (StoreError, OSError) as e:
+                if _errno_of(e) not in OUT_OF_SPACE:
+                    raise
+                self._no_space(e)
+                return
+            if self._space_retry_ns and self.reput.reput_from_offset > before:
+                self._space_retry_ns = 0
+                log.warning("dispatch goes on at %d: there is disk space again",
+                            self.reput.reput_from_offset)
             self._stalled = self.reput.reput_from_offset == before < end
             self.flush_service.raise_error()
         except (StoreError, OSError) as e:
             self._fail(e)
             raise
+
+    def _no_space(self, e: BaseException) -> None:
+        """Dispatch met a full disk: DISPATCH_ERROR, said once, tried again later."""
+        if not self._space_retry_ns:
+            log.error("DISPATCH WAITS at %d: no disk space for its files (%s); puts are "
+                      "refused until it goes on; trying again every %d ms",
+                      self.reput.reput_from_offset, e, SPACE_RETRY_MS)
+        self.table.set(Slot.DISPATCH_ERROR, _errno_of(e))
+        self._space_retry_ns = time.monotonic_ns() + SPACE_RETRY_MS * 1_000_000
+
+    def _waiting_for_space(self) -> bool:
+        """While dispatch waits for disk space: follow MIN_OFFSET (the cleaner's
+        deletions free space only once unmapped) until the next try is due."""
+        left_ns = self._space_retry_ns - time.monotonic_ns()
+        if not self._space_retry_ns or left_ns <= 0:
+            return False
+        self.subscriber.wait(min(MAX_TURN_MS, left_ns // 1_000_000 + 1))
+        self._follow_min_offset()
+        self.flush_service.raise_error()
+        return True
 
     def teardown(self) -> None:
         self.flush_service.stop()
@@ -278,12 +319,7 @@ class Dispatcher(Service):
                  self.dispatched_messages / busy_s if busy_s else 0.0)
 
     def _fail(self, e: BaseException) -> None:
-        if isinstance(e, CorruptRecordError):
-            code = errno.EBADMSG
-        elif isinstance(e, OSError):
-            code = e.errno or errno.EIO
-        else:
-            code = getattr(e.__cause__, "errno", None) or errno.EIO
+        code = errno.EBADMSG if isinstance(e, CorruptRecordError) else _errno_of(e)
         self.table.set(Slot.DISPATCH_ERROR, code)
         log.critical("DISPATCH STOPPED at %d (%s): %s; exiting so the supervisor restarts "
                      "the dispatcher, no data is skipped", self.reput.reput_from_offset
@@ -415,6 +451,16 @@ class Dispatcher(Service):
         self.checkpoint.close()
         self.subscriber.close()
         self.publisher.close()
+
+
+def _errno_of(e: BaseException) -> int:
+    """The errno behind ``e`` (an OSError's own, or that of the error it wraps);
+    EIO when there is none."""
+    for cause in (e, e.__cause__, e.__context__):
+        code = getattr(cause, "errno", None)
+        if code:
+            return code
+    return errno.EIO
 
 
 SERVICE = Dispatcher

@@ -100,6 +100,7 @@ class IndexService:
         self.index_num = index_num
         self.durable_timestamp = 0
         self._files: list[IndexFile] = []
+        self.create_error: BaseException | None = None   # why the last file was not made
 
     @property
     def files(self) -> list[IndexFile]:
@@ -271,7 +272,9 @@ class IndexService:
                           prev.end_phy_offset if prev else 0, prev.end_timestamp if prev else 0)
         except (StoreError, OSError) as e:
             log.error("cannot create an index file in %s: %s", self.index_dir, e)
+            self.create_error = e
             return None
+        self.create_error = None
         files.append(f)
         return f
 

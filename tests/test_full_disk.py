@@ -124,3 +124,56 @@ def test_a_full_disk_refuses_by_name_keeps_what_is_stored_and_recovers(small_dis
         store.kill_all()
     r = cli("check", "--config", store.config_path)
     assert r.returncode == 0 and "consistent" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_disk):
+    """Another file takes the space; a new topic's consume queue cannot be made. The
+    dispatcher used to exit, crash-loop and have the supervisor stop the whole store;
+    it now waits (puts refused, naming ENOSPC), is not restarted, and goes on by itself
+    once there is space again, with every acknowledged message delivered."""
+    store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
+                         mapped_file_size_consume_queue=20 * 1024)
+    store.start()
+    filler = os.path.join(small_disk, "filler")
+    try:
+        with Producer(store.store_dir, timeout_ms=5000) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Before", body=b"b%d" % i, queue_id=0) for i in range(100)]))
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\xff" * MIB)
+                        f.flush()
+                except OSError:
+                    pass
+            first = p.send_batch([Message(topic="NewTopic", body=b"n%d" % i, queue_id=0)
+                                  for i in range(20)])
+            acked = [b"n%d" % i for i, r in enumerate(first) if r.ok]
+            wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) != 0, timeout=30,
+                     what="the dispatcher to meet the full disk")
+            refused = p.send(  # refused while dispatch waits, naming why
+                "NewTopic", b"while full", queue_id=0)
+            assert refused.status.name == "SERVICE_NOT_AVAILABLE" and "ENOSPC" in \
+                refused.reason, refused
+            time.sleep(3)                               # several retries, no exit
+            assert store.restarts("dispatcher") == 0 and store.proc.poll() is None
+            os.unlink(filler)
+            wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) == 0, timeout=30,
+                     what="dispatch to go on")
+            more = p.send_batch([Message(topic="NewTopic", body=b"m%d" % i, queue_id=0)
+                                 for i in range(20)])
+            assert all(r.ok for r in more)
+            acked += [b"m%d" % i for i in range(20)]
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                 what="dispatch")
+        with Consumer(store.store_dir, "after", "NewTopic") as c:
+            got = []
+            while (batch := c.poll(256, timeout_ms=500)):
+                got += [m.body for m in batch]
+        assert got == acked
+        assert store.restarts("dispatcher") == 0
+        assert store.stop() == 0
+    finally:
+        if os.path.exists(filler):
+            os.unlink(filler)
+        store.kill_all()
