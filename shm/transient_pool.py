@@ -43,12 +43,18 @@ import os
 import posix_ipc
 
 from shm.positions import segment_name
+from storage.errors import StoreError
 
 log = logging.getLogger(__name__)
+SHM_DIR = "/dev/shm"          # where Linux keeps POSIX shared memory (a tmpfs)
 
 
 class NoPoolBufferError(Exception):
     """The buffer the next CommitLog file needs still holds an uncommitted file."""
+
+
+class PoolMemoryError(StoreError):
+    """The shared memory cannot hold the pool's buffers."""
 
 
 def buffer_name(store_dir: str, index: int) -> str:
@@ -68,6 +74,8 @@ class TransientStorePool:
                 self.buffers.append(_map(buffer_name(store_dir, i), file_size, create))
         except BaseException:
             self.close()
+            if create:
+                self.unlink(store_dir, size)
             raise
 
     # ---------------------------------------------------------------- which buffer
@@ -144,7 +152,18 @@ def _map(name: str, file_size: int, create: bool) -> mmap.mmap:
             posix_ipc.unlink_shared_memory(name)
         except posix_ipc.ExistentialError:
             pass
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=file_size)
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+        try:
+            # every page given now: a sparse buffer the tmpfs cannot back later would
+            # kill the writer with SIGBUS at its append
+            os.posix_fallocate(memory.fd, 0, file_size)
+        except OSError as e:
+            memory.close_fd()
+            raise PoolMemoryError(
+                f"the transient store pool cannot have its {file_size} bytes for {name} in "
+                f"{SHM_DIR} ({e.strerror}; {_shm_free()}): enlarge {SHM_DIR} (a "
+                "container's --shm-size), lower transient_store_pool_size, or turn "
+                "transient_store_pool_enable off") from e
     else:
         memory = posix_ipc.SharedMemory(name)
     try:
@@ -153,6 +172,14 @@ def _map(name: str, file_size: int, create: bool) -> mmap.mmap:
         return mmap.mmap(memory.fd, file_size)
     finally:
         memory.close_fd()
+
+
+def _shm_free() -> str:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return f"{SHM_DIR} cannot be looked at"
+    return f"{st.f_bavail * st.f_frsize} bytes free there"
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

@@ -19,7 +19,7 @@ from shm.transient_pool import TransientStorePool, buffer_name
 from storage import Message, MessageStore
 from storage.dispatch_batch import walk
 from storage.errors import StoreConfigError
-from store_processes import RunningStore, cli, wait_for
+from store_processes import ROOT, RunningStore, cli, wait_for
 
 POOL = dict(transient_store_pool_enable=True, transient_store_pool_size=3,
             commit_interval_commit_log=20, commit_commit_log_thorough_interval=20)
@@ -190,3 +190,38 @@ def test_pool_buffers_map_files_in_turn(tmp_path):
     finally:
         pool.close()
         TransientStorePool.unlink(store_dir, 3)
+
+
+SMALL_SHM = """
+import os, subprocess, sys
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", "/dev/shm"], check=True)
+from shm.transient_pool import TransientStorePool
+try:
+    TransientStorePool(sys.argv[1], 2, 4 << 20, create=True)
+    print("made")
+except Exception as e:
+    print("refused:", type(e).__name__, e)
+print("left:", sorted(os.listdir("/dev/shm")))
+"""
+
+
+def test_a_pool_the_shared_memory_cannot_hold_is_refused_at_start(tmp_path):
+    """Two buffers of 4 MiB in a 6 MiB /dev/shm (a container's is often 64 MiB): the
+    buffers were made sparse, and the writer died of SIGBUS at its first append past
+    what the tmpfs could back, again after every restart. Every page is now given at
+    creation, and a start that cannot have them is refused, naming /dev/shm; no buffer
+    is left behind. Runs in a mount namespace of its own (root and unshare needed)."""
+    import shutil
+    import subprocess
+    import sys
+    namespace = ["unshare", "-m", "--propagation", "private"]
+    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+            namespace + ["mount", "-t", "tmpfs", "tmpfs", "/dev/shm"],
+            capture_output=True).returncode != 0:
+        pytest.skip("a small /dev/shm needs root, unshare and mount: not tried here")
+    run = subprocess.run(namespace + [sys.executable, "-c", SMALL_SHM, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert "refused: PoolMemoryError" in run.stdout and "/dev/shm" in run.stdout, \
+        run.stdout + run.stderr
+    assert "left: []" in run.stdout, run.stdout
