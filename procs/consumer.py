@@ -20,21 +20,24 @@ consumers may briefly read the same queue: delivery is at least once, as in Rock
 Progress. ``commit()`` writes the group's offsets to ``config/consumerOffset.json`` in
 RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 42}}}``, merged under an
 flock with what other consumers wrote. A queue without a committed offset starts at
-``from_where``: ``"earliest"`` (the default) or ``"latest"``.
+``from_where``: ``"earliest"`` (the default) or ``"latest"``, and that start is
+committed at once (unless another member committed one meanwhile): the group's place
+in a queue is fixed by the first member to read it, so a member that takes the queue
+over later never starts again at "latest" past what nobody read.
 
 Queues that move. ``commit`` looks at the membership first and writes only the queues
 this member still owns: a queue that went to another member may have moved on there
 (Kafka fences such a commit). A queue that goes away is handed over: its position is
 written unless the group's committed offset is already past it (RocketMQ persists a
-dropped queue's offset), so its new owner neither reads it again from an older commit
-nor, ``from_where="latest"``, skips to the end past what was not read.
+dropped queue's offset), so its new owner reads less of it again.
 
 Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
 COMMIT takes no other): both become directory names, so anything else raises
 ``ValueError`` before anything is opened. After ``close`` (idempotent) every call but
 ``close`` raises ``StoreClosedError``. One consumer may be used from several threads:
-its calls take turns, and a ``close`` from another thread ends a waiting ``poll``
-(which returns what it has, or nothing) within 200 ms.
+its calls take turns, a ``poll`` waiting for messages lets the others in meanwhile, and
+a ``close`` from another thread ends a waiting ``poll`` (which returns nothing) within
+200 ms.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class Consumer:
         self.tags = tags
         self.rebalance_interval_ms = rebalance_interval_ms
         self._closed = self._closing = False
-        self._lock = threading.RLock()       # one call at a time: one socket, one view
+        self._lock = threading.RLock()       # one call at a time over the views and offsets
+        self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
         self.reader = self.context = self._wakeups = self._member = None
         self.table = PositionTable.attach(store_dir)
         try:
@@ -102,15 +106,20 @@ class Consumer:
     def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
         """Up to ``max_msgs`` messages from this consumer's queues, waiting at most
         ``timeout_ms`` for the first one."""
-        with self._lock:
-            self._check_open()
-            deadline = time.monotonic() + timeout_ms / 1000
-            while True:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            with self._lock:
+                self._check_open()
+                if self._closing:
+                    return []
                 self._rebalance_if_due()
                 found = self._pull_once(max_msgs)
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if found or left_ms <= 0 or self._closing:
-                    return found
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if found or left_ms <= 0:
+                return found
+            with self._wait_lock:       # the other calls may run meanwhile
+                if self._closing:
+                    return []
                 self._wakeups.wait(min(left_ms, 200))
 
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
@@ -119,6 +128,7 @@ class Consumer:
         it (the pull right after a poll that returned messages costs nothing; once
         DISPATCHED moves, for any topic, every queue is looked at again)."""
         dispatched = self.table.get(Slot.DISPATCHED)
+        self._place_new_queues(dispatched)
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
         self._turn = (self._turn + 1) % max(1, len(self._assigned))
@@ -129,7 +139,7 @@ class Consumer:
                 break
             if self._caught_up.get(q) == dispatched:
                 continue
-            offset = self._offset(q, dispatched)
+            offset = self._offsets[q]
             r = self._read(q, offset, max_msgs - len(out), dispatched)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(r.messages)
@@ -193,18 +203,30 @@ class Consumer:
         return check_unit_views(got.units, got.data, self.topic, queue_id, got.first,
                                 got.starts)
 
-    def _offset(self, queue_id: int, dispatched: int) -> int:
-        if queue_id not in self._offsets:
-            committed = self._committed().get(str(queue_id))
-            if committed is not None:
-                self._offsets[queue_id] = int(committed)
-            elif self.from_where == "latest":
-                self._offsets[queue_id] = self.reader.get_max_offset_in_queue(
-                    self.topic, queue_id, dispatched)
-            else:
-                self._offsets[queue_id] = max(0, self.reader.get_min_offset_in_queue(
-                    self.topic, queue_id, dispatched))
-        return self._offsets[queue_id]
+    def _place_new_queues(self, dispatched: int) -> None:
+        """A position for each assigned queue without one: the group's committed
+        offset, else ``from_where``'s, committed at once (under the lock, unless another
+        member committed one meanwhile) so that the group's place in the queue is fixed."""
+        new = [q for q in self._assigned if q not in self._offsets]
+        if not new:
+            return
+        committed = self._committed()
+        starts = {q: self._start(q, dispatched) for q in new if str(q) not in committed}
+        if starts:
+            with offsets_locked(self.config.config_dir):
+                committed = read_offsets(self.config.config_dir).get(self._key, {})
+                pinned = {str(q): at for q, at in starts.items() if str(q) not in committed}
+                if pinned:
+                    merge_offsets(self.config.config_dir, self._key, pinned)
+                committed = {**committed, **pinned}
+        for q in new:
+            self._offsets[q] = int(committed[str(q)])
+
+    def _start(self, queue_id: int, dispatched: int) -> int:
+        """Where ``from_where`` puts a queue the group has no offset for."""
+        if self.from_where == "latest":
+            return self.reader.get_max_offset_in_queue(self.topic, queue_id, dispatched)
+        return max(0, self.reader.get_min_offset_in_queue(self.topic, queue_id, dispatched))
 
     # ------------------------------------------------------------------ positions
     def seek(self, queue_id: int, offset: int) -> None:
@@ -276,7 +298,7 @@ class Consumer:
             members = sorted(members + [self._member.name])
         me = members.index(self._member.name)
         queues = sorted(set(range(self.config.default_topic_queue_nums))
-                        | set(self.reader.topics().get(self.topic, [])))
+                        | set(self.reader.queue_ids(self.topic)))
         assigned = [q for i, q in enumerate(queues) if i % len(members) == me]
         if assigned != self._assigned:
             gone = set(self._assigned) - set(assigned)
@@ -317,7 +339,7 @@ class Consumer:
         """Commit, leave the group, release everything; a second close does nothing. A
         ``poll`` waiting in another thread returns first."""
         self._closing = True
-        with self._lock:
+        with self._wait_lock, self._lock:    # a poll waiting in another thread returns
             if self._closed:
                 return
             try:

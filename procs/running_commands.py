@@ -296,7 +296,16 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
                 batch = consumer.poll(want, 1000 if args.follow else 200)
                 if not batch and not args.follow:
                     break
-                count += _print_batch(consumer, batch, args.json)
+                printed = 0
+                try:
+                    for m in batch:
+                        print(json.dumps(m.to_dict()) if args.json else _one_line(m),
+                              flush=True)
+                        printed += 1
+                finally:        # stopped part way (Ctrl-C, a closed pipe): what was not
+                    count += printed            # printed is read again, not committed
+                    if printed < len(batch):
+                        consumer.rewind(batch[printed:])
                 consumer.commit()
         except KeyboardInterrupt:
             pass
@@ -306,21 +315,6 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     if not args.json:
         print(f"consumed {count} message(s)", file=sys.stderr)
     return outcome
-
-
-def _print_batch(consumer: Consumer, batch: list, as_json: bool) -> int:
-    """Print a polled batch; how many were printed. Stopped part way (Ctrl-C, a closed
-    pipe), the consumer goes back to the first message not printed, so that the commit
-    on the way out does not take it as consumed."""
-    printed = 0
-    try:
-        for m in batch:
-            print(json.dumps(m.to_dict()) if as_json else _one_line(m), flush=True)
-            printed += 1
-    finally:
-        if printed < len(batch):
-            consumer.rewind(batch[printed:])
-    return printed
 
 
 # ------------------------------------------------------------------------------ offsets

@@ -261,6 +261,16 @@ class StoreReader:
             out.setdefault(topic, []).append(queue_id)
         return {topic: sorted(queue_ids) for topic, queue_ids in out.items()}
 
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queues of one topic with a directory under consumequeue/, sorted (what
+        ``topics()`` says of it, without listing every other topic)."""
+        self._check_open()
+        try:
+            names = os.listdir(os.path.join(self.config.consume_queue_dir, topic))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(name) for name in names if name.isdigit())
+
     def get_max_offset_in_queue(self, topic: str, queue_id: int, dispatched: int) -> int:
         """The number of units within ``dispatched`` (0 for an unknown queue)."""
         bounds = self.queue_bounds(topic, queue_id, dispatched)

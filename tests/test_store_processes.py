@@ -333,13 +333,17 @@ def _drain(c: Consumer, want: int) -> list:
     return got
 
 
-def test_a_member_commits_only_the_queues_it_owns_and_hands_over_the_rest(tmp_path):
+def test_a_member_commits_only_the_queues_it_owns_and_never_skips_a_moved_queue(tmp_path):
     """A commit after another member took some queues leaves that member's newer
-    offsets alone (they went back to the old ones). A queue that moves away is handed
-    over at its position: a new owner reading from "latest" used to skip to the end,
-    past the messages the old owner had not read."""
+    offsets alone (they went back to the old ones). A new member reading from "latest"
+    that takes queues over before their old owner noticed used to start at their end,
+    past what nobody had read: the first member's start is committed at once, so the
+    group's place in every queue is fixed, and the old owner's hand-over never moves
+    an offset back."""
     with RunningStore(tmp_path) as rs, Producer(rs.store_dir) as p:
-        committed = lambda: read_offsets(os.path.join(rs.store_dir, "config"))  # noqa: E731
+        def committed(group: str) -> dict:
+            return read_offsets(os.path.join(rs.store_dir, "config"))[f"{TOPIC}@{group}"]
+
         _each_queue(p, 5, "a")
         a = Consumer(rs.store_dir, "g", TOPIC)
         try:
@@ -350,20 +354,25 @@ def test_a_member_commits_only_the_queues_it_owns_and_hands_over_the_rest(tmp_pa
                 assert len(_drain(b, 20)) == 20 and len(b.assignment()) == 4
                 b.commit()
                 a.commit()                   # before a's own rebalance was due
-                offsets = committed()[f"{TOPIC}@g"]
+                offsets = committed("g")
                 assert {offsets[str(q)] for q in b.assignment()} == {10}
                 assert {offsets[str(q)] for q in a.assignment()} == {5}
         finally:
             a.close()
-        late = Consumer(rs.store_dir, "h", TOPIC, from_where="latest")
+        late = Consumer(rs.store_dir, "h", TOPIC, from_where="latest",
+                        rebalance_interval_ms=3_600_000)     # notices nobody for an hour
         try:
             assert late.poll(100, 200) == [] and len(late.assignment()) == 8
+            assert set(committed("h").values()) == {10}      # its start, fixed at once
             _each_queue(p, 3, "c")          # not read by its owner before the move
             with Consumer(rs.store_dir, "h", TOPIC, from_where="latest") as new:
-                late.commit()                # sees the new member: hands four queues over
-                got = _drain(new, 12)
+                got = _drain(new, 12)       # before the old owner knows of it
                 assert sorted(m.body for m in got) == sorted(
                     f"c{q}-{i}".encode() for q in new.assignment() for i in range(3))
+                new.commit()
+                late.commit()               # sees the new member: hands its queues over
+                offsets = committed("h")
+                assert {offsets[str(q)] for q in new.assignment()} == {13}
         finally:
             late.close()
 
@@ -371,7 +380,8 @@ def test_a_member_commits_only_the_queues_it_owns_and_hands_over_the_rest(tmp_pa
 def test_one_consumer_shared_by_threads(tmp_path):
     """Two threads polling one consumer get every message once between them (its
     socket and views were used at once: libzmq aborted, or reads saw torn records);
-    a close from another thread ends a waiting poll, which returns nothing."""
+    a poll that waits lets the other calls in, and a close from another thread ends
+    it, returning nothing."""
     import threading
     with RunningStore(tmp_path) as rs:
         acked: dict = {}
@@ -399,6 +409,10 @@ def test_one_consumer_shared_by_threads(tmp_path):
         waiting = threading.Thread(target=lambda: got.append(c.poll(10, 30_000)))
         waiting.start()
         time.sleep(0.3)
+        began = time.monotonic()         # a poll that waits lets the other calls in
+        c.commit()
+        assert c.position(c.assignment()[0]) is not None
+        assert time.monotonic() - began < 2
         began = time.monotonic()
         c.close()
         waiting.join(5)
