@@ -11,15 +11,20 @@ import contextlib
 import mmap
 import os
 import re
+import time
 from typing import Iterator
+
+import numpy as np
 
 from storage import checkpoint as checkpoint_codec
 from storage import record
 from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
 from storage.errors import StoreFileError
 from storage import index_file
+from storage.mapped_file import data_regions
 
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint")
+RECHECK_S = 0.05       # a failed record with data after it is looked at again after this
 
 
 _QUARANTINED = re.compile(r"(\d+)\.from-(\d+)")
@@ -77,19 +82,43 @@ def _walk_commit_log(path: str, data, limit: int | None) -> Iterator[dict]:
     base = _file_offset(path)
     pos, count, blank, bad = 0, 0, None, {}
     while pos < len(data) and (limit is None or count < limit):
-        req = record.check_message_and_return_size(data, pos, len(data), base + pos, True)
-        if req.success and req.msg_size == 0:
-            blank = len(data) - pos
+        req = _record_at(path, data, pos, base + pos)
+        if req is None:                       # zeros from here on: the end of the data
             break
         if not req.success:
-            if data[pos:].count(0) != len(data) - pos:
-                bad = {"bad_record_at": pos, "why": _why_no_record(data, pos, base + pos)}
+            bad = {"bad_record_at": pos, "why": _why_no_record(data, pos, base + pos)}
+            break
+        if req.msg_size == 0:
+            blank = len(data) - pos
             break
         yield {"kind": "message", "position": pos, **record.decode_at(data, pos).to_dict()}
         pos += req.msg_size
         count += 1
     yield {"kind": "summary", "file": path, "records": count, "end": pos, "blank": blank,
            "file_size": len(data), **bad}
+
+
+def _record_at(path: str, data, pos: int, offset: int):
+    """``check_message_and_return_size`` at ``pos``; None where nothing but zeros
+    follows. A record that fails with data after it is looked at once more a moment
+    later: the file may be a running store's, whose writer is copying it in."""
+    req = record.check_message_and_return_size(data, pos, len(data), offset, True)
+    if req.success or not _holds_data(path, data, pos):
+        return req if req.success else None
+    time.sleep(RECHECK_S)
+    return record.check_message_and_return_size(data, pos, len(data), offset, True)
+
+
+def _holds_data(path: str, data, pos: int) -> bool:
+    """Whether a byte other than zero lies at or after ``pos``: read in place, in the
+    regions the file system says may hold data (a file made ahead is mostly holes)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        regions = data_regions(fd, pos, len(data))
+    finally:
+        os.close(fd)
+    return any(np.frombuffer(data, np.uint8, end - start, start).any()
+               for start, end in regions)
 
 
 def _why_no_record(data, pos: int, offset: int) -> str:
