@@ -44,7 +44,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from pyspark.sql.datasource import (
     DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage)
@@ -157,6 +157,25 @@ def _rows(batches: Iterator, default_topic: str | None) -> Iterator[Message]:
 
 
 # ------------------------------------------------------------------------------ sending
+def chunks(messages: Iterable[Message], rows: int) -> Iterator[list[Message]]:
+    """``messages`` in order, ``rows`` a chunk, each cut sooner where its messages
+    would pass ``FRAME_BYTES`` (a SEND frame's bound is 64 MiB)."""
+    chunk: list[Message] = []
+    size = 0
+    for m in messages:
+        grows = _size_about(m)
+        if chunk and size + grows > FRAME_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(m)
+        size += grows
+        if len(chunk) == rows:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
 def _size_about(m: Message) -> int:
     """About the bytes ``m`` takes in a frame (at least its record's)."""
     props = m.properties or {}
@@ -181,21 +200,8 @@ class IdempotentSender:
         self.acked = 0                    # rows every one of which the store holds
 
     def send_all(self, messages: Iterator[Message]) -> int:
-        """Send every message, in chunks of ``batch_rows``, each cut sooner where its
-        messages would pass ``FRAME_BYTES``; the rows acknowledged."""
-        chunk: list[Message] = []
-        size = 0
-        for m in messages:
-            grows = _size_about(m)
-            if chunk and size + grows > FRAME_BYTES:
-                self._send(chunk)
-                chunk, size = [], 0
-            chunk.append(m)
-            size += grows
-            if len(chunk) == self.batch_rows:
-                self._send(chunk)
-                chunk, size = [], 0
-        if chunk:
+        """Send every message (in ``chunks``); the rows acknowledged."""
+        for chunk in chunks(messages, self.batch_rows):
             self._send(chunk)
         while self.in_flight:
             self._settle_oldest()
@@ -253,8 +259,8 @@ class IdempotentSender:
             pause = min(pause * 2, RETRY_PAUSE_S[1])
 
     def _resend(self, first: int, pending: list[Message]) -> str | None:
-        for k in range(0, len(pending), self.batch_rows):
-            chunk = pending[k:k + self.batch_rows]
+        k = 0
+        for chunk in chunks(pending, self.batch_rows):
             try:
                 handle = self.producer.send_async(chunk, first_sequence=first + k)
             except ClientError as e:
@@ -262,6 +268,7 @@ class IdempotentSender:
             why = self._first_failure(first + k, chunk, handle)
             if why is not None:
                 return why
+            k += len(chunk)
         return None
 
     def _drain(self) -> None:

@@ -128,6 +128,20 @@ def test_a_write_cuts_its_frames_by_bytes_as_well_as_rows(running, monkeypatch):
     assert stored_count(running, "BigRows") == 60
 
 
+def test_chunks_cut_by_rows_and_by_bytes_in_order():
+    """What a write sends and what it resends after a failure are cut alike (the
+    resend once joined every chunk in flight and cut by rows only: frames of 300 MiB)."""
+    from pipeline.sink import FRAME_BYTES, _size_about, chunks
+    big = [Message(topic="T", body=bytes(3 << 20)) for _ in range(30)]
+    small = [Message(topic="T", body=b"s%d" % i) for i in range(1200)]
+    for rows, messages in ((500, big), (500, small), (7, big + small)):
+        cut = list(chunks(iter(messages), rows))
+        assert [m for c in cut for m in c] == messages
+        assert all(0 < len(c) <= rows for c in cut)
+        assert all(sum(map(_size_about, c)) <= FRAME_BYTES for c in cut)
+    assert [len(c) for c in chunks(small, 500)] == [500, 500, 200]
+
+
 # ------------------------------------------------------------------------------ retries
 def python_workers() -> list[int]:
     """Pids of the Python workers Spark's pyspark.daemon forked (not the daemon)."""
