@@ -125,6 +125,7 @@ assert _ENTRY_DTYPE.itemsize == INDEX_SIZE
 JAVA_INT_MAX = 0x7FFF_FFFF
 FILE_NAME_LEN = 17  # yyyyMMddHHmmssSSS
 _ITER_CHUNK_ENTRIES = 4096
+_FEW_CHAINS = 32        # ``reachable`` walks this few chains link by link
 
 
 # --------------------------------------------------------------------- pure codecs
@@ -615,13 +616,21 @@ class IndexFile:
         reached = np.zeros(count, bool)
         slot = np.flatnonzero((slots > INVALID_INDEX) & (slots < count))
         entry = slots[slot]
-        while len(entry):                     # a step down every chain at once
+        while len(entry) > _FEW_CHAINS:      # a step down every chain at once
             live = time_diff[entry] >= 0
             entry, slot = entry[live], slot[live]
             reached[entry[key_hash[entry] % slots_n == slot]] = True
             after = prev[entry]
             on = (after > INVALID_INDEX) & (after < entry)
             entry, slot = after[on], slot[on]
+        for at, where in zip(entry.tolist(), slot.tolist()):   # the few long ones left:
+            while time_diff[at] >= 0:         # a numpy step a link would cost more
+                if key_hash[at] % slots_n == where:
+                    reached[at] = True
+                before = int(prev[at])
+                if not INVALID_INDEX < before < at:
+                    break
+                at = before
         return reached
 
     def slot_value(self, slot: int) -> int:

@@ -439,3 +439,23 @@ def test_a_torn_header_with_indexcount_0_is_read_back_from_its_entries(tmp_path)
         assert [e[2] for e in again.iter_entries()] == [100, 200, 300, 400, 500, 600]
     finally:
         again.close()
+
+
+def test_reachable_follows_long_chains_and_short_ones(tmp_path):
+    """Every entry of a file whose chains are many and short, or few and long (one key
+    put again and again: walked link by link once few chains are left), is reached; an
+    entry whose slot is zeroed is not, nor the older ones of its chain."""
+    f = new_file(tmp_path, slots=8, entries=400)
+    try:
+        for i in range(300):
+            assert f.put_key("T#same" if i % 3 else f"T#k{i}", 100 * i, T0 + i)
+        reached = f.reachable()
+        assert not reached[0] and reached[1:].all() and len(reached) == 301
+        slot = index_key_hash("T#same") % 8
+        f._buf[40 + 4 * slot:44 + 4 * slot] = bytes(4)
+        reached = f.reachable()
+        lost = {n for n, *_ in f.iter_entries() if not reached[n]}
+        assert lost == {n for n, key_hash, *_ in f.iter_entries() if key_hash % 8 == slot}
+        assert {n for n in range(1, 301) if (n - 1) % 3} <= lost     # every "same" one
+    finally:
+        f.close()
