@@ -101,6 +101,7 @@ class Consumer:
         self._assigned: list[int] = []
         self._next_rebalance = 0.0
         self._turn = 0
+        self._seen_min_offset = -1
 
     # ------------------------------------------------------------------ consuming
     def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
@@ -128,6 +129,10 @@ class Consumer:
         it (the pull right after a poll that returned messages costs nothing; once
         DISPATCHED moves, for any topic, every queue is looked at again)."""
         dispatched = self.table.get(Slot.DISPATCHED)
+        min_offset = self.table.get(Slot.MIN_OFFSET)
+        if min_offset != self._seen_min_offset:     # files the cleaner took: unmapped
+            self._seen_min_offset = min_offset      # (their space comes back)
+            self.reader.drop_expired(min_offset)
         self._place_new_queues(dispatched)
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]

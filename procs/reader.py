@@ -30,6 +30,9 @@ one whose budget ran out is answered with whatever its queue holds
 (``OFFSET_OVERFLOW_ONE`` when still nothing). Every read stops at DISPATCHED. Bad frames
 get an ERROR reply and the reader keeps serving.
 
+Expiry: every turn it follows MIN_OFFSET (``StoreReader.drop_expired``), so the files
+the cleaner unlinks are unmapped, and their space comes back, while no request comes.
+
 Restart: it holds nothing but mappings and parked requests; a restarted reader maps the
 files afresh and clients whose requests were parked time out and ask again.
 """
@@ -68,6 +71,7 @@ class ReaderService(Service):
 
     def setup(self) -> None:
         self.reader = StoreReader(self.config)
+        self.seen_min_offset = self.table.get(Slot.MIN_OFFSET)
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -107,6 +111,10 @@ class ReaderService(Service):
             self._answer(identity, parts[0])
         self._retry_parked()
         self._watch()
+        min_offset = self.table.get(Slot.MIN_OFFSET)
+        if min_offset != self.seen_min_offset:
+            self.seen_min_offset = min_offset
+            self.reader.drop_expired(min_offset)
 
     def _watch(self, topic: str | None = None) -> None:
         """Listen to the arrivals of the topics parked pulls wait on (``topic``: one

@@ -586,6 +586,17 @@ class ConsumeQueueView(ConsumeQueue):
                     return None
         return hi
 
+    def drop_unlinked(self) -> bool:
+        """Unmap the files at the front the cleaner unlinked; False when none of this
+        queue's files is left on disk (the view should be closed)."""
+        files = self.mapped_file_queue.mapped_files
+        if not files or os.path.exists(files[0].path):
+            return True
+        self._bounded = None
+        if not self._drop_unlinked_front():
+            return any(os.path.exists(mf.path) for mf in self.mapped_file_queue.mapped_files)
+        return True
+
     def _drop_unlinked_front(self) -> bool:
         mfq = self.mapped_file_queue
         try:

@@ -193,6 +193,20 @@ class StoreReader:
         self._check_open()
         return self._commit_log_min(None)
 
+    def drop_expired(self, min_offset: int) -> None:
+        """Unmap what the cleaner unlinked: CommitLog files below ``min_offset``, and
+        the consume-queue and index files gone from disk (an unlinked file's space comes
+        back only once its last mapping goes). A reads of a queue drops that queue's
+        gone files itself; a reader that is idle, or reads other queues, calls this as
+        MIN_OFFSET moves."""
+        self._check_open()
+        self._commit_log_min(min_offset)
+        for key, qv in list(self._queues.items()):
+            if not qv.drop_unlinked():
+                self._queues.pop(key).close()     # every file went: mapped again if read
+        for name in [n for n, view in self._index.items() if not os.path.exists(view.path)]:
+            self._index.pop(name).close()
+
     def _commit_log_min(self, given: int | None) -> int:
         mfq = self._cl_files
         size = mfq.mapped_file_size

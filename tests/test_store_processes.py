@@ -377,6 +377,36 @@ def test_a_member_commits_only_the_queues_it_owns_and_never_skips_a_moved_queue(
             late.close()
 
 
+def _deleted_store_maps(pid: int, root: str) -> list[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return [line.split()[-2] for line in f if root in line and "(deleted)" in line]
+
+
+def test_readers_unmap_expired_files_without_being_asked_for_them(tmp_path):
+    """The cleaner unlinks old files; their space comes back only when the last
+    mapping goes. The reader process kept them mapped for as long as no request came
+    (a queue read once kept its expired files for good), and so did a Consumer for the
+    queues it did not read again: both follow MIN_OFFSET now."""
+    with RunningStore(tmp_path, mapped_file_size_commit_log=64 << 10) as rs:
+        root = os.path.realpath(rs.store_dir)
+        with Producer(rs.store_dir) as p:
+            for i in range(10):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic="Old", body=b"x" * 1000, keys=[f"k{i}-{j}"], queue_id=0)
+                     for j in range(32)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        with ReaderClient(rs.store_dir) as rc, Consumer(rs.store_dir, "idle", "Old") as c:
+            assert rc.pull("Old", 0, 0, 32).messages and rc.query_by_key("Old", "k0-0")
+            assert c.poll(32, 1000)
+            assert _deleted_store_maps(os.getpid(), root) == []
+            rs.expire_commit_log(keep=1)
+            wait_for(lambda: not _deleted_store_maps(rs.child_pid("reader"), root),
+                     timeout=10, what="the idle reader to unmap the expired files")
+            assert _deleted_store_maps(os.getpid(), root) != []   # not polled since
+            c.poll(1, 0)
+            assert _deleted_store_maps(os.getpid(), root) == []
+
+
 def test_one_consumer_shared_by_threads(tmp_path):
     """Two threads polling one consumer get every message once between them (its
     socket and views were used at once: libzmq aborted, or reads saw torn records);
