@@ -15,14 +15,18 @@ is removed when that run is over), one run (``run_once``):
    ``clean_file_forcibly_enable``) are unlinked, oldest first, never the last, at most
    ``DELETE_FILES_BATCH_MAX``, stopping at the first that may not go, with
    ``delete_commit_log_files_interval`` ms between two (RocketMQ's pause that spreads the
-   unlink I/O: a run that deletes n files takes (n - 1) times that, up to 0.9 s by
-   default, longer than a turn should; the heartbeat follows it) — and never a file
-   that is not wholly below min(DISPATCHED, FLUSHED): data must be durable and
-   dispatched before it may expire;
+   unlink I/O) — and never a file that is not wholly below min(DISPATCHED, FLUSHED):
+   data must be durable and dispatched before it may expire;
 3. MIN_OFFSET = the first CommitLog byte still on disk (never lowered);
 4. when MIN_OFFSET moved: every consume-queue file (never the last of its queue) whose
-   last unit points below it, and every index file (never the last) whose endPhyOffset
-   is below it, oldest first, stopping at the first kept.
+   last unit points below it, with ``delete_consume_queue_files_interval`` ms after each
+   queue that lost files, and every index file (never the last) whose endPhyOffset is
+   below it, oldest first, stopping at the first kept.
+
+A run may outlast many turns (a pass over thousands of queues with RocketMQ's pauses
+takes minutes): its pauses write the heartbeat, so the supervisor's watchdog sees it
+alive, and look for a stop, which ends the run at once (a pass cut short is finished
+by the next start's first run).
 
 Between runs the loop sleeps in steps of at most MAX_TURN_MS and looks for ``clean-now``
 after each: it waits for a time, not for an event (nothing announces a manual clean on
@@ -52,6 +56,7 @@ import dataclasses
 import logging
 import os
 import time
+from typing import Callable
 
 from procs.service import MAX_TURN_MS, Service
 from shm.positions import Slot, now_ms
@@ -165,7 +170,7 @@ class Cleaner(Service):
         if report.min_offset > self._last_logics_min_offset:
             report.consume_queue_files = delete_consume_queue_files(
                 cfg.consume_queue_dir, cfg.consume_queue_file_size, report.min_offset,
-                cfg.delete_consume_queue_files_interval)
+                cfg.delete_consume_queue_files_interval, self._pause)
             report.index_files = delete_index_files(cfg.index_dir, report.min_offset)
             self._last_logics_min_offset = report.min_offset
         return report
@@ -201,12 +206,28 @@ class Cleaner(Service):
             deleted.append(mf)
             if len(deleted) >= DELETE_FILES_BATCH_MAX:
                 break
-            if cfg.delete_commit_log_files_interval > 0 and i + 1 < len(candidates):
-                time.sleep(cfg.delete_commit_log_files_interval / 1000)
+            if i + 1 < len(candidates) and \
+                    not self._pause(cfg.delete_commit_log_files_interval / 1000):
+                break
         mfq.delete_expired_file(deleted)
         if deleted:
             fsync_dir(mfq.store_path)
         return len(deleted)
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` within a run, in steps of MAX_TURN_MS, writing the heartbeat
+        after each; False (the run ends there) once the process is asked to stop."""
+        end = time.monotonic() + seconds
+        while True:
+            if self.table is not None:
+                self.table.heartbeat(self.name)
+            if self.stopping or (self.supervised and self._stop_requested()):
+                self.stopping = True
+                return False
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, MAX_TURN_MS / 1000))
 
     def _publish_min_offset(self) -> int:
         """MIN_OFFSET = the first CommitLog byte on disk; never lowered."""
@@ -221,17 +242,23 @@ class Cleaner(Service):
 
 # ====================================================================== the logics files
 def delete_consume_queue_files(root: str, file_size: int, min_offset: int,
-                               interval_ms: int = 0) -> int:
+                               interval_ms: int = 0,
+                               pause: Callable[[float], bool] | None = None) -> int:
     """Unlink, in every queue under ``root``, the leading files whose last unit points
     below ``min_offset``; never a queue's last file. After a queue that lost files,
     pause ``interval_ms`` (``delete_consume_queue_files_interval``, as RocketMQ's
-    CleanConsumeQueueService spreads the unlink I/O). Returns how many went."""
+    CleanConsumeQueueService spreads the unlink I/O) through ``pause(seconds)`` (a
+    plain sleep by default), which may end the pass by answering False. Returns how
+    many went."""
     deleted = 0
     for _, _, queue_dir in queue_dirs(root):
         n = _delete_queue_files(queue_dir, file_size, min_offset)
-        if n and interval_ms > 0:
-            time.sleep(interval_ms / 1000)
         deleted += n
+        if n and pause is not None:
+            if not pause(interval_ms / 1000):
+                break
+        elif n and interval_ms > 0:
+            time.sleep(interval_ms / 1000)
     return deleted
 
 

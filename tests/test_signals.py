@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -82,3 +83,29 @@ def test_a_hung_process_is_killed_and_restarted_by_the_watchdog(tmp_path):
         assert "made no progress" in rs.log()
         assert bodies(rs, 40) == sorted(f"m{i}".encode() for i in range(40))
         assert rs.stop() == 0, rs.log()
+
+
+def test_a_long_cleaner_pass_keeps_its_heartbeat_and_stops_when_asked(tmp_path):
+    """A consume-queue pass with RocketMQ's pause after each queue that lost files
+    outlasts many turns (thousands of queues: minutes). It wrote no heartbeat, so the
+    watchdog killed the cleaner; and a stop during it waited stopwaitsecs, then killed
+    it and left abort behind. The pauses now write the heartbeat and end the pass on a
+    stop: no watchdog kill, and a clean stop."""
+    from shm.positions import Slot
+    with RunningStore(tmp_path, processes={"cleaner": {"heartbeat_timeout_s": 1.5}},
+                      mapped_file_size_consume_queue=40,      # two units a file
+                      delete_consume_queue_files_interval=700) as rs:
+        with Producer(rs.store_dir) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Many", body=b"x" * 2000, queue_id=q)
+                 for q in range(8) for _ in range(6)]))
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Last", body=b"y" * 30000) for _ in range(3)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        rs.expire_commit_log(keep=1)       # eight queues lose files: a 5 s pass
+        time.sleep(3.5)                    # past the watchdog's 1.5 s, twice
+        assert rs.restarts("cleaner") == 0
+        assert rs.stop() == 0
+    assert not os.path.exists(os.path.join(rs.store_dir, "abort"))
+    with open(rs.log_path) as f:
+        assert "did not stop" not in f.read()

@@ -439,14 +439,12 @@ def test_one_consumer_shared_by_threads(tmp_path):
         waiting = threading.Thread(target=lambda: got.append(c.poll(10, 30_000)))
         waiting.start()
         time.sleep(0.3)
-        began = time.monotonic()         # a poll that waits lets the other calls in
-        c.commit()
+        c.commit()                       # a poll that waits lets the other calls in:
         assert c.position(c.assignment()[0]) is not None
-        assert time.monotonic() - began < 2
-        began = time.monotonic()
+        assert waiting.is_alive()        # they came back while it still waits
         c.close()
         waiting.join(5)
-        assert not waiting.is_alive() and got[-1] == [] and time.monotonic() - began < 2
+        assert not waiting.is_alive() and got[-1] == []
 
 
 @pytest.mark.parametrize("per_read", [32, 512])
