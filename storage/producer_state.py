@@ -87,7 +87,8 @@ from storage.commit_log import CommitLog
 from storage.config import StoreConfig
 from storage.errors import CorruptRecordError
 from storage.message import (
-    PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, STOREHOSTADDRESS_V6_FLAG)
+    PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, PROPERTY_REAL_QUEUE_ID,
+    STOREHOSTADDRESS_V6_FLAG)
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,9 @@ class ProducerStateTable:
                             record.find_property(props, PROPERTY_PRODUCER_SEQUENCE))
             return
         queue_id, = record.INT.unpack_from(buf, pos + record.QUEUEID_POS)
+        real = record.find_property(props, PROPERTY_REAL_QUEUE_ID)   # a delayed message:
+        if real is not None and real.isdigit():   # the queue it was sent to, as answered
+            queue_id = int(real)
         queue_offset, = record.LONG.unpack_from(buf, pos + record.QUEUEOFFSET_POS)
         host_pos = ts_pos + 8
         host = buf[host_pos:host_pos + record.host_width(bool(sys_flag & STOREHOSTADDRESS_V6_FLAG))]

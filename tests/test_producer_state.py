@@ -26,7 +26,7 @@ from storage.producer_state import (
     FIELDS, LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge,
     read_snapshot, rebuild, snapshot_path, write_snapshot)
 from storage import producer_state
-from storage.record import decode_at, find_property, properties_at
+from storage.record import SCHEDULE_TOPIC, decode_at, find_property, properties_at
 from storage.status import AppendMessageStatus
 from storage.validation import check_message
 
@@ -225,6 +225,20 @@ def test_a_record_whose_body_spells_the_marker_is_not_an_identity(log_):
     log_.cl.append([log_.cl.prepare(m, 0, T0)], T0)
     t = log_.scan_all()
     assert len(t) == 0
+
+
+def test_a_delayed_record_is_remembered_in_the_queue_it_was_sent_to(log_):
+    """A delayed message waits in SCHEDULE_TOPIC_XXXX, queue ``level - 1``; its
+    producer entry names the queue it was sent to (REAL_QID), as the writer answered it
+    and as a snapshot keeps it: a rebuild from the CommitLog named the schedule queue."""
+    m = Message(topic="TopicA", body=b"later", queue_id=1, delay_level=3,
+                properties={PROPERTY_PRODUCER_ID: "9", PROPERTY_PRODUCER_SEQUENCE: "0"})
+    [r] = log_.cl.append([log_.cl.prepare(m, 1, T0)], T0)
+    stored = log_.cl.look_message_by_offset(r.wrote_offset)
+    assert stored.topic == SCHEDULE_TOPIC and stored.queue_id == 2
+    e = log_.scan_all().get(9)
+    assert (e.queue_id, e.queue_offset, e.commit_log_offset) == (1, r.logics_offset,
+                                                                 r.wrote_offset)
 
 
 def test_a_malformed_identity_is_ignored(log_):
