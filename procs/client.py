@@ -137,7 +137,10 @@ class Producer:
     an OUT_OF_ORDER_SEQUENCE, wait for the batches in flight, then resend from the
     first unacknowledged sequence with ``send_async(messages, first_sequence=n)``. A
     record the store refused (MESSAGE_ILLEGAL, ...) was not stored and took no
-    sequence: the next record must take its sequence. The store forgets a producer that
+    sequence: the next record must take its sequence. ``send`` and ``send_batch`` see
+    to that themselves: when nothing was sent after their batch, ``next_sequence`` goes
+    back to its first record not stored (a refused one would otherwise have every later
+    send answered OUT_OF_ORDER_SEQUENCE). The store forgets a producer that
     stored nothing for ``producer_id_expiration_ms`` (a day by default); it then
     expects sequence 0 again: set ``next_sequence = 0`` and resend the unacknowledged
     records from there.
@@ -199,7 +202,21 @@ class Producer:
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
         """Send messages in one frame; one result each, in order. A message's
         ``queue_id`` is honoured; set it to None to let the store choose."""
-        return self.send_async(messages, first_sequence).result()
+        pending = self.send_async(messages, first_sequence)
+        results = pending.result()
+        if self.producer_id:
+            self._take_back(pending.first_sequence, results)
+        return results
+
+    def _take_back(self, first: int, results: list[protocol.SendResult]) -> None:
+        """``next_sequence`` back to the first record of the last batch sent that the
+        store did not store (refused, or out of order), so the next record takes it."""
+        if self._next_sequence != first + len(results):
+            return      # a later batch went out meanwhile (send_async): its own business
+        for i, r in enumerate(results):
+            if not r.ok:
+                self._next_sequence = first + i
+                return
 
     def send_async(self, messages: Sequence[Message],
                    first_sequence: int | None = None) -> "PendingSend":

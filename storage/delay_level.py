@@ -15,8 +15,10 @@ The copy also drops an idempotent producer's identity (``__PID``/``__SEQ``): tha
 identity belongs to the delayed record, which is the one the producer's sequence stored
 (``storage.producer_state``). Kept, it would be refused as a client-set identity, or,
 were the scheduler allowed to set it, it would rewind the producer's last sequence when
-a restarted writer rebuilds its table from the CommitLog. The delivered copy is an
-ordinary message, delivered at least once like every scheduler re-put.
+a restarted writer rebuilds its table from the CommitLog. The delivered copy carries
+the scheduler's identity instead (one producer per delay level,
+``storage.schedule_message``), so a re-put after a crash is answered as a duplicate:
+each delivery is stored once.
 """
 
 from __future__ import annotations

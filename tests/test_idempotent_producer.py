@@ -235,6 +235,30 @@ def test_a_refused_record_takes_no_sequence(store):
     assert stored_sequences(read_topic(rs.store_dir), 77) == exactly_once(4)
 
 
+def test_a_refused_send_leaves_its_sequence_to_the_next(store):
+    """``send`` numbers its own records: after one the store refused (not stored, no
+    sequence taken), the next ``send`` takes that sequence. It used to take the next
+    one, and every later send was answered OUT_OF_ORDER_SEQUENCE."""
+    rs = store()
+
+    def send(p: Producer, seq: int):
+        m = row(78, seq)
+        return p.send(m.topic, m.body, queue_id=m.queue_id)
+
+    with Producer(rs.store_dir, producer_id=78) as p:
+        assert send(p, 0).ok
+        assert p.send("bad topic", b"x").status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert p.next_sequence == 1
+        batch = rows(78, 1, 3)
+        batch[1] = Message(topic="bad topic", body=b"x", queue_id=1)
+        assert [r.ok for r in p.send_batch(batch)] == [True, False, False]
+        assert p.next_sequence == 2
+        assert all(send(p, seq).reason == "" for seq in (2, 3))
+        assert p.next_sequence == 4
+    assert rs.stop() == 0, rs.log()
+    assert stored_sequences(read_topic(rs.store_dir), 78) == exactly_once(4)
+
+
 def test_two_attempts_with_one_producer_id_interleaved_store_each_row_once(store):
     """Two attempts of one Spark task at once (a retry beside a straggler, or a
     speculative copy): same producer id, same rows, different batch sizes, their
