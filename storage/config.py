@@ -267,6 +267,13 @@ class StoreConfig:
                                    "the store's own processes must read and write its files")
         if not 0 <= self.metrics_port <= 65535:
             raise StoreConfigError("metrics_port must be in 0..65535 (0: no metrics endpoint)")
+        taken = {self.ha_listen_port: "the HA socket (ha_listen_port)"}
+        if self.tcp_listen_address:
+            taken[self.listen_port] = "ingest (listen_port)"
+            taken[self.listen_port + 1] = "the reader (listen_port + 1)"
+        if self.metrics_port and self.metrics_port in taken:
+            raise StoreConfigError(f"metrics_port {self.metrics_port} is taken by "
+                                   f"{taken[self.metrics_port]}")
         try:
             ipaddress.ip_address(self.metrics_address)
         except ValueError:

@@ -216,6 +216,19 @@ def test_tcp_listening_is_loopback_only_until_curve_is_built():
         StoreConfig(listen_port=65535)
 
 
+@pytest.mark.parametrize("settings, owner", [
+    (dict(tcp_listen_address="127.0.0.1", listen_port=10911), "ingest"),
+    (dict(tcp_listen_address="127.0.0.1", listen_port=10910), "the reader"),
+    (dict(ha_listen_port=10911), "the HA socket"),
+])
+def test_the_metrics_port_may_not_be_another_sockets(settings, owner):
+    """The metrics endpoint binds first: a port another socket needs made that process
+    fail at every start until the store stopped."""
+    with pytest.raises(StoreConfigError, match=f"metrics_port 10911 is taken by {owner}"):
+        StoreConfig(metrics_port=10911, **settings)
+    assert StoreConfig(metrics_port=10911, listen_port=10911).metrics_port == 10911  # no TCP
+
+
 @pytest.mark.parametrize("table, message", [
     ({"writer": {"stopsignal": "NOPE"}}, "not a signal name"),
     ({"writer": {"stopsignal": 15}}, "not a signal name"),
