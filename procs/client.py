@@ -10,14 +10,21 @@ cannot map the files).
         for m in c.poll(max_msgs=32, timeout_ms=1000):
             ...
         c.commit()
-    with ReaderClient("store") as rc:              # or "tcp://host:port"
+    with ReaderClient("store") as rc:              # or "tcp://host:port" (see below)
         for q in rc.offsets(["Orders"]):           # protocol.QueueOffsets
             r = rc.fetch(q.topic, q.queue_id, q.min_offset, 4096, 8 << 20)
             ...                                    # r.records: raw CommitLog records
             rc.commit_offsets("billing", q.topic, {q.queue_id: r.next_begin_offset})
 
-Each client owns its ZeroMQ context and sockets and must be used from one thread. A
-request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
+Where: a store directory, or ``ipc://`` naming a store or its socket directory
+(``procs.endpoints``), finds the right socket for each client. A ``tcp://host:port`` (or
+an ``ipc://...sock``) address is the socket's own: the store's ``listen_port`` for a
+Producer, ``listen_port + 1`` for a ReaderClient (``endpoints.resolve`` gives both
+from the store's address, as the Spark format does).
+
+A Producer or ReaderClient owns its ZeroMQ context and sockets and must be used from
+one thread (a Consumer may be shared: its calls take turns). A request that gets no
+answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
 is unknown (the store may have stored it); send it again only if duplicates are fine,
 or from an idempotent producer, whose resends the store stores once:
 
@@ -38,7 +45,7 @@ from typing import Iterable, Sequence
 
 import zmq
 
-from procs import curve, protocol
+from procs import curve, endpoints, protocol
 from procs.consumer import Consumer
 from shm import bus
 from storage import record_batch
@@ -57,9 +64,15 @@ class RequestTimeout(ClientError):
 
 
 def _endpoint(store_or_endpoint: str, socket_name: str) -> str:
-    if "://" in store_or_endpoint:
-        return store_or_endpoint
-    return bus.endpoint(store_or_endpoint, socket_name)
+    """The address of socket ``socket_name`` (``ingest`` or ``reader``): of a store
+    directory, or of an ``ipc://`` store or socket directory; any other address (a
+    ``tcp://`` one, an ``ipc://`` socket file) as it is."""
+    where = store_or_endpoint
+    if where.startswith("ipc://") and not where.endswith(".sock"):
+        return getattr(endpoints.resolve(where), socket_name)
+    if "://" in where:
+        return where
+    return bus.endpoint(where, socket_name)
 
 
 class _Dealer:
@@ -71,6 +84,7 @@ class _Dealer:
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         curve.client_options(self.socket, curve_server_key, curve_client_key)
+        endpoints.allow_ipv6(self.socket, endpoint)
         self.socket.connect(endpoint)
         self._poller = zmq.Poller()          # one for every wait
         self._poller.register(self.socket, zmq.POLLIN)
@@ -338,15 +352,22 @@ class ReaderClient:
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
                  curve_server_key: str | None = None, curve_client_key: str | None = None):
-        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "reader"), timeout_ms,
-                               curve_server_key, curve_client_key)
+        self.address = _endpoint(store_dir_or_endpoint, "reader")
+        self._dealer = _Dealer(self.address, timeout_ms, curve_server_key, curve_client_key)
         self.dispatched: int | None = None
         self.generation: int | None = None
 
     def _ask(self, frame: bytes, request_id: int) -> bytes:
         self._dealer.send(frame)
         reply = self._dealer.receive(request_id)
-        _raise_if_error(reply)
+        try:
+            _raise_if_error(reply)
+        except ClientError as e:
+            if "UNKNOWN_KIND" in str(e) and "expected SEND" in str(e):
+                raise ClientError(f"{self.address} is a store's ingest socket, not its "
+                                  "reader: the reader listens on the next port "
+                                  "(procs.endpoints.resolve gives both)") from e
+            raise
         return reply
 
     def pull(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,

@@ -30,6 +30,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
+from procs import endpoints
 from storage.errors import StoreConfigError
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ def _event_name(event: int) -> str:
 def bind_all(socket: zmq.Socket, addresses: list[str], guard: Guard | None) -> None:
     """Bind every address; TCP ones through ``guard`` when the store has CURVE."""
     for address in addresses:
+        endpoints.allow_ipv6(socket, address)
         if guard is not None and address.startswith("tcp://"):
             guard.bind(socket, address)
         else:

@@ -11,13 +11,18 @@
 
 A store directory is told from a socket directory by its ``config`` or ``commitlog``
 subdirectory; ``shm.bus.run_dir`` decides where a store's sockets live (a short
-directory under /tmp when the store's path is too long for a Unix socket name).
+directory under /tmp when the store's path is too long for a Unix socket name). An
+IPv6 host is written in brackets (``tcp://[::1]:10911``); a socket binds or connects to
+one only after ``allow_ipv6`` (ZeroMQ will not use IPv6 by default, and a socket that
+may would show its IPv4 peers as ``::ffff:a.b.c.d``, so it is set only where needed).
 """
 
 from __future__ import annotations
 
 import os
 from typing import NamedTuple
+
+import zmq
 
 from shm import bus
 
@@ -45,6 +50,18 @@ def resolve(endpoint: str) -> Endpoints:
                      "directory) or tcp://host:port")
 
 
+def tcp_address(host: str, port: int) -> str:
+    """``tcp://host:port``, an IPv6 host in brackets."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def allow_ipv6(socket: zmq.Socket, address: str) -> None:
+    """Let ``socket`` use IPv6 when ``address`` (to bind or connect) is an IPv6 one;
+    call it first."""
+    if address.startswith("tcp://["):
+        socket.setsockopt(zmq.IPV6, 1)
+
+
 def bind_addresses(store_dir: str, name: str, tcp_listen_address: str,
                    listen_port: int) -> list[str]:
     """Where the store's ``ingest`` or ``reader`` socket listens: its Unix socket, and
@@ -53,7 +70,7 @@ def bind_addresses(store_dir: str, name: str, tcp_listen_address: str,
     addresses = [bus.endpoint(store_dir, name)]
     if tcp_listen_address:
         port = listen_port + (1 if name == "reader" else 0)
-        addresses.append(f"tcp://{tcp_listen_address}:{port}")
+        addresses.append(tcp_address(tcp_listen_address, port))
     return addresses
 
 

@@ -63,7 +63,7 @@ import os
 
 import zmq
 
-from procs import curve, ha_protocol as hp
+from procs import curve, endpoints, ha_protocol as hp
 from procs.service import MAX_TURN_MS, Service
 from shm import bus
 from shm.positions import Slot, now_ms
@@ -124,7 +124,8 @@ class HAService(Service):
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND)
-        self.address = f"tcp://{cfg.tcp_listen_address or '127.0.0.1'}:{cfg.ha_listen_port}"
+        self.address = endpoints.tcp_address(cfg.tcp_listen_address or "127.0.0.1",
+                                             cfg.ha_listen_port)
         curve.bind_all(self.router, [self.address], self.curve_guard())
         self.publisher = bus.Publisher(self.context, self.store_dir, "ha")
         self.wakeups = bus.Subscriber(self.context, self.store_dir,

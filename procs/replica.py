@@ -67,7 +67,7 @@ import os
 import numpy as np
 import zmq
 
-from procs import curve, ha_protocol as hp
+from procs import curve, endpoints, ha_protocol as hp
 from shm.positions import Slot, now_ms
 from storage import json_file, replication
 from storage.clock import monotonic_ms
@@ -99,7 +99,7 @@ class Replica:
         self.writer = writer
         cfg = writer.config
         host, port = cfg.ha_master_endpoint()
-        self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        self.address = endpoints.tcp_address(host, port)
         self.file_size = cfg.mapped_file_size_commit_log
         self.socket: zmq.Socket | None = None
         self.session = 0
@@ -126,6 +126,7 @@ class Replica:
         s.setsockopt(zmq.MAXMSGSIZE, hp.MAX_FRAME)
         cfg = self.writer.config
         curve.client_options(s, cfg.ha_master_server_key, cfg.curve_client_key)
+        endpoints.allow_ipv6(s, self.address)
         s.connect(self.address)
         self.socket = s
         self.writer.poller.register(s, zmq.POLLIN)

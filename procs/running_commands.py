@@ -18,7 +18,7 @@ import tomllib
 
 from procs.cleaner import clean_now_path
 from procs.client import Consumer, Producer, ReaderClient
-from procs import group_offsets
+from procs import endpoints, group_offsets
 from procs.consumer import check_names, read_offsets, store_config
 from procs.ha_protocol import error_name
 from procs.stats import read_published
@@ -45,8 +45,8 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
     configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 
-    tcp = (f"tcp://{config.tcp_listen_address}:{config.listen_port} (ingest, reader on the "
-           "next port); " if config.tcp_listen_address else "")
+    tcp = (endpoints.tcp_address(config.tcp_listen_address, config.listen_port)
+           + " (ingest, reader on the next port); " if config.tcp_listen_address else "")
 
     def ready() -> None:
         print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "

@@ -83,3 +83,37 @@ def test_listening_beyond_loopback_needs_curve(keys):
     with pytest.raises(StoreConfigError, match="go together"):
         StoreConfig(curve_server_key=os.path.join(keys, "server.key_secret"))
 
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_a_store_listens_on_ipv6_and_clients_find_every_socket(tmp_path):
+    """``tcp_listen_address = "::1"`` was accepted, but no socket allowed IPv6 and the
+    address had no brackets: the writer and reader failed at every start and the store
+    stopped. Clients find the right socket from a store's address; a ReaderClient
+    given the ingest socket's own address says so by name."""
+    if not _ipv6_loopback():
+        pytest.skip("this host has no IPv6 loopback: listening on ::1 not tried")
+    from procs import endpoints
+    from procs.client import ClientError
+    port = free_port()
+    with RunningStore(tmp_path, tcp_listen_address="::1", listen_port=port) as store:
+        where = endpoints.resolve(f"tcp://[::1]:{port}")
+        assert where == (f"tcp://[::1]:{port}", f"tcp://[::1]:{port + 1}")
+        with Producer(where.ingest) as p:
+            assert p.send("Six", b"over ::1").ok
+        with Producer(f"ipc://{store.store_dir}") as p:            # a store's directory
+            assert p.send("Six", b"over its Unix socket").ok
+        with ReaderClient(where.reader) as rc:
+            assert sum(q.max_offset for q in rc.offsets(["Six"])) == 2
+        with ReaderClient(where.ingest) as rc, pytest.raises(ClientError, match="ingest"):
+            rc.offsets(["Six"])
+        assert store.restarts("writer") == store.restarts("reader") == 0
