@@ -109,6 +109,21 @@ class ProcessStats:
             pass
 
 
+def clear_published(store_dir: str) -> None:
+    """Remove every process's published snapshot (a store starting: they are the last
+    run's, and a process that does not run now would go on showing its old one)."""
+    try:
+        names = os.listdir(run_dir(store_dir))
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("stats-") and name.endswith(".json"):
+            try:
+                os.unlink(os.path.join(run_dir(store_dir), name))
+            except FileNotFoundError:
+                pass
+
+
 def read_published(store_dir: str, process: str) -> dict | None:
     """The last snapshot ``process`` published, or None."""
     try:

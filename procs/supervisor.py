@@ -61,6 +61,7 @@ import multiprocess.connection
 from procs import metrics, promotion
 from procs.recovery import recover_and_publish
 from procs.service import run_service
+from procs.stats import clear_published
 from shm.transient_pool import TransientStorePool, copy_into_files
 from shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
@@ -241,6 +242,10 @@ class Supervisor:
 
     def start(self) -> None:
         raise_open_files_limit()
+        # the statistics an earlier run published: a process that does not run now (a
+        # promoted slave's, the HA process of a master started without it) would show
+        # its last ones for ever, a slave's lag growing with every write
+        clear_published(self.store_dir)
         recovered = recover_and_publish(self.config)
         self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
         if not self.config.slave:       # done, or left by a promotion cut short
@@ -276,7 +281,11 @@ class Supervisor:
         if role:
             log.warning("promoted: restarting the store's processes as %s", role)
             self.config = dataclasses.replace(self.config, broker_role=role)
-            self.children = self._children()
+            before, self.children = self.children, self._children()
+            for name, child in self.children.items():   # counters since this
+                if name in before:                      # supervisor started
+                    child.restarts = before[name].restarts
+                    child.watchdog_kills = before[name].watchdog_kills
         self.start()
         return True
 
@@ -309,6 +318,7 @@ class Supervisor:
         t.set_process(child.name, STARTED_MS, now_ms())
         t.set_process(child.name, PROC_STATE, ProcessState.STARTING)
         t.set_process(child.name, RESTARTS, child.restarts)
+        t.set_process(child.name, WATCHDOG_KILLS, child.watchdog_kills)
         log.info("started %s (pid %d)", child.name, child.process.pid)
 
     def _is_up(self, child: Child) -> bool:

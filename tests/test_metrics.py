@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from procs.client import Consumer, Producer, ReaderClient
 from procs.stats import Histogram, ProcessStats, read_published
-from store_processes import RunningStore, free_port
+from store_processes import RunningStore, cli, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,3 +180,24 @@ def test_histogram_buckets_and_snapshot():
     snap = stats.snapshot()
     assert snap["counters"]["put_messages_total"] == {"labels": ["topic"],
                                                       "values": [[["A"], 5]]}
+
+
+def test_statistics_of_an_earlier_run_are_not_shown(tmp_path):
+    """Each process publishes its statistics in run/; a store started again without a
+    process (a master without its HA socket) went on showing that process's last ones,
+    a slave's lag growing with every write. A start clears them."""
+    import json
+    from procs.stats import stats_path
+    s = RunningStore(tmp_path).start()
+    s.stop()
+    stale = stats_path(s.store_dir, "ha")
+    with open(stale, "w") as f:
+        json.dump({"pid": 1, "ha": {"listen": "tcp://127.0.0.1:1", "slaves": [
+            {"address": "127.0.0.1", "acked": 0}]}}, f)
+    s.start()
+    try:
+        assert not os.path.exists(stale)
+        r = cli("status", "--config", s.config_path, "--json")
+        assert r.returncode == 0 and "127.0.0.1:1" not in r.stdout, r.stdout
+    finally:
+        s.stop()

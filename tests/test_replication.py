@@ -460,8 +460,12 @@ def test_promotion_then_the_old_master_rejoins_as_a_slave(tmp_path):
             p.send_batch([Message("Promo", b"only on the old master", queue_id=0)
                           for _ in range(50)])
         pair.master.kill_all()
+        reader = pair.slave.child_pid("reader")
+        os.kill(reader, signal.SIGKILL)          # a restart the supervisor counts
+        wait_for(lambda: pair.slave.restarts("reader") == 1, what="the reader's restart")
         r = cli("promote", "--config", pair.slave.config_path, "--json")
         assert r.returncode == 0, r.stderr
+        assert pair.slave.restarts("reader") == 1     # counted since the supervisor began
         assert json.loads(r.stdout) == {"store": pair.slave.store_dir, "role": "ASYNC_MASTER",
                                         "running": True}
         with open(pair.slave.config_path) as f:
