@@ -160,14 +160,23 @@ def _event_name(event: int) -> str:
     return str(event)
 
 
+class ListenError(Exception):
+    """A socket cannot listen where the store's settings say (a port in use, an
+    address this host does not have): no restart can help."""
+
+
 def bind_all(socket: zmq.Socket, addresses: list[str], guard: Guard | None) -> None:
-    """Bind every address; TCP ones through ``guard`` when the store has CURVE."""
+    """Bind every address; TCP ones through ``guard`` when the store has CURVE.
+    Raises ``ListenError`` naming the address a bind refused."""
     for address in addresses:
         endpoints.allow_ipv6(socket, address)
-        if guard is not None and address.startswith("tcp://"):
-            guard.bind(socket, address)
-        else:
-            socket.bind(address)
+        try:
+            if guard is not None and address.startswith("tcp://"):
+                guard.bind(socket, address)
+            else:
+                socket.bind(address)
+        except zmq.ZMQError as e:
+            raise ListenError(f"cannot listen on {address}: {e.strerror}") from None
 
 
 def make_keys(directory: str, clients: list[str]) -> list[str]:

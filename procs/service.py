@@ -39,7 +39,7 @@ import sys
 
 import zmq
 
-from procs.curve import Guard
+from procs.curve import Guard, ListenError
 from procs.stats import ProcessStats
 from shm.positions import PROC_STATE, PositionTable, ProcessState
 from storage import file_modes
@@ -47,6 +47,7 @@ from storage.config import StoreConfig
 
 MAX_TURN_MS = 200
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_CANNOT_LISTEN = 78     # EX_CONFIG: the supervisor stops the store at once
 _PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger(__name__)
@@ -147,4 +148,9 @@ def run_service(module: str, store_dir: str, config: dict) -> None:
     service = service_class(store_dir, StoreConfig(**config))
     file_modes.use_umask(service.config.data_umask)
     service.supervised = True
-    service.serve()
+    try:
+        service.serve()
+    except ListenError as e:
+        log.critical("%s: %s; check tcp_listen_address, listen_port (the reader takes the "
+                     "next port), ha_listen_port and metrics_port", service.name, e)
+        sys.exit(EXIT_CANNOT_LISTEN)

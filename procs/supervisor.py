@@ -60,7 +60,7 @@ import multiprocess.connection
 
 from procs import metrics, promotion
 from procs.recovery import recover_and_publish
-from procs.service import run_service
+from procs.service import EXIT_CANNOT_LISTEN, run_service
 from procs.stats import clear_published
 from shm.transient_pool import TransientStorePool, copy_into_files
 from shm.positions import (
@@ -378,6 +378,13 @@ class Supervisor:
             self.table.set_process(child.name, PROC_STATE, child.state)
             return
         child.failures = child.failures + 1 if ran < child.config.startsecs else 1
+        if code == EXIT_CANNOT_LISTEN:
+            child.state = ProcessState.FATAL
+            self.table.set_process(child.name, PROC_STATE, child.state)
+            self._fatal = f"{child.name} cannot listen where the settings say (its log says " \
+                          "why): no restart can help"
+            log.error("%s; stopping the store", self._fatal)
+            return
         if ran < child.config.startsecs and child.failures > child.config.startretries:
             child.state = ProcessState.FATAL
             self.table.set_process(child.name, PROC_STATE, child.state)

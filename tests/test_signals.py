@@ -109,3 +109,23 @@ def test_a_long_cleaner_pass_keeps_its_heartbeat_and_stops_when_asked(tmp_path):
     assert not os.path.exists(os.path.join(rs.store_dir, "abort"))
     with open(rs.log_path) as f:
         assert "did not stop" not in f.read()
+
+
+def test_a_port_in_use_stops_the_start_at_once_naming_it(tmp_path):
+    """Another program holds the store's TCP port: the writer failed at every start,
+    each time with a traceback, until the supervisor gave up without saying why. A
+    socket that cannot listen is not retried: the start ends with the address named."""
+    import socket
+    from store_processes import free_port
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        rs = RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port)
+        with pytest.raises(AssertionError, match="did not start"):
+            rs.start()
+        assert rs.proc.wait(30) == 1
+    log = rs.log()
+    assert f"cannot listen on tcp://127.0.0.1:{port}: Address already in use" in log
+    assert "no restart can help" in log and "Traceback" not in log
+    assert log.count("started writer") == 1
