@@ -182,11 +182,13 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         st = store_status(config.store_path_root_dir)
     except PositionTableError as e:
         state = "UNKNOWN" if isinstance(e, PositionTableAccessError) else "NOT_RUNNING"
+        store = config.store_path_root_dir
+        detail = str(e) if os.path.isdir(store) else f"no directory {store}"
         if args.json:
-            print(json.dumps({"store": config.store_path_root_dir, "state": state,
-                              "detail": str(e)}))
+            print(json.dumps({"store": store, "state": state, "detail": detail,
+                              **failure_doc(type(e).__name__, detail, EXIT_STORE)}))
         else:
-            print(f"{'state unknown' if state == 'UNKNOWN' else 'not running'}: {e}",
+            print(f"{'state unknown' if state == 'UNKNOWN' else 'not running'}: {detail}",
                   file=sys.stderr)
         return EXIT_STORE
     if args.json:
