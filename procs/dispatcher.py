@@ -306,7 +306,15 @@ class Dispatcher(Service):
         self.flush_service.stop()
         try:
             self.flush_service.raise_error()
-            self.dispatch_to(self.table.confirm_offset(), None)
+            try:
+                self.dispatch_to(self.table.confirm_offset(), None)
+            except (StoreError, OSError) as e:
+                if _errno_of(e) not in OUT_OF_SPACE:
+                    raise
+                self.flush_logics()       # what was dispatched is kept
+                log.error("stopped at %d while waiting for disk space (%s): the next start "
+                          "dispatches the rest", self.reput.reput_from_offset, e)
+                raise SystemExit(1) from None
             self.flush_logics()
         except (StoreError, OSError) as e:
             self._fail(e)
@@ -454,12 +462,20 @@ class Dispatcher(Service):
 
 
 def _errno_of(e: BaseException) -> int:
-    """The errno behind ``e`` (an OSError's own, or that of the error it wraps);
-    EIO when there is none."""
-    for cause in (e, e.__cause__, e.__context__):
+    """The errno behind ``e``: its own, or that of the first error down the chain it
+    wraps (an index that cannot grow wraps a file error, which wraps the OSError); EIO
+    when there is none."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        cause = todo.pop(0)
+        if cause is None or id(cause) in seen:
+            continue
+        seen.add(id(cause))
         code = getattr(cause, "errno", None)
         if code:
             return code
+        todo += [cause.__cause__, cause.__context__]
     return errno.EIO
 
 

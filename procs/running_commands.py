@@ -183,10 +183,12 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
     except PositionTableError as e:
         state = "UNKNOWN" if isinstance(e, PositionTableAccessError) else "NOT_RUNNING"
         store = config.store_path_root_dir
-        detail = str(e) if os.path.isdir(store) else f"no directory {store}"
+        there = os.path.isdir(store)
+        detail = str(e) if there else f"no directory {store}"
         if args.json:
+            error = type(e).__name__ if there else "NoStore"    # as check names it
             print(json.dumps({"store": store, "state": state, "detail": detail,
-                              **failure_doc(type(e).__name__, detail, EXIT_STORE)}))
+                              **failure_doc(error, detail, EXIT_STORE)}))
         else:
             print(f"{'state unknown' if state == 'UNKNOWN' else 'not running'}: {detail}",
                   file=sys.stderr)

@@ -151,6 +151,5 @@ def run_service(module: str, store_dir: str, config: dict) -> None:
     try:
         service.serve()
     except ListenError as e:
-        log.critical("%s: %s; check tcp_listen_address, listen_port (the reader takes the "
-                     "next port), ha_listen_port and metrics_port", service.name, e)
+        log.critical("%s: %s", service.name, e)
         sys.exit(EXIT_CANNOT_LISTEN)

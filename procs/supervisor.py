@@ -162,6 +162,7 @@ class Child:
     next_start_at: float = 0.0
     state: ProcessState = ProcessState.STOPPED
     watchdog_kills: int = 0
+    ran: bool = False          # RUNNING once under this supervisor
 
 
 NR_OPEN = "/proc/sys/fs/nr_open"     # the kernel's ceiling for RLIMIT_NOFILE
@@ -242,12 +243,12 @@ class Supervisor:
 
     def start(self) -> None:
         raise_open_files_limit()
+        recovered = recover_and_publish(self.config)      # the store's lock held from here
+        self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
         # the statistics an earlier run published: a process that does not run now (a
         # promoted slave's, the HA process of a master started without it) would show
         # its last ones for ever, a slave's lag growing with every write
         clear_published(self.store_dir)
-        recovered = recover_and_publish(self.config)
-        self.table, self._lock, self._pool = recovered.table, recovered.lock, recovered.pool
         if not self.config.slave:       # done, or left by a promotion cut short
             promotion.clear_request(self.config.config_dir)
         for child in self.children.values():
@@ -339,6 +340,7 @@ class Supervisor:
         for child in self.children.values():
             if child.state == ProcessState.STARTING and self._is_up(child):
                 child.state = ProcessState.RUNNING
+                child.ran = True
                 self.table.set_process(child.name, PROC_STATE, ProcessState.RUNNING)
             if child.state == ProcessState.RUNNING and not self._stopping:
                 self._watchdog(child)
@@ -378,7 +380,7 @@ class Supervisor:
             self.table.set_process(child.name, PROC_STATE, child.state)
             return
         child.failures = child.failures + 1 if ran < child.config.startsecs else 1
-        if code == EXIT_CANNOT_LISTEN:
+        if code == EXIT_CANNOT_LISTEN and not child.ran:   # the settings: no retry helps
             child.state = ProcessState.FATAL
             self.table.set_process(child.name, PROC_STATE, child.state)
             self._fatal = f"{child.name} cannot listen where the settings say (its log says " \

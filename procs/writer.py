@@ -105,6 +105,7 @@ Only the last CommitLog file stays mapped after setup: the writer appends, never
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import time
 
@@ -692,7 +693,9 @@ class WriterService(Service):
             not_running=None if state in _OK_STATES else _state_name(state),
             slave=self.role == "SLAVE",
             flush_error=errno_text(flush_error) if flush_error else None,
-            logics_error=f"the dispatcher stopped on {errno_text(dispatch_error)}"
+            logics_error=(f"the dispatcher waits for disk space ({errno_text(dispatch_error)})"
+                          if dispatch_error in (errno.ENOSPC, errno.EDQUOT) else
+                          f"the dispatcher stopped on {errno_text(dispatch_error)}")
             if dispatch_error else None,
             disk_full=bool(table.get(Slot.DISK_FULL))))
 

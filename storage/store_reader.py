@@ -196,7 +196,7 @@ class StoreReader:
     def drop_expired(self, min_offset: int) -> None:
         """Unmap what the cleaner unlinked: CommitLog files below ``min_offset``, and
         the consume-queue and index files gone from disk (an unlinked file's space comes
-        back only once its last mapping goes). A reads of a queue drops that queue's
+        back only once its last mapping goes). A read of a queue drops that queue's
         gone files itself; a reader that is idle, or reads other queues, calls this as
         MIN_OFFSET moves."""
         self._check_open()

@@ -309,7 +309,8 @@ def test_bad_arguments_exit_2_and_say_why_in_json_too(tmp_path):
     r = run("status", "--store", store, "--json")    # the documented failure shape too
     out = json.loads(r.stdout)
     assert r.returncode == 3 and out["exit"] == 3 and out["state"] == "NOT_RUNNING"
-    assert out["error"] and out["message"] == out["detail"] == f"no directory {store}"
+    assert out["error"] == "NoStore" and out["message"] == out["detail"] == \
+        f"no directory {store}"
     r = run("status", "--config", str(tmp_path / "missing.toml"), "--json")
     assert r.returncode == 3 and "cannot read the settings file" in r.stderr
     assert json.loads(r.stdout)["error"] == "StoreConfigError"

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from procs.client import Consumer, Producer
+from procs.client import Consumer, Producer, ReaderClient
 from shm.positions import Slot
 from storage import Message
 from store_processes import RunningStore, cli, wait_for
@@ -126,54 +126,119 @@ def test_a_full_disk_refuses_by_name_keeps_what_is_stored_and_recovers(small_dis
     assert r.returncode == 0 and "consistent" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_disk):
-    """Another file takes the space; a new topic's consume queue cannot be made. The
-    dispatcher used to exit, crash-loop and have the supervisor stop the whole store;
-    it now waits (puts refused, naming ENOSPC), is not restarted, and goes on by itself
-    once there is space again, with every acknowledged message delivered."""
+def _continue(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)           # never left stopped, whatever failed
+    except ProcessLookupError:
+        pass
+
+
+def _take_every_byte(path: str) -> None:
+    """Another program fills the file system, to its last block."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (MIB, 4096):
+            try:
+                while True:
+                    f.write(b"\xff" * chunk)
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("needs", ["consume queue", "index"])
+def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_disk, needs):
+    """Another file takes the space; a new topic's consume queue, or the index's next
+    file, cannot be made. The dispatcher used to exit, crash-loop and have the
+    supervisor stop the whole store (an index's ENOSPC, wrapped twice, still did); it now
+    waits (puts refused, naming ENOSPC), is not restarted, and goes on by itself once
+    there is space again, with every acknowledged message delivered and found."""
     store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
-                         mapped_file_size_consume_queue=20 * 1024)
+                         mapped_file_size_consume_queue=20 * 1024, max_hash_slot_num=16,
+                         max_index_num=64)
     store.start()
     filler = os.path.join(small_disk, "filler")
+    topic = "NewTopic" if needs == "consume queue" else "Before"
+
+    def batch(tag: str, n: int) -> list[Message]:
+        return [Message(topic=topic, body=b"%s%d" % (tag.encode(), i), keys=[f"{tag}{i}"],
+                        queue_id=0) for i in range(n)]
+
+    cleaner = store.child_pid("cleaner")
+    os.kill(cleaner, signal.SIGSTOP)       # its disk-full refusal would come first
     try:
         with Producer(store.store_dir, timeout_ms=5000) as p:
             assert all(r.ok for r in p.send_batch(
-                [Message(topic="Before", body=b"b%d" % i, queue_id=0) for i in range(100)]))
-            with open(filler, "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\xff" * MIB)
-                        f.flush()
-                except OSError:
-                    pass
-            first = p.send_batch([Message(topic="NewTopic", body=b"n%d" % i, queue_id=0)
-                                  for i in range(20)])
+                [Message(topic="Before", body=b"b%d" % i, queue_id=0) for i in range(40)]))
+            wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                     what="dispatch")
+            _take_every_byte(filler)
+            first = p.send_batch(batch("n", 100))    # 100 keys: more than an index file holds
             acked = [b"n%d" % i for i, r in enumerate(first) if r.ok]
             wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) != 0, timeout=30,
                      what="the dispatcher to meet the full disk")
-            refused = p.send(  # refused while dispatch waits, naming why
-                "NewTopic", b"while full", queue_id=0)
+            refused = p.send(topic, b"while full", queue_id=0)   # refused, naming why
             assert refused.status.name == "SERVICE_NOT_AVAILABLE" and "ENOSPC" in \
                 refused.reason, refused
             time.sleep(3)                               # several retries, no exit
             assert store.restarts("dispatcher") == 0 and store.proc.poll() is None
             os.unlink(filler)
+            os.kill(cleaner, signal.SIGCONT)
             wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) == 0, timeout=30,
                      what="dispatch to go on")
-            more = p.send_batch([Message(topic="NewTopic", body=b"m%d" % i, queue_id=0)
-                                 for i in range(20)])
+            more = p.send_batch(batch("m", 20))
             assert all(r.ok for r in more)
             acked += [b"m%d" % i for i in range(20)]
         wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
                  what="dispatch")
-        with Consumer(store.store_dir, "after", "NewTopic") as c:
+        with Consumer(store.store_dir, "after", topic) as c:
             got = []
-            while (batch := c.poll(256, timeout_ms=500)):
-                got += [m.body for m in batch]
-        assert got == acked
+            while (batch_ := c.poll(256, timeout_ms=500)):
+                got += [m.body for m in batch_]
+        assert [b for b in got if b[:1] in b"nm"] == acked
+        with ReaderClient(store.store_dir) as rc:
+            assert all(len(rc.query_by_key(topic, key.decode())) == 1
+                       for key in (acked[0], acked[-1]))
         assert store.restarts("dispatcher") == 0
         assert store.stop() == 0
     finally:
+        _continue(cleaner)
+        if os.path.exists(filler):
+            os.unlink(filler)
+        store.kill_all()
+
+
+def test_a_stop_while_dispatch_waits_for_space_keeps_what_it_dispatched(small_disk):
+    """A stop that comes while the dispatcher waits for disk space: it flushes what it
+    dispatched, says why it stops behind, and the next start dispatches the rest (it
+    used to log that it stopped to be restarted, and skip the flush)."""
+    store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
+                         mapped_file_size_consume_queue=20 * 1024)
+    store.start()
+    filler = os.path.join(small_disk, "filler")
+    cleaner = store.child_pid("cleaner")
+    os.kill(cleaner, signal.SIGSTOP)       # its disk-full refusal would come first
+    try:
+        with Producer(store.store_dir, timeout_ms=5000) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Before", body=b"b", queue_id=0) for _ in range(10)]))
+            _take_every_byte(filler)
+            assert all(r.ok for r in p.send_batch(
+                [Message(topic="Later", body=b"l%d" % i, queue_id=0) for i in range(5)]))
+        wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) != 0, timeout=30,
+                 what="the dispatcher to meet the full disk")
+        os.kill(cleaner, signal.SIGCONT)
+        store.stop()
+        log = store.log()
+        assert "while waiting for disk space" in log and "DISPATCH STOPPED" not in log
+        os.unlink(filler)
+        store.start()
+        with Consumer(store.store_dir, "later", "Later") as c:
+            got = []
+            while (batch := c.poll(64, timeout_ms=1000)):
+                got += [m.body for m in batch]
+        assert got == [b"l%d" % i for i in range(5)]
+        assert store.stop() == 0
+    finally:
+        _continue(cleaner)
         if os.path.exists(filler):
             os.unlink(filler)
         store.kill_all()

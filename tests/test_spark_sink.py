@@ -142,6 +142,36 @@ def test_chunks_cut_by_rows_and_by_bytes_in_order():
     assert [len(c) for c in chunks(small, 500)] == [500, 500, 200]
 
 
+def test_a_resend_after_a_timeout_cuts_its_frames_by_bytes_too(running, monkeypatch):
+    """The writer stops answering (SIGSTOP) while large rows are in flight: the
+    sender times out, waits, and sends again from the first unacknowledged row. That
+    resend joined every chunk in flight and cut it by rows only (frames far over
+    64 MiB with real bodies); it is cut like the first send, and every row is stored
+    once."""
+    from pipeline import sink
+    monkeypatch.setattr(sink, "FRAME_BYTES", 1 << 20)       # 1 MiB: a few rows a frame
+    sender = sink.IdempotentSender(running.store_dir, 0x5E4D, batch_rows=500,
+                                   timeout_ms=20_000)
+    sender.producer._dealer.timeout_ms = 1000        # the first answers give up soon
+    frames = []
+    send_async = sender.producer.send_async
+    sender.producer.send_async = lambda chunk, **kw: (frames.append(len(chunk)),
+                                                      send_async(chunk, **kw))[1]
+    writer = running.child_pid("writer")
+    os.kill(writer, signal.SIGSTOP)
+    threading.Timer(2.0, os.kill, (writer, signal.SIGCONT)).start()
+    try:
+        rows = [Message(topic="Resent", body=bytes([i]) * 60_000, queue_id=0)
+                for i in range(60)]
+        assert sender.send_all(iter(rows)) == 60
+    finally:
+        os.kill(writer, signal.SIGCONT)
+        sender.producer.close()
+    assert sum(frames) > 60 and max(frames) <= 17        # some went twice, all small
+    caught_up(running)
+    assert stored_count(running, "Resent") == 60
+
+
 # ------------------------------------------------------------------------------ retries
 def python_workers() -> list[int]:
     """Pids of the Python workers Spark's pyspark.daemon forked (not the daemon)."""

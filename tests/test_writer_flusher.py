@@ -461,7 +461,8 @@ def test_position_table_refusals_store_nothing(running):
     cases = [(Slot.FLUSH_ERROR, errno.EIO, 0, "flush failed (EIO"),   # the flusher's slot
              (Slot.DISK_FULL, 1, 0, "disk full"),                     # the cleaner's
              (Slot.DISPATCH_ERROR, errno.ENOSPC, 0,                   # the dispatcher's
-              "WRITE_LOGICS_QUEUE_ERROR: dispatch stopped (the dispatcher stopped on ENOSPC"),
+              "WRITE_LOGICS_QUEUE_ERROR: dispatch stopped (the dispatcher waits for disk "
+              "space (ENOSPC"),
              (Slot.STATE, StoreState.STOPPING, StoreState.RUNNING, "STOPPING")]  # supervisor's
     for slot, bad, good, reason in cases:
         s.as_process(slot.writer).set(slot, bad)
