@@ -19,6 +19,7 @@ injections of the other tests stay for the cases a real disk cannot produce on d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -144,6 +145,26 @@ def _take_every_byte(path: str) -> None:
                 pass
 
 
+@contextlib.contextmanager
+def _store_beside_a_filler(disk, **settings):
+    """A running store on ``disk`` whose cleaner is stopped (its disk-full refusal
+    would come first), with the path of the file that is to take the space; both undone
+    at the end."""
+    store = RunningStore(disk, mapped_file_size_commit_log=4 * MIB,
+                         mapped_file_size_consume_queue=20 * 1024, **settings)
+    store.start()
+    filler = os.path.join(disk, "filler")
+    cleaner = store.child_pid("cleaner")
+    os.kill(cleaner, signal.SIGSTOP)
+    try:
+        yield store, filler, cleaner
+    finally:
+        _continue(cleaner)
+        if os.path.exists(filler):
+            os.unlink(filler)
+        store.kill_all()
+
+
 @pytest.mark.parametrize("needs", ["consume queue", "index"])
 def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_disk, needs):
     """Another file takes the space; a new topic's consume queue, or the index's next
@@ -151,20 +172,14 @@ def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_d
     supervisor stop the whole store (an index's ENOSPC, wrapped twice, still did); it now
     waits (puts refused, naming ENOSPC), is not restarted, and goes on by itself once
     there is space again, with every acknowledged message delivered and found."""
-    store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
-                         mapped_file_size_consume_queue=20 * 1024, max_hash_slot_num=16,
-                         max_index_num=64)
-    store.start()
-    filler = os.path.join(small_disk, "filler")
     topic = "NewTopic" if needs == "consume queue" else "Before"
 
     def batch(tag: str, n: int) -> list[Message]:
         return [Message(topic=topic, body=b"%s%d" % (tag.encode(), i), keys=[f"{tag}{i}"],
                         queue_id=0) for i in range(n)]
 
-    cleaner = store.child_pid("cleaner")
-    os.kill(cleaner, signal.SIGSTOP)       # its disk-full refusal would come first
-    try:
+    with _store_beside_a_filler(small_disk, max_hash_slot_num=16,
+                                max_index_num=64) as (store, filler, cleaner):
         with Producer(store.store_dir, timeout_ms=5000) as p:
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Before", body=b"b%d" % i, queue_id=0) for i in range(40)]))
@@ -199,24 +214,13 @@ def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_d
                        for key in (acked[0], acked[-1]))
         assert store.restarts("dispatcher") == 0
         assert store.stop() == 0
-    finally:
-        _continue(cleaner)
-        if os.path.exists(filler):
-            os.unlink(filler)
-        store.kill_all()
 
 
 def test_a_stop_while_dispatch_waits_for_space_keeps_what_it_dispatched(small_disk):
     """A stop that comes while the dispatcher waits for disk space: it flushes what it
     dispatched, says why it stops behind, and the next start dispatches the rest (it
     used to log that it stopped to be restarted, and skip the flush)."""
-    store = RunningStore(small_disk, mapped_file_size_commit_log=4 * MIB,
-                         mapped_file_size_consume_queue=20 * 1024)
-    store.start()
-    filler = os.path.join(small_disk, "filler")
-    cleaner = store.child_pid("cleaner")
-    os.kill(cleaner, signal.SIGSTOP)       # its disk-full refusal would come first
-    try:
+    with _store_beside_a_filler(small_disk) as (store, filler, cleaner):
         with Producer(store.store_dir, timeout_ms=5000) as p:
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Before", body=b"b", queue_id=0) for _ in range(10)]))
@@ -237,8 +241,3 @@ def test_a_stop_while_dispatch_waits_for_space_keeps_what_it_dispatched(small_di
                 got += [m.body for m in batch]
         assert got == [b"l%d" % i for i in range(5)]
         assert store.stop() == 0
-    finally:
-        _continue(cleaner)
-        if os.path.exists(filler):
-            os.unlink(filler)
-        store.kill_all()
