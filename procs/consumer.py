@@ -101,7 +101,6 @@ class Consumer:
         self._assigned: list[int] = []
         self._next_rebalance = 0.0
         self._turn = 0
-        self._seen_min_offset = -1
 
     # ------------------------------------------------------------------ consuming
     def poll(self, max_msgs: int = 32, timeout_ms: int = 1000) -> list[MessageView]:
@@ -129,10 +128,7 @@ class Consumer:
         it (the pull right after a poll that returned messages costs nothing; once
         DISPATCHED moves, for any topic, every queue is looked at again)."""
         dispatched = self.table.get(Slot.DISPATCHED)
-        min_offset = self.table.get(Slot.MIN_OFFSET)
-        if min_offset != self._seen_min_offset:     # files the cleaner took: unmapped
-            self._seen_min_offset = min_offset      # (their space comes back)
-            self.reader.drop_expired(min_offset)
+        self.reader.drop_expired(self.table.get(Slot.MIN_OFFSET))   # space comes back
         self._place_new_queues(dispatched)
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
@@ -218,12 +214,8 @@ class Consumer:
         committed = self._committed()
         starts = {q: self._start(q, dispatched) for q in new if str(q) not in committed}
         if starts:
-            with offsets_locked(self.config.config_dir):
-                committed = read_offsets(self.config.config_dir).get(self._key, {})
-                pinned = {str(q): at for q, at in starts.items() if str(q) not in committed}
-                if pinned:
-                    merge_offsets(self.config.config_dir, self._key, pinned)
-                committed = {**committed, **pinned}
+            committed = self._merge_committed(lambda held: {
+                str(q): at for q, at in starts.items() if str(q) not in held})
         for q in new:
             self._offsets[q] = int(committed[str(q)])
 
@@ -286,8 +278,7 @@ class Consumer:
         return f"{self.topic}@{self.group}"
 
     def _committed(self) -> dict[str, int]:
-        doc = json_file.load(os.path.join(self.config.config_dir, OFFSET_FILE)) or {}
-        return doc.get("offsetTable", {}).get(self._key, {})
+        return read_offsets(self.config.config_dir).get(self._key, {})
 
     # ------------------------------------------------------------------ group
     def _rebalance_if_due(self, now: bool = False) -> None:
@@ -316,14 +307,19 @@ class Consumer:
     def _hand_over(self, positions: dict[int, int]) -> None:
         """Commit the positions of queues another member now owns, each unless the
         group's committed offset is past it already (the new owner's commit)."""
-        if not positions:
-            return
+        if positions:
+            self._merge_committed(lambda held: {
+                str(q): p for q, p in positions.items() if p > int(held.get(str(q), -1))})
+
+    def _merge_committed(self, choose) -> dict[str, int]:
+        """Under the commits' lock, merge what ``choose(committed)`` picks (queue ->
+        offset, both as stored) into the group's committed offsets; returns them."""
         with offsets_locked(self.config.config_dir):
-            committed = read_offsets(self.config.config_dir).get(self._key, {})
-            ahead = {str(q): p for q, p in positions.items()
-                     if p > int(committed.get(str(q), -1))}
-            if ahead:
-                merge_offsets(self.config.config_dir, self._key, ahead)
+            committed = self._committed()
+            chosen = choose(committed)
+            if chosen:
+                merge_offsets(self.config.config_dir, self._key, chosen)
+            return {**committed, **chosen}
 
     def _follow_restart(self) -> None:
         """A restarted store has a new position table (and maybe files recovery cut and

@@ -268,7 +268,7 @@ class Dispatcher(Service):
             try:
                 self.dispatch_to(end, deadline_ns)
             except (StoreError, OSError) as e:
-                if _errno_of(e) not in OUT_OF_SPACE:
+                if not _out_of_space(e):
                     raise
                 self._no_space(e)
                 return
@@ -309,7 +309,7 @@ class Dispatcher(Service):
             try:
                 self.dispatch_to(self.table.confirm_offset(), None)
             except (StoreError, OSError) as e:
-                if _errno_of(e) not in OUT_OF_SPACE:
+                if not _out_of_space(e):
                     raise
                 self.flush_logics()       # what was dispatched is kept
                 log.error("stopped at %d while waiting for disk space (%s): the next start "
@@ -459,6 +459,10 @@ class Dispatcher(Service):
         self.checkpoint.close()
         self.subscriber.close()
         self.publisher.close()
+
+
+def _out_of_space(e: BaseException) -> bool:
+    return _errno_of(e) in OUT_OF_SPACE
 
 
 def _errno_of(e: BaseException) -> int:

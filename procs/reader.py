@@ -71,7 +71,6 @@ class ReaderService(Service):
 
     def setup(self) -> None:
         self.reader = StoreReader(self.config)
-        self.seen_min_offset = self.table.get(Slot.MIN_OFFSET)
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -111,10 +110,7 @@ class ReaderService(Service):
             self._answer(identity, parts[0])
         self._retry_parked()
         self._watch()
-        min_offset = self.table.get(Slot.MIN_OFFSET)
-        if min_offset != self.seen_min_offset:
-            self.seen_min_offset = min_offset
-            self.reader.drop_expired(min_offset)
+        self.reader.drop_expired(self.table.get(Slot.MIN_OFFSET))
 
     def _watch(self, topic: str | None = None) -> None:
         """Listen to the arrivals of the topics parked pulls wait on (``topic``: one

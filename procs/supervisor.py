@@ -381,23 +381,24 @@ class Supervisor:
             return
         child.failures = child.failures + 1 if ran < child.config.startsecs else 1
         if code == EXIT_CANNOT_LISTEN and not child.ran:   # the settings: no retry helps
-            child.state = ProcessState.FATAL
-            self.table.set_process(child.name, PROC_STATE, child.state)
-            self._fatal = f"{child.name} cannot listen where the settings say (its log says " \
-                          "why): no restart can help"
-            log.error("%s; stopping the store", self._fatal)
+            self._give_up(child, f"{child.name} cannot listen where the settings say (its "
+                                 "log says why): no restart can help")
             return
         if ran < child.config.startsecs and child.failures > child.config.startretries:
-            child.state = ProcessState.FATAL
-            self.table.set_process(child.name, PROC_STATE, child.state)
-            self._fatal = f"{child.name} failed {child.failures} times in a row"
-            log.error("%s; stopping the store", self._fatal)
+            self._give_up(child, f"{child.name} failed {child.failures} times in a row")
             return
         delay = min(child.config.backoff_max_s,
                     child.config.backoff_s * 2 ** (child.failures - 1))
         child.state = ProcessState.BACKOFF
         child.next_start_at = now + delay
         self.table.set_process(child.name, PROC_STATE, child.state)
+
+    def _give_up(self, child: Child, why: str) -> None:
+        """``child`` is FATAL: the store stops, saying ``why``."""
+        child.state = ProcessState.FATAL
+        self.table.set_process(child.name, PROC_STATE, child.state)
+        self._fatal = why
+        log.error("%s; stopping the store", why)
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> bool:

@@ -153,6 +153,7 @@ class StoreReader:
         self._cl_bound = 0   # the bound the CommitLog's read positions were last set to
         self._queues: dict[tuple[str, int], ConsumeQueueView] = {}
         self._index: dict[str, IndexFileView] = {}
+        self._expired_below = -1       # the MIN_OFFSET ``drop_expired`` last followed
         self._closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -197,9 +198,12 @@ class StoreReader:
         """Unmap what the cleaner unlinked: CommitLog files below ``min_offset``, and
         the consume-queue and index files gone from disk (an unlinked file's space comes
         back only once its last mapping goes). A read of a queue drops that queue's
-        gone files itself; a reader that is idle, or reads other queues, calls this as
-        MIN_OFFSET moves."""
+        gone files itself; a reader that is idle, or reads other queues, calls this
+        with MIN_OFFSET as often as it likes: it looks again only when that moved."""
         self._check_open()
+        if min_offset == self._expired_below:
+            return
+        self._expired_below = min_offset
         self._commit_log_min(min_offset)
         for key, qv in list(self._queues.items()):
             if not qv.drop_unlinked():
