@@ -24,9 +24,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from pipeline import _proc_cpu_s  # noqa: E402  (bench/pipeline.py)
-from procs.client import Producer  # noqa: E402
-from storage import Message  # noqa: E402
+from rocketstore.spark import _proc_cpu_s  # noqa: E402  (bench/pipeline.py)
+from rocketstore.client import Producer  # noqa: E402
+from rocketstore.storage import Message  # noqa: E402
 from store_processes import RunningStore  # noqa: E402
 
 

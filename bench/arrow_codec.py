@@ -33,9 +33,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipeline.arrow_codec import records_to_batch  # noqa: E402
-from storage import record  # noqa: E402
-from storage.message import encode_host, encode_properties  # noqa: E402
+from rocketstore.spark.arrow_codec import records_to_batch  # noqa: E402
+from rocketstore.storage import record  # noqa: E402
+from rocketstore.storage.message import encode_host, encode_properties  # noqa: E402
 
 BORN_HOST = encode_host(("10.0.0.7", 53120))
 STORE_HOST = encode_host(("10.0.0.1", 10911))

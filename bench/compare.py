@@ -49,9 +49,9 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pipeline import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
-from procs.client import Producer  # noqa: E402
-from shm.positions import Slot  # noqa: E402
+from rocketstore.spark import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
+from rocketstore.client import Producer  # noqa: E402
+from rocketstore.shm.positions import Slot  # noqa: E402
 
 BODY = os.urandom(128)
 GOALS = {"ingest ASYNC_FLUSH": 2.5, "ingest SYNC_FLUSH": 1.9, "consume": 2.5,

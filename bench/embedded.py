@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from storage import Message, MessageStore, StoreConfig  # noqa: E402
+from rocketstore.storage import Message, MessageStore, StoreConfig  # noqa: E402
 
 BATCH = 256
 

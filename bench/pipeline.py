@@ -38,11 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from procs.client import Consumer, Producer, ReaderClient  # noqa: E402
-from shm.positions import PID, PositionTable, Slot  # noqa: E402
-from storage import Message, StoreConfig  # noqa: E402
-from storage.config import recorded_geometry  # noqa: E402
-from storage.status import PutMessageStatus  # noqa: E402
+from rocketstore.client import Consumer, Producer, ReaderClient  # noqa: E402
+from rocketstore.shm.positions import PID, PositionTable, Slot  # noqa: E402
+from rocketstore.storage import Message, StoreConfig  # noqa: E402
+from rocketstore.storage.config import recorded_geometry  # noqa: E402
+from rocketstore.storage.status import PutMessageStatus  # noqa: E402
 from store_processes import RunningStore  # noqa: E402
 
 SAMPLE_S = 0.050                   # position-table sampling period under load

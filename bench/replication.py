@@ -32,10 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from procs.client import Producer  # noqa: E402
-from shm.positions import PID, PositionTable, Slot  # noqa: E402
-from storage import Message  # noqa: E402
-from storage.status import PutMessageStatus  # noqa: E402
+from rocketstore.client import Producer  # noqa: E402
+from rocketstore.shm.positions import PID, PositionTable, Slot  # noqa: E402
+from rocketstore.storage import Message  # noqa: E402
+from rocketstore.storage.status import PutMessageStatus  # noqa: E402
 from store_processes import RunningStore, free_port, wait_for  # noqa: E402
 
 SETTINGS = dict(mapped_file_size_commit_log=128 << 20,

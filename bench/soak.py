@@ -38,9 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from procs.client import ClientError, Consumer, Producer, ReaderClient, RequestTimeout  # noqa: E402
-from shm.positions import PROCESS_NAMES, Slot  # noqa: E402
-from storage import Message  # noqa: E402
+from rocketstore.client import ClientError, Consumer, Producer, ReaderClient, RequestTimeout  # noqa: E402
+from rocketstore.shm.positions import PROCESS_NAMES, Slot  # noqa: E402
+from rocketstore.storage import Message  # noqa: E402
 from store_processes import RunningStore, cli, wait_for  # noqa: E402
 
 TOPIC = "Soak"

@@ -35,9 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from procs.client import Producer  # noqa: E402
-from shm.positions import Slot  # noqa: E402
-from storage import Message  # noqa: E402
+from rocketstore.client import Producer  # noqa: E402
+from rocketstore.shm.positions import Slot  # noqa: E402
+from rocketstore.storage import Message  # noqa: E402
 from store_processes import RunningStore  # noqa: E402
 
 STORE_SETTINGS = dict(mapped_file_size_commit_log=256 << 20,
@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     args = parser.parse_args()
-    from pipeline.demo import spark_session
+    from rocketstore.spark.demo import spark_session
     tmp = tempfile.mkdtemp(prefix="bench-spark-", dir=os.getcwd())
     try:
         with RunningStore(pathlib.Path(tmp), **STORE_SETTINGS) as store:

@@ -3,7 +3,7 @@
 DataFrames back, with executors on this host mapping the store's files (option
 ``store``) and executors anywhere talking to its ZeroMQ sockets (option ``endpoint``).
 
-    from pipeline import register
+    from rocketstore.spark import register
     register(spark)
     df = spark.read.format("rocketstore").option("store", "store").option("topic", "T").load()
 
@@ -17,5 +17,5 @@ reads), ``source`` (batch and streaming reads), ``sink`` (exactly-once writes),
 def register(spark) -> None:
     """Make ``spark.read/readStream/write/writeStream.format("rocketstore")`` available
     in ``spark`` (a SparkSession)."""
-    from pipeline.source import RocketStoreDataSource
+    from rocketstore.spark.source import RocketStoreDataSource
     spark.dataSource.register(RocketStoreDataSource)

@@ -34,17 +34,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.arrow_codec import records_to_batch
-from pipeline.offsets import DataLossError, QueueBounds, QueueRange
-from procs import endpoints
-from procs.client import ReaderClient
-from procs.consumer import store_config, update_offsets
-from shm.positions import PositionTable, PositionTableError, Slot
-from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES
-from storage.consume_queue import BLANK_UNIT_SIZE
-from storage.status import GetMessageStatus
-from storage.store_reader import StoreReader
-from storage.validation import check_topic
+from rocketstore.spark.arrow_codec import records_to_batch
+from rocketstore.spark.offsets import DataLossError, QueueBounds, QueueRange
+from rocketstore.wire import endpoints
+from rocketstore.client import ReaderClient
+from rocketstore.client.consumer import store_config, update_offsets
+from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
+from rocketstore.storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE
+from rocketstore.storage.status import GetMessageStatus
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ BATCH_MAX_BYTES = MAX_SPAN_BYTES   # and about this many bytes of records at mos
 def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000,
                curve: tuple[str | None, str | None] = (None, None)):
     """A LocalStore for a store directory, a RemoteStore for an endpoint (``curve``: its
-    CURVE key files, procs.curve)."""
+    CURVE key files, wire.curve)."""
     return LocalStore(store) if store is not None else RemoteStore(endpoint, timeout_ms,
                                                                     curve)
 

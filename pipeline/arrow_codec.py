@@ -117,9 +117,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import record
-from storage.errors import CorruptRecordError
-from storage.message import (
+from rocketstore.storage import record
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, NAME_VALUE_SEPARATOR, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_SEPARATOR, PROPERTY_TAGS, STOREHOSTADDRESS_V6_FLAG)
 

@@ -22,11 +22,11 @@ import random
 import sys
 import time
 
-from procs.client import Producer
-from procs.demo import create_store, start_up
-from procs.running_commands import store_status
-from shm.positions import PositionTable, PositionTableError
-from storage import Message, StoreConfig
+from rocketstore.client import Producer
+from rocketstore.cli.demo import create_store, start_up
+from rocketstore.cli.commands import store_status
+from rocketstore.shm.positions import PositionTable, PositionTableError
+from rocketstore.storage import Message, StoreConfig
 
 SOURCE_TOPIC = "Sentences"
 RESULT_TOPIC = "WordCounts"
@@ -54,7 +54,7 @@ def spark_session(app: str = "rocketstore-pipeline-demo", master: str = "local[2
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-    from pipeline import register
+    from rocketstore.spark import register
     spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")

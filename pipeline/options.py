@@ -6,7 +6,7 @@
                                         files (reads) and use its ingest socket (writes)
     endpoint               yes   yes    the store's sockets, for executors anywhere:
                                         ``ipc:///path/store/run`` or ``tcp://host:port``
-                                        (``procs.endpoints``); exactly one of store/endpoint
+                                        (``wire.endpoints``); exactly one of store/endpoint
     topic / topics         yes   yes    one topic / a comma list (write: the default topic
                                         of rows without a ``topic`` column value)
     topicPattern           yes          a regular expression matched against every topic
@@ -40,8 +40,8 @@ import dataclasses
 import re
 from typing import Mapping
 
-from storage.read_path import subscription_tags
-from storage.validation import check_topic
+from rocketstore.storage.read_path import subscription_tags
+from rocketstore.storage.validation import check_topic
 
 DEFAULT_GROUP = "spark-rocketstore"
 KNOWN = {"store", "endpoint", "topic", "topics", "topicpattern", "startingoffsets",
@@ -51,7 +51,7 @@ KNOWN = {"store", "endpoint", "topic", "topics", "topicpattern", "startingoffset
 SPARKS_OWN = {"path", "checkpointlocation", "queryname"}  # options Spark itself passes on
 READ_ONLY = ("topicPattern", "startingOffsets", "endingOffsets", "startingTimestamp",
              "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "group", "tags")
-MAX_WRITE_BATCH = 65536       # records a SEND frame may carry (procs.protocol)
+MAX_WRITE_BATCH = 65536       # records a SEND frame may carry (wire.protocol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Options:
     batch_size: int | None
     timeout_ms: int
     tags: tuple[str, ...] = ()       # the subscription's tags; empty: every message
-    # CURVE over TCP (procs.curve): the store's public and this client's secret key files
+    # CURVE over TCP (wire.curve): the store's public and this client's secret key files
     curve: tuple[str | None, str | None] = (None, None)
 
     def matches(self, topic: str) -> bool:

@@ -51,12 +51,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import (
     ArrayType, BinaryType, IntegerType, LongType, MapType, ShortType, StringType, StructType)
 
-from pipeline.options import Options
-from procs import endpoints
-from procs.client import ClientError, Producer, RequestTimeout
-from shm import bus
-from storage.message import Message
-from storage.status import PutMessageStatus
+from rocketstore.spark.options import Options
+from rocketstore.wire import endpoints
+from rocketstore.client import ClientError, Producer, RequestTimeout
+from rocketstore.shm import bus
+from rocketstore.storage.message import Message
+from rocketstore.storage.status import PutMessageStatus
 
 log = logging.getLogger(__name__)
 

@@ -50,10 +50,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
-from pipeline import offsets as off
-from pipeline.access import DEFAULT_BATCH_ROWS, open_store
-from pipeline.arrow_codec import SPARK_SCHEMA_DDL
-from pipeline.options import Options, parse
+from rocketstore.spark import offsets as off
+from rocketstore.spark.access import DEFAULT_BATCH_ROWS, open_store
+from rocketstore.spark.arrow_codec import SPARK_SCHEMA_DDL
+from rocketstore.spark.options import Options, parse
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,11 @@ class RocketStoreDataSource(DataSource):
         return StreamReader(parse(self.options, reading=True), projection(schema))
 
     def writer(self, schema, overwrite: bool):
-        from pipeline.sink import BatchWriter
+        from rocketstore.spark.sink import BatchWriter
         return BatchWriter(parse(self.options, reading=False), schema)
 
     def streamWriter(self, schema, overwrite: bool):
-        from pipeline.sink import StreamWriter
+        from rocketstore.spark.sink import StreamWriter
         return StreamWriter(parse(self.options, reading=False), schema)
 
 

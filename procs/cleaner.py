@@ -58,16 +58,16 @@ import os
 import time
 from typing import Callable
 
-from procs.service import MAX_TURN_MS, Service
-from shm.positions import Slot, now_ms
-from storage import expiry
-from storage.commit_log import CommitLog
-from storage.consume_queue import CQ_PHY_OFFSET, CQ_STORE_UNIT_SIZE
-from storage.index_file import INDEX_HEADER_SIZE, decode_header
-from storage.logic_queues import queue_dirs
-from storage.dir_sync import fsync_dir
-from storage.mapped_file import MappedFile, unlink_quietly
-from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, gaps_between
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm.positions import Slot, now_ms
+from rocketstore.storage import expiry
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.consume_queue import CQ_PHY_OFFSET, CQ_STORE_UNIT_SIZE
+from rocketstore.storage.index_file import INDEX_HEADER_SIZE, decode_header
+from rocketstore.storage.logic_queues import queue_dirs
+from rocketstore.storage.dir_sync import fsync_dir
+from rocketstore.storage.mapped_file import MappedFile, unlink_quietly
+from rocketstore.storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, gaps_between
 
 log = logging.getLogger(__name__)
 

@@ -122,20 +122,20 @@ import threading
 import time
 from typing import Callable
 
-from procs.service import MAX_TURN_MS, Service
-from shm.bus import (
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm.bus import (
     APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
-from shm.positions import Slot
-from storage.clock import now_ms
-from storage.checkpoint import StoreCheckpoint
-from storage.commit_log import CommitLog
-from storage.logic_queues import LogicQueues
-from storage.errors import CorruptRecordError, StoreError
-from storage.index_service import IndexService
-from storage.dispatch_batch import walk
-from storage.record import BLANK_MAGIC_CODE, HEAD, SIZE_MAGIC
-from storage.reput import ReputMessageService
+from rocketstore.shm.positions import Slot
+from rocketstore.storage.clock import now_ms
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.logic_queues import LogicQueues
+from rocketstore.storage.errors import CorruptRecordError, StoreError
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.dispatch_batch import walk
+from rocketstore.storage.record import BLANK_MAGIC_CODE, HEAD, SIZE_MAGIC
+from rocketstore.storage.reput import ReputMessageService
 
 log = logging.getLogger(__name__)
 

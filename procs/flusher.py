@@ -56,13 +56,13 @@ import logging
 import os
 import time
 
-from procs.service import MAX_TURN_MS, Service
-from shm import bus
-from shm.positions import Slot, now_ms
-from shm.transient_pool import TransientStorePool
-from storage.checkpoint import StoreCheckpoint
-from storage.errors import errno_text
-from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot, now_ms
+from rocketstore.shm.transient_pool import TransientStorePool
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.errors import errno_text
+from rocketstore.storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 It runs on a master (ASYNC_MASTER or SYNC_MASTER) with ``ha_listen_port`` set. Slaves
 connect DEALER sockets to its ROUTER at
 ``tcp://{tcp_listen_address or 127.0.0.1}:{ha_listen_port}`` and speak
-``procs.ha_protocol``. For each slave (a *session*, opened by its HELLO):
+``wire.ha_protocol``. For each slave (a *session*, opened by its HELLO):
 
 1. HELLO is checked against this store's files: the same ``mapped_file_size_commit_log``
    (else FILE_SIZE_MISMATCH), an end inside what this store holds, and the slave's last
@@ -63,13 +63,13 @@ import os
 
 import zmq
 
-from procs import curve, endpoints, ha_protocol as hp
-from procs.service import MAX_TURN_MS, Service
-from shm import bus
-from shm.positions import Slot, now_ms
-from storage import replication
-from storage.clock import monotonic_ms
-from storage.commit_log import CommitLog
+from rocketstore.wire import curve, endpoints, ha_protocol as hp
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot, now_ms
+from rocketstore.storage import replication
+from rocketstore.storage.clock import monotonic_ms
+from rocketstore.storage.commit_log import CommitLog
 
 log = logging.getLogger(__name__)
 

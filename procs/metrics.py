@@ -28,9 +28,9 @@ from prometheus_client import start_http_server
 from prometheus_client.core import (
     CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily)
 
-from procs.stats import read_published
-from shm.positions import PROCESS_NAMES, ProcessState, StoreState
-from storage.config import BROKER_ROLES
+from rocketstore.procs.stats import read_published
+from rocketstore.shm.positions import PROCESS_NAMES, ProcessState, StoreState
+from rocketstore.storage.config import BROKER_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class StoreCollector:
         self.store_dir = store_dir
 
     def collect(self):
-        from procs.running_commands import store_status   # a cycle at import time
+        from rocketstore.cli.commands import store_status   # a cycle at import time
         try:
             status = store_status(self.store_dir)
         except Exception as e:  # noqa: BLE001 - a scrape must not fail on a stopping store

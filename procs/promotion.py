@@ -35,10 +35,10 @@ import os
 import re
 import time
 
-from shm.positions import PositionTable, PositionTableError, Slot, StoreState
-from storage import StoreConfig, json_file
-from storage.config import BROKER_ROLES
-from storage.errors import StoreConfigError
+from rocketstore.shm.positions import PositionTable, PositionTableError, Slot, StoreState
+from rocketstore.storage import StoreConfig, json_file
+from rocketstore.storage.config import BROKER_ROLES
+from rocketstore.storage.errors import StoreConfigError
 
 PROMOTE_REQUEST_FILE = "haPromoteRequest.json"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -144,7 +144,7 @@ def _done(args: argparse.Namespace, store: str, role: str, running: bool) -> int
 
 
 def _fail(args: argparse.Namespace, code: int, why: str) -> int:
-    from procs.running_commands import say_failure     # it imports the supervisor
+    from rocketstore.cli.commands import say_failure     # it imports the supervisor
     return say_failure(args, code, why, error="usage" if code == EXIT_USAGE else "NotPromoted",
                        command="promote")
 

@@ -2,7 +2,7 @@
 that cannot map the store's files (Spark executors on other machines, above all).
 
 A ROUTER at ``ipc://{run}/reader.sock`` answers PULL, QUERY, OFFSETS, FETCH and COMMIT
-frames (``procs.protocol``) from a read-only ``StoreReader`` bounded by DISPATCHED (never
+frames (``wire.protocol``) from a read-only ``StoreReader`` bounded by DISPATCHED (never
 a message a crash could take back under SYNC_FLUSH). Records travel as the raw CommitLog
 bytes; the client decodes them.
 
@@ -17,7 +17,7 @@ bytes; the client decodes them.
   not apply. The records go out as CommitLog spans copied whole (``storage.bulk_read``),
   unchecked: the client checks every one against its unit, in bulk.
 - COMMIT: the reader writes ``config/consumerOffset.json`` on behalf of remote clients:
-  their group's offsets are merged in through ``procs.consumer.update_offsets`` (the
+  their group's offsets are merged in through ``client.consumer.update_offsets`` (the
   same flock and RocketMQ shape local ``Consumer``s use), so a remote group's progress
   sits where a local one's does. It is the one file this process writes; a commit past
   a queue's max offset, or a bad group or topic name, is refused (BAD_REQUEST) and
@@ -45,18 +45,18 @@ import time
 
 import zmq
 
-from procs import curve, endpoints, protocol
-from procs.consumer import update_offsets
-from procs.service import MAX_TURN_MS, Service
-from shm import bus
-from shm.positions import Slot
-from storage import record
-from storage.bulk_read import keep_tags
-from storage.errors import StoreError
-from storage.read_path import subscription_tags
-from storage.status import GetMessageStatus
-from storage.store_reader import StoreReader
-from storage.validation import TOPIC_PATTERN, check_topic
+from rocketstore.wire import curve, endpoints, protocol
+from rocketstore.client.consumer import update_offsets
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import record
+from rocketstore.storage.bulk_read import keep_tags
+from rocketstore.storage.errors import StoreError
+from rocketstore.storage.read_path import subscription_tags
+from rocketstore.storage.status import GetMessageStatus
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
 
 log = logging.getLogger(__name__)
 MAX_PARKED = 10_000

@@ -29,16 +29,16 @@ import dataclasses
 import logging
 import os
 
-from procs.consumer import GROUPS_DIR
-from shm.positions import (
+from rocketstore.client.consumer import GROUPS_DIR
+from rocketstore.shm.positions import (
     PositionTable, Slot, StoreState, now_ms, process_start_ticks, segment_state)
-from shm.transient_pool import TransientStorePool, commit_left_behind
-from storage import MessageStore, StoreConfig
-from storage.config import BROKER_ROLES
-from storage import recovery_plan, replication
-from storage.recovery_plan import TableState
-from storage.store_lock import StoreLock
-from storage import file_modes
+from rocketstore.shm.transient_pool import TransientStorePool, commit_left_behind
+from rocketstore.storage import MessageStore, StoreConfig
+from rocketstore.storage.config import BROKER_ROLES
+from rocketstore.storage import recovery_plan, replication
+from rocketstore.storage.recovery_plan import TableState
+from rocketstore.storage.store_lock import StoreLock
+from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ downstream runs as on a master: the flusher syncs, the dispatcher builds the con
 queues and the index, readers and consumers read.
 
 The follower (``Replica``) holds a DEALER socket to ``tcp://{ha_master_address}`` and
-speaks ``procs.ha_protocol``:
+speaks ``wire.ha_protocol``:
 
 1. HELLO opens a session: the slave's end (WRITTEN) and the crc32 of its last bytes
    (``storage.replication.tail_check``), so the master streams from exactly what this
@@ -67,11 +67,11 @@ import os
 import numpy as np
 import zmq
 
-from procs import curve, endpoints, ha_protocol as hp
-from shm.positions import Slot, now_ms
-from storage import json_file, replication
-from storage.clock import monotonic_ms
-from storage.errors import StoreFileError
+from rocketstore.wire import curve, endpoints, ha_protocol as hp
+from rocketstore.shm.positions import Slot, now_ms
+from rocketstore.storage import json_file, replication
+from rocketstore.storage.clock import monotonic_ms
+from rocketstore.storage.errors import StoreFileError
 
 log = logging.getLogger(__name__)
 

@@ -29,16 +29,16 @@ import logging
 import time
 from typing import Iterator
 
-from procs.client import ClientError, Producer
-from procs.service import MAX_TURN_MS, Service
-from shm import bus
-from shm.positions import Slot, now_ms
-from storage.delay_level import parse_delay_levels, queue_id_to_delay_level
-from storage.message import Message, MessageExt
-from storage.record import SCHEDULE_TOPIC
-from storage.schedule_message import ScheduleMessageService
-from storage.status import GetMessageStatus, PutMessageStatus
-from storage.store_reader import StoreReader
+from rocketstore.client import ClientError, Producer
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot, now_ms
+from rocketstore.storage.delay_level import parse_delay_levels, queue_id_to_delay_level
+from rocketstore.storage.message import Message, MessageExt
+from rocketstore.storage.record import SCHEDULE_TOPIC
+from rocketstore.storage.schedule_message import ScheduleMessageService
+from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
+from rocketstore.storage.store_reader import StoreReader
 
 log = logging.getLogger(__name__)
 PAGE = 64

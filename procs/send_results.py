@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from procs import protocol
-from storage.commit_log import PutMessageResult
-from storage.status import PutMessageStatus
+from rocketstore.wire import protocol
+from rocketstore.storage.commit_log import PutMessageResult
+from rocketstore.storage.status import PutMessageStatus
 
 _STATUS = {s.value: s for s in PutMessageStatus}
 _UNSET = 255

@@ -39,11 +39,11 @@ import sys
 
 import zmq
 
-from procs.curve import Guard, ListenError
-from procs.stats import ProcessStats
-from shm.positions import PROC_STATE, PositionTable, ProcessState
-from storage import file_modes
-from storage.config import StoreConfig
+from rocketstore.wire.curve import Guard, ListenError
+from rocketstore.procs.stats import ProcessStats
+from rocketstore.shm.positions import PROC_STATE, PositionTable, ProcessState
+from rocketstore.storage import file_modes
+from rocketstore.storage.config import StoreConfig
 
 MAX_TURN_MS = 200
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -69,7 +69,7 @@ class Service:
         self._guard: Guard | None = None
 
     def curve_guard(self) -> "Guard | None":
-        """This process's CURVE server side (procs.curve), made on first use; None when
+        """This process's CURVE server side (wire.curve), made on first use; None when
         the store has no ``curve_server_key``."""
         cfg = self.config
         if cfg.curve_server_key and self._guard is None:

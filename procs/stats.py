@@ -21,8 +21,8 @@ import os
 import time
 from collections import defaultdict
 
-from shm.bus import run_dir
-from storage.status import PutMessageStatus
+from rocketstore.shm.bus import run_dir
+from rocketstore.storage.status import PutMessageStatus
 
 PUBLISH_INTERVAL_S = 1.0
 # seconds; RocketMQ's 0, 10, 50, 100, 200, 500 ms, 1-5 s, 10 s, with finer steps below 10 ms

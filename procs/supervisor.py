@@ -58,17 +58,17 @@ from typing import Any
 import multiprocess
 import multiprocess.connection
 
-from procs import metrics, promotion
-from procs.recovery import recover_and_publish
-from procs.service import EXIT_CANNOT_LISTEN, run_service
-from procs.stats import clear_published
-from shm.transient_pool import TransientStorePool, copy_into_files
-from shm.positions import (
+from rocketstore.procs import metrics, promotion
+from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.procs.service import EXIT_CANNOT_LISTEN, run_service
+from rocketstore.procs.stats import clear_published
+from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
+from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
     ProcessState, Slot, StoreState, now_ms)
-from storage import StoreConfig, replication
-from storage.errors import StoreConfigError
-from storage.store_lock import remove_abort
+from rocketstore.storage import StoreConfig, replication
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.store_lock import remove_abort
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def runs(name: str, config: StoreConfig) -> bool:
     if config.slave and name in MASTER_ONLY:
         return False
     return name != "ha" or bool(config.ha_listen_port)
-MODULES = {name: f"procs.{name}" for name in DEFAULT_PROCESSES}
+MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
 
 
 def load_process_configs(doc: dict[str, Any]) -> dict[str, ProcessConfig]:

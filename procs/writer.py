@@ -1,6 +1,6 @@
 """The writer process: the CommitLog's single appender, serving the ingest socket.
 
-Producers send SEND frames (``procs.protocol``) from DEALER sockets to the writer's
+Producers send SEND frames (``wire.protocol``) from DEALER sockets to the writer's
 ROUTER at ``shm.bus.endpoint(store, "ingest")``. Each turn the writer drains every
 request waiting (at most ``MAX_BATCH_RECORDS`` records), and for the whole batch, across
 requests and clients:
@@ -112,26 +112,26 @@ import time
 import numpy as np
 import zmq
 
-from procs import curve, endpoints, protocol
-from procs.protocol import ErrorCode, ProtocolError
-from procs.replica import Replica
-from procs.send_results import SendResults
-from procs.service import MAX_TURN_MS, Service
-from procs.stats import count_puts, count_reply
-from shm import bus
-from shm.positions import Slot, StoreState, now_ms
-from shm.transient_pool import TransientStorePool, copy_into_files
-from storage import producer_state, record_batch, replication
-from storage.clock import monotonic_ms
-from storage.config import BROKER_ROLES
-from storage.commit_log import CommitLog, PutMessageResult
-from storage.errors import errno_text
-from storage.idempotence import BatchClaims, admission
-from storage.producer_state import LastRecord, ProducerStateTable
-from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
-from storage.record_batch import RecordBatch, RecordsFormatError, check_records
-from storage.status import PutMessageStatus
-from storage.topic_queue_table import rebuild
+from rocketstore.wire import curve, endpoints, protocol
+from rocketstore.wire.protocol import ErrorCode, ProtocolError
+from rocketstore.procs.replica import Replica
+from rocketstore.procs.send_results import SendResults
+from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.procs.stats import count_puts, count_reply
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot, StoreState, now_ms
+from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
+from rocketstore.storage import producer_state, record_batch, replication
+from rocketstore.storage.clock import monotonic_ms
+from rocketstore.storage.config import BROKER_ROLES
+from rocketstore.storage.commit_log import CommitLog, PutMessageResult
+from rocketstore.storage.errors import errno_text
+from rocketstore.storage.idempotence import BatchClaims, admission
+from rocketstore.storage.producer_state import LastRecord, ProducerStateTable
+from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
+from rocketstore.storage.record_batch import RecordBatch, RecordsFormatError, check_records
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.topic_queue_table import rebuild
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ and unlinks it at a clean stop.
                                                           as its last frame said
     21     MASTER_HEARD_MS writer       ms     -          slave: when the master's last frame
                                                           came (0: never)
-    22     REPLICA_ERROR   writer       enum   -          slave: != 0 (procs.ha_protocol
+    22     REPLICA_ERROR   writer       enum   -          slave: != 0 (wire.ha_protocol
                                                           HAError): replication stopped
     per process p (PROCESS_NAMES), block at PROCESS_BASE + p * PROCESS_SLOTS:
     +0     PID             supervisor   pid    -          0 when not running
@@ -113,9 +113,9 @@ from typing import Mapping
 
 import posix_ipc
 
-from storage.clock import now_ms  # noqa: F401  (re-exported)
-from storage.recovery_plan import TableState
-from storage import file_modes
+from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
+from rocketstore.storage.recovery_plan import TableState
+from rocketstore.storage import file_modes
 
 SEGMENT_SIZE = 4096
 MAGIC_VALUE = 0x52534D50_4F530001

@@ -42,8 +42,8 @@ import os
 
 import posix_ipc
 
-from shm.positions import segment_name
-from storage.errors import StoreError
+from rocketstore.shm.positions import segment_name
+from rocketstore.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"          # where Linux keeps POSIX shared memory (a tmpfs)
@@ -192,7 +192,7 @@ def copy_into_files(pool: TransientStorePool, committed: int, written: int,
                     commit_log_dir: str, *, sync: bool) -> None:
     """Copy ``[committed, written)`` from ``pool`` into the CommitLog files under
     ``commit_log_dir`` (fdatasync'ed with ``sync``). Raises ``OSError``."""
-    from storage.mapped_file import offset_to_file_name
+    from rocketstore.storage.mapped_file import offset_to_file_name
     fds: dict[int, int] = {}
 
     def fd_of(file_offset: int) -> int:

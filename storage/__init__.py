@@ -2,7 +2,7 @@
 
 Pure on-disk structures and their algorithms, usable alone in one process::
 
-    from storage import MessageStore, StoreConfig, Message
+    from rocketstore.storage import MessageStore, StoreConfig, Message
     store = MessageStore(StoreConfig(store_path_root_dir="/tmp/rs"))
     store.load()
     r = store.put(Message(topic="T", body=b"hello", tags="TagA", keys=["k1"]))
@@ -16,15 +16,15 @@ Modules, one structure each: ``record`` (the CommitLog record), ``mapped_file`` 
 ``shm`` or ``procs``.
 """
 
-from storage.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
-from storage.errors import (
+from rocketstore.storage.config import ASYNC_FLUSH, SYNC_FLUSH, StoreConfig
+from rocketstore.storage.errors import (
     CorruptRecordError, StoreClosedError, StoreConfigError, StoreError, StoreFileError)
-from storage.message import Message, MessageExt
-from storage.message_store import (
+from rocketstore.storage.message import Message, MessageExt
+from rocketstore.storage.message_store import (
     CleanResult, GetMessageResult, MessageStore, QueryMessageResult)
-from storage.commit_log import PutMessageResult
-from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
-from storage.store_lock import StoreLockedError
+from rocketstore.storage.commit_log import PutMessageResult
+from rocketstore.storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
+from rocketstore.storage.store_lock import StoreLockedError
 
 __all__ = [
     "ASYNC_FLUSH", "SYNC_FLUSH", "AppendMessageStatus", "CleanResult", "CorruptRecordError",

@@ -50,9 +50,9 @@ import logging
 import os
 import threading
 
-from storage.dir_sync import fsync_dir
-from storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
-from storage import file_modes
+from rocketstore.storage.dir_sync import fsync_dir
+from rocketstore.storage.mapped_file import FILE_OPS, OS_PAGE_SIZE, offset_to_file_name
+from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from storage import record
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT_DTYPE
-from storage.hashing import tags_code
-from storage.status import GetMessageStatus
+from rocketstore.storage import record
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT_DTYPE
+from rocketstore.storage.hashing import tags_code
+from rocketstore.storage.status import GetMessageStatus
 
 
 SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span

@@ -22,13 +22,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from storage import record
-from storage.consume_queue import BLANK_UNIT_SIZE
-from storage.hashing import index_key_hash
-from storage.message import TRANSACTION_ROLLBACK_TYPE, is_consumable, transaction_value
+from rocketstore.storage import record
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE
+from rocketstore.storage.hashing import index_key_hash
+from rocketstore.storage.message import TRANSACTION_ROLLBACK_TYPE, is_consumable, transaction_value
 
 if TYPE_CHECKING:
-    from storage.message_store import MessageStore
+    from rocketstore.storage.message_store import MessageStore
 
 MAX_PROBLEMS = 100
 CLOCK_SKEW_MS = 60_000

@@ -22,8 +22,8 @@ import mmap
 import os
 import struct
 
-from storage.mapped_file import FILE_OPS
-from storage import file_modes
+from rocketstore.storage.mapped_file import FILE_OPS
+from rocketstore.storage import file_modes
 
 CHECKPOINT_FILE_SIZE = 4096
 PHYSIC_POS = 0

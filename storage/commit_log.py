@@ -54,20 +54,20 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from storage import allocate, record, record_batch
-from storage.config import StoreConfig
-from storage.delay_level import parse_delay_levels, rewrite_for_delay
-from storage.dispatch_batch import valid_end, walk
-from storage.errors import CorruptRecordError, StoreFileError
-from storage.mapped_file import MappedFile, file_may_hold_data
-from storage.mapped_file_queue import MappedFileQueue
-from storage.record_batch import RecordBatch
-from storage.message import (
+from rocketstore.storage import allocate, record, record_batch
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.delay_level import parse_delay_levels, rewrite_for_delay
+from rocketstore.storage.dispatch_batch import valid_end, walk
+from rocketstore.storage.errors import CorruptRecordError, StoreFileError
+from rocketstore.storage.mapped_file import MappedFile, file_may_hold_data
+from rocketstore.storage.mapped_file_queue import MappedFileQueue
+from rocketstore.storage.record_batch import RecordBatch
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, Host, Message, MessageExt, encode_host,
     encode_properties, host_is_v6, is_consumable, transaction_value, TRANSACTION_NOT_TYPE,
     TRANSACTION_COMMIT_TYPE)
-from storage.status import AppendMessageStatus, PutMessageStatus
-from storage.validation import check_encoded_size
+from rocketstore.storage.status import AppendMessageStatus, PutMessageStatus
+from rocketstore.storage.validation import check_encoded_size
 
 log = logging.getLogger(__name__)
 

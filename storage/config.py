@@ -40,8 +40,8 @@ import os
 import tomllib
 from typing import Any
 
-from storage.consume_queue import CQ_STORE_UNIT_SIZE
-from storage.errors import StoreConfigError
+from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
+from rocketstore.storage.errors import StoreConfigError
 
 MIN_COMMIT_LOG_FILE_SIZE = 4096
 
@@ -152,7 +152,7 @@ class StoreConfig:
     # rocketstore's: also listen on TCP at this address (ingest on listen_port, reader on
     # listen_port + 1); empty = Unix sockets only. Beyond loopback only with CURVE.
     tcp_listen_address: str = ""
-    # rocketstore's: CURVE on every TCP socket (procs.curve; rocketstore keys makes the
+    # rocketstore's: CURVE on every TCP socket (wire.curve; rocketstore keys makes the
     # files): this store's secret certificate, and the client public certificates (files
     # or directories, comma-separated) it lets in
     curve_server_key: str = ""
@@ -364,7 +364,7 @@ class StoreConfig:
 
 def recorded_geometry(root_dir: str) -> dict[str, int] | None:
     """The file sizes a store at ``root_dir`` was created with (None if unrecorded)."""
-    from storage import json_file
+    from rocketstore.storage import json_file
     doc = json_file.load(os.path.join(root_dir, "config", GEOMETRY_FILE))
     if doc is None:
         return None
@@ -389,7 +389,7 @@ def check_geometry(config: StoreConfig) -> bool:
 
 
 def record_geometry(config: StoreConfig) -> None:
-    from storage import json_file
+    from rocketstore.storage import json_file
     json_file.persist(config.geometry_path(), config.geometry())
 
 

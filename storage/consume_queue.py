@@ -39,9 +39,9 @@ from typing import Iterator
 
 import numpy as np
 
-from storage.dir_sync import DirSyncs
-from storage.mapped_file import MappedFile, offset_to_file_name
-from storage.mapped_file_queue import MappedFileQueue
+from rocketstore.storage.dir_sync import DirSyncs
+from rocketstore.storage.mapped_file import MappedFile, offset_to_file_name
+from rocketstore.storage.mapped_file_queue import MappedFileQueue
 
 CQ_STORE_UNIT_SIZE = 20
 CQ_UNIT = struct.Struct(">qiq")

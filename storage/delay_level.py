@@ -23,11 +23,11 @@ each delivery is stored once.
 
 from __future__ import annotations
 
-from storage.errors import StoreConfigError
-from storage.message import (
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.message import (
     PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE,
     PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageExt)
-from storage.record import SCHEDULE_TOPIC
+from rocketstore.storage.record import SCHEDULE_TOPIC
 
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 

@@ -39,10 +39,10 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from storage import record
-from storage.hashing import java_string_hash
-from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
-from storage.record_batch import FIXED_HEAD, gather_be, gather_rows, same_bytes
+from rocketstore.storage import record
+from rocketstore.storage.hashing import java_string_hash
+from rocketstore.storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
+from rocketstore.storage.record_batch import FIXED_HEAD, gather_be, gather_rows, same_bytes
 
 _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _IPV4_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8   # through PREPARED

@@ -16,12 +16,12 @@ from typing import Iterator
 
 import numpy as np
 
-from storage import checkpoint as checkpoint_codec
-from storage import record
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
-from storage.errors import StoreFileError
-from storage import index_file
-from storage.mapped_file import data_regions
+from rocketstore.storage import checkpoint as checkpoint_codec
+from rocketstore.storage import record
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
+from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage import index_file
+from rocketstore.storage.mapped_file import data_regions
 
 KINDS = ("commitlog", "consumequeue", "index", "checkpoint")
 RECHECK_S = 0.05       # a failed record with data after it is looked at again after this

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import time
 
-from storage.config import StoreConfig
+from rocketstore.storage.config import StoreConfig
 
 
 def disk_partition_used_ratio(path: str) -> float:

@@ -26,11 +26,11 @@ Requests are the writer's: objects with ``results`` (index -> ``PutMessageResult
 
 from __future__ import annotations
 
-from storage.commit_log import PutMessageResult
-from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
-from storage.producer_state import (
+from rocketstore.storage.commit_log import PutMessageResult
+from rocketstore.storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from rocketstore.storage.producer_state import (
     ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge)
-from storage.status import PutMessageStatus
+from rocketstore.storage.status import PutMessageStatus
 
 
 def admission(req, pids, seqs, claims: "BatchClaims", waits=None):

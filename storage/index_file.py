@@ -71,11 +71,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
-from storage.hashing import index_key_hash
-from storage.dir_sync import fsync_creation
-from storage.mapped_file import FILE_OPS, unlink_quietly
-from storage import file_modes
+from rocketstore.storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
+from rocketstore.storage.hashing import index_key_hash
+from rocketstore.storage.dir_sync import fsync_creation
+from rocketstore.storage.mapped_file import FILE_OPS, unlink_quietly
+from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 

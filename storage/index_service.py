@@ -47,12 +47,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from storage.errors import StoreError
-from storage.hashing import index_key_hash, index_key_hashes
-from storage.index_file import (
+from rocketstore.storage.errors import StoreError
+from rocketstore.storage.hashing import index_key_hash, index_key_hashes
+from rocketstore.storage.index_file import (
     IndexFile, human_string_to_time_millis, time_millis_to_human_string)
-from storage.mapped_file import now_ms, unlink_quietly
-from storage.message import KEY_SEPARATOR, TRANSACTION_ROLLBACK_TYPE
+from rocketstore.storage.mapped_file import now_ms, unlink_quietly
+from rocketstore.storage.message import KEY_SEPARATOR, TRANSACTION_ROLLBACK_TYPE
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import re
 import os
 import shutil
 
-from storage.dir_sync import fsync_creation
-from storage import file_modes
+from rocketstore.storage.dir_sync import fsync_creation
+from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ import logging
 import os
 from typing import Callable, Iterator
 
-from storage.checkpoint import StoreCheckpoint
-from storage.config import StoreConfig
-from storage.consume_queue import ConsumeQueue
-from storage.dir_sync import DirSyncs
-from storage.index_service import IndexService
-from storage.mapped_file import now_ms
-from storage.validation import check_topic
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.consume_queue import ConsumeQueue
+from rocketstore.storage.dir_sync import DirSyncs
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.mapped_file import now_ms
+from rocketstore.storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 

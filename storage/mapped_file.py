@@ -43,10 +43,10 @@ import mmap
 import os
 import types
 
-from storage.dir_sync import DirSyncs, fsync_creation, owed_by_creation
-from storage.errors import StoreFileError
-from storage.clock import now_ms  # noqa: F401  (re-exported)
-from storage import file_modes
+from rocketstore.storage.dir_sync import DirSyncs, fsync_creation, owed_by_creation
+from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
+from rocketstore.storage import file_modes
 
 OS_PAGE_SIZE = 4096
 # How many bytes of "may hold data" regions ``file_may_hold_data`` reads before it

@@ -35,15 +35,15 @@ import resource
 import time
 from typing import TYPE_CHECKING, Callable
 
-from storage.dir_sync import DirSyncs, fsync_dir
-from storage.errors import StoreFileError
-from storage.mapped_file import (
+from rocketstore.storage.dir_sync import DirSyncs, fsync_dir
+from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage.mapped_file import (
     INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, now_ms,
     offset_to_file_name)
-from storage import file_modes, record
+from rocketstore.storage import file_modes, record
 
 if TYPE_CHECKING:
-    from storage.allocate import AllocateMappedFileService
+    from rocketstore.storage.allocate import AllocateMappedFileService
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import ipaddress
 import re
 import struct
 from typing import Mapping
-from storage.clock import now_ms  # noqa: F401  (re-exported)
+from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
 
 # --- property names (MessageConst) -------------------------------------------------------
 PROPERTY_KEYS = "KEYS"

@@ -38,29 +38,29 @@ import os
 import threading
 from typing import Callable, Iterable, Sequence
 
-from storage import expiry
-from storage.checkpoint import StoreCheckpoint
-from storage.commit_log import CommitLog, PutMessageResult
-from storage.config import StoreConfig, check_geometry, record_geometry
-from storage.consume_queue import ConsumeQueue
-from storage.logic_queues import LogicQueues
-from storage.errors import StoreClosedError, StoreConfigError, StoreError, StoreFileError
-from storage.index_service import IndexService
-from storage.mapped_file import now_ms
-from storage.message import Message, MessageExt
-from storage.read_path import (
+from rocketstore.storage import expiry
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.commit_log import CommitLog, PutMessageResult
+from rocketstore.storage.config import StoreConfig, check_geometry, record_geometry
+from rocketstore.storage.consume_queue import ConsumeQueue
+from rocketstore.storage.logic_queues import LogicQueues
+from rocketstore.storage.errors import StoreClosedError, StoreConfigError, StoreError, StoreFileError
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.mapped_file import now_ms
+from rocketstore.storage.message import Message, MessageExt
+from rocketstore.storage.read_path import (
     GetMessageResult, QueryMessageResult, check_unit_record, get_from_queue, look_message_by_id,
     memory_limit_bytes, query_messages)
-from storage import recovery_plan as plan
-from storage.record import SCHEDULE_TOPIC
-from storage.reput import ArrivingListener, ReputMessageService
-from storage.running_flags import Flag, RunningFlags
-from storage.schedule_message import ScheduleMessageService
-from storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
-from storage.store_services import StoreServices
-from storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
-from storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
-from storage import file_modes
+from rocketstore.storage import recovery_plan as plan
+from rocketstore.storage.record import SCHEDULE_TOPIC
+from rocketstore.storage.reput import ArrivingListener, ReputMessageService
+from rocketstore.storage.running_flags import Flag, RunningFlags
+from rocketstore.storage.schedule_message import ScheduleMessageService
+from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
+from rocketstore.storage.store_services import StoreServices
+from rocketstore.storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
+from rocketstore.storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
+from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 
@@ -708,7 +708,7 @@ class MessageStore:
 
         Returns a list of problems, empty when the store is consistent.
         """
-        from storage.check import check_store
+        from rocketstore.storage.check import check_store
         with self._mutex:
             self._check_running()
             self._dispatch_to(self._confirm_offset())

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from storage import record
-from storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from storage.record_batch import BODY_POS, FIXED_HEAD, V4_HEAD, gather_be, gather_rows
+from rocketstore.storage import record
+from rocketstore.storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
+from rocketstore.storage.record_batch import BODY_POS, FIXED_HEAD, V4_HEAD, gather_be, gather_rows
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",

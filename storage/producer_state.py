@@ -82,11 +82,11 @@ import logging
 import os
 from typing import NamedTuple
 
-from storage import json_file, record
-from storage.commit_log import CommitLog
-from storage.config import StoreConfig
-from storage.errors import CorruptRecordError
-from storage.message import (
+from rocketstore.storage import json_file, record
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message import (
     PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, PROPERTY_REAL_QUEUE_ID,
     STOREHOSTADDRESS_V6_FLAG)
 

@@ -32,11 +32,11 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
-from storage.config import StoreConfig
-from storage.message import Message
-from storage.status import PutMessageStatus
-from storage.validation import check_message
+from rocketstore.storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.message import Message
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.validation import check_message
 
 
 class StoreCondition(NamedTuple):

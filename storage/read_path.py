@@ -23,16 +23,16 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from storage import record
-from storage.config import StoreConfig
-from storage.consume_queue import (
+from rocketstore.storage import record
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.consume_queue import (
     BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE, ConsumeQueue)
-from storage.errors import CorruptRecordError
-from storage.index_service import query_offset
-from storage.message import MessageExt, decode_message_id
-from storage.message_view import MessageView, view_at, views_at
-from storage.record import RecordFormatError, decode_at
-from storage.status import GetMessageStatus
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.index_service import query_offset
+from rocketstore.storage.message import MessageExt, decode_message_id
+from rocketstore.storage.message_view import MessageView, view_at, views_at
+from rocketstore.storage.record import RecordFormatError, decode_at
+from rocketstore.storage.status import GetMessageStatus
 
 MAX_SCAN_UNITS = 16000 // CQ_STORE_UNIT_SIZE
 

@@ -45,8 +45,8 @@ import struct
 import zlib
 from typing import NamedTuple, Sequence
 
-from storage.hashing import java_string_hash
-from storage.message import (
+from rocketstore.storage.hashing import java_string_hash
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, MessageExt, decode_host, read_properties)
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7

@@ -63,16 +63,16 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from storage import record
-from storage.config import StoreConfig
-from storage.message import (
+from rocketstore.storage import record
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
     PROPERTY_TAGS,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_WAIT_STORE_MSG_OK, STOREHOSTADDRESS_V6_FLAG, Message,
     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, encode_host,
     delay_property_refusal, encode_properties, host_is_v6)
-from storage.status import PutMessageStatus
-from storage.validation import check_topic
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.validation import check_topic
 
 # Positions in a record whose hosts are both IPv4 (the layout producers encode).
 QUEUEID_POS = record.QUEUEID_POS

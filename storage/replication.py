@@ -34,9 +34,9 @@ import mmap
 import os
 import zlib
 
-from storage import json_file, record
-from storage.clock import now_ms
-from storage.mapped_file import offset_to_file_name
+from rocketstore.storage import json_file, record
+from rocketstore.storage.clock import now_ms
+from rocketstore.storage.mapped_file import offset_to_file_name
 
 TAIL_CHECK_BYTES = 4096
 _SIZE_MAGIC = record.SIZE_MAGIC
@@ -183,7 +183,7 @@ def apply_requested_cut(config) -> dict | None:
     offset. Every byte cut is kept under ``quarantine/`` (never destroyed); recovery
     then finds the CommitLog ending there and cuts consume queues and index to match.
     Returns the cut as recorded in ``haCuts.json``, or None when none was asked."""
-    from storage.commit_log import CommitLog
+    from rocketstore.storage.commit_log import CommitLog
     request = requested_cut(config.config_dir)
     if request is None:
         return None

@@ -26,14 +26,14 @@ from typing import Callable
 
 import numpy as np
 
-from storage.commit_log import CommitLog
-from storage.consume_queue import ConsumeQueue
-from storage.errors import CorruptRecordError
-from storage.index_service import IndexService
-from storage.dispatch_batch import RecordRun, parse_run, walk
-from storage.message import (
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.consume_queue import ConsumeQueue
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.dispatch_batch import RecordRun, parse_run, walk
+from rocketstore.storage.message import (
     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, is_consumable)
-from storage.record import DispatchRequest
+from rocketstore.storage.record import DispatchRequest
 
 ArrivingListener = Callable[[str, int, int, int, int], None]
 QueueListener = Callable[[str, int, int], None]  # topic, queue id, next offset

@@ -55,11 +55,11 @@ import os
 import time
 from typing import Iterator, Protocol
 
-from storage import json_file
-from storage.delay_level import delay_level_to_queue_id, restore_real_destination
-from storage.mapped_file import now_ms
-from storage.message import Message, MessageExt
-from storage.status import PutMessageStatus
+from rocketstore.storage import json_file
+from rocketstore.storage.delay_level import delay_level_to_queue_id, restore_real_destination
+from rocketstore.storage.mapped_file import now_ms
+from rocketstore.storage.message import Message, MessageExt
+from rocketstore.storage.status import PutMessageStatus
 
 log = logging.getLogger(__name__)
 

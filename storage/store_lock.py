@@ -14,9 +14,9 @@ from __future__ import annotations
 import fcntl
 import os
 
-from storage.errors import StoreError
-from storage.dir_sync import fsync_dir
-from storage import file_modes
+from rocketstore.storage.errors import StoreError
+from rocketstore.storage.dir_sync import fsync_dir
+from rocketstore.storage import file_modes
 
 
 class StoreLockedError(StoreError):

@@ -88,21 +88,21 @@ import logging
 import os
 from typing import Callable, Iterable
 
-from storage.bulk_read import QueueRecords, QueueUnits, read_records
-from storage.commit_log import CommitLog
-from storage.config import StoreConfig
-from storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT,
+from rocketstore.storage.bulk_read import QueueRecords, QueueUnits, read_records
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT,
                                    ConsumeQueueView, unit_within)
-from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
-from storage.index_file import IndexFileView
-from storage.logic_queues import queue_dirs
-from storage.message import MessageExt
-from storage.read_path import (
+from rocketstore.storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
+from rocketstore.storage.index_file import IndexFileView
+from rocketstore.storage.logic_queues import queue_dirs
+from rocketstore.storage.message import MessageExt
+from rocketstore.storage.read_path import (
     NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_view, get_from_queue,
     look_message_by_id, memory_limit_bytes, offset_status, query_messages, tags_of_message,
     tags_of_raw)
-from storage.status import GetMessageStatus
-from storage.validation import check_topic
+from rocketstore.storage.status import GetMessageStatus
+from rocketstore.storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 

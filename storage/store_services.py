@@ -38,10 +38,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from storage.errors import StoreClosedError
+from rocketstore.storage.errors import StoreClosedError
 
 if TYPE_CHECKING:
-    from storage.message_store import MessageStore
+    from rocketstore.storage.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ from __future__ import annotations
 import logging
 import os
 
-from storage import record
-from storage.commit_log import CommitLog
-from storage.config import StoreConfig
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
-from storage.errors import CorruptRecordError
-from storage.message import is_consumable
-from storage.validation import check_topic
+from rocketstore.storage import record
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message import is_consumable
+from rocketstore.storage.validation import check_topic
 
 log = logging.getLogger(__name__)
 

@@ -40,12 +40,12 @@ import functools
 import ipaddress
 import re
 
-from storage.config import StoreConfig
-from storage.message import (
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.message import (
     KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_PRODUCER_ID,
     PROPERTY_PRODUCER_SEQUENCE, Message, delay_property_refusal)
-from storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
-from storage.status import PutMessageStatus
+from rocketstore.storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
+from rocketstore.storage.status import PutMessageStatus
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)

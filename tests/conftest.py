@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from storage import GetMessageStatus, Message, MessageStore, StoreConfig  # noqa: E402
+from rocketstore.storage import GetMessageStatus, Message, MessageStore, StoreConfig  # noqa: E402
 
 SMALL = dict(mapped_file_size_commit_log=8192, mapped_file_size_consume_queue=20 * 32,
              max_hash_slot_num=64, max_index_num=256, flush_interval_commit_log=0,
@@ -77,7 +77,7 @@ def crash(s: MessageStore) -> None:
 def refuse_space(monkeypatch) -> None:
     """Every new mapped file fails to allocate with ENOSPC: injected through
     ``storage.mapped_file.FILE_OPS``, as a real disk cannot be filled on demand."""
-    from storage.mapped_file import FILE_OPS
+    from rocketstore.storage.mapped_file import FILE_OPS
 
     def enospc(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -125,7 +125,7 @@ def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
 def spark():
     """One local Spark session for every Spark test (local[2], up to 4 attempts per
     task so a task whose worker is killed is retried), with the rocketstore format."""
-    from pipeline.demo import spark_session
+    from rocketstore.spark.demo import spark_session
     session = spark_session("rocketstore-tests", master="local[2,4]")
     yield session
     session.stop()

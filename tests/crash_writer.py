@@ -47,8 +47,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import small_config  # noqa: E402
-import storage.message_store as message_store_module  # noqa: E402
-from storage import Message, MessageStore, PutMessageStatus, StoreConfig  # noqa: E402
+from rocketstore.storage import message_store as message_store_module  # noqa: E402
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig  # noqa: E402
 
 TOPICS = ("KillA", "KillB")
 QUEUES = 4

@@ -1,7 +1,7 @@
 """Test support: run a real store (``rocketstore up``) in a child process.
 
 ``RunningStore`` writes a small configuration (8 KiB-64 KiB files, quick restarts),
-starts ``python -m procs.cli up`` in its own process group, waits for its ready line,
+starts ``python -m cli.main up`` in its own process group, waits for its ready line,
 and stops it (SIGTERM, then SIGKILL of the whole group) however the test ends.
 """
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from shm.positions import PID, RESTARTS, PositionTable, Slot
+from rocketstore.shm.positions import PID, RESTARTS, PositionTable, Slot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where every process a test starts runs: an empty directory of its own, so that no test
@@ -59,7 +59,7 @@ def free_port() -> int:
 
 
 def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=WORK_DIR,
+    return subprocess.run([sys.executable, "-m", "rocketstore.cli", *args], cwd=WORK_DIR,
                           env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
                           text=True, timeout=timeout, input=input)
 
@@ -77,7 +77,7 @@ class RunningStore:
         """``preexec_fn`` runs in the supervisor's process before it starts."""
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "procs.cli", "up", "--config", self.config_path],
+            [sys.executable, "-m", "rocketstore.cli", "up", "--config", self.config_path],
             cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
             stderr=log, text=True, start_new_session=True, preexec_fn=preexec_fn)
         sel = selectors.DefaultSelector()

@@ -8,9 +8,9 @@ import os
 import time
 
 from conftest import msg, small_config
-from storage import MessageStore
-from storage.allocate import SUFFIX, AllocateMappedFileService, remove_leftovers
-from storage.mapped_file import MappedFile, offset_to_file_name
+from rocketstore.storage import MessageStore
+from rocketstore.storage.allocate import SUFFIX, AllocateMappedFileService, remove_leftovers
+from rocketstore.storage.mapped_file import MappedFile, offset_to_file_name
 
 SIZE = 1 << 20
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pipeline.arrow_codec import SCHEMA, SPARK_SCHEMA_DDL, records_to_batch
-from storage import record
-from storage.errors import CorruptRecordError
-from storage.message import (
+from rocketstore.spark.arrow_codec import SCHEMA, SPARK_SCHEMA_DDL, records_to_batch
+from rocketstore.storage import record
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE,
     STOREHOSTADDRESS_V6_FLAG, encode_host, encode_properties)
 

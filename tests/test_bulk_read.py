@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_spans
-from storage.consume_queue import BLANK_UNIT, CQ_UNIT
+from rocketstore.storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_spans
+from rocketstore.storage.consume_queue import BLANK_UNIT, CQ_UNIT
 
 FILE = 1 << 20
 

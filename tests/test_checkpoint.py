@@ -13,9 +13,9 @@ import pytest
 
 import refcodec
 from conftest import small_config
-from storage import Message, MessageStore
-from storage import checkpoint as checkpoint_module
-from storage.checkpoint import CHECKPOINT_FILE_SIZE, StoreCheckpoint
+from rocketstore.storage import Message, MessageStore
+from rocketstore.storage import checkpoint as checkpoint_module
+from rocketstore.storage.checkpoint import CHECKPOINT_FILE_SIZE, StoreCheckpoint
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 

@@ -1,6 +1,6 @@
 """The ``rocketstore`` command line, run as a real subprocess.
 
-Every test runs ``python -m procs.cli ...`` with the project root as working directory
+Every test runs ``python -m cli.main ...`` with the project root as working directory
 and on PYTHONPATH, against store directories under ``tmp_path``; outputs are parsed
 from stdout and exit codes checked (0 ok, 1 failed, 2 usage, 3 store unusable). The
 lock test starts a second real process that holds a store open.
@@ -20,10 +20,10 @@ import time
 import pytest
 
 import refcodec
-from procs import group_offsets
-from procs.client import ClientError, Consumer, Producer, ReaderClient
-from shm.positions import PositionTableError
-from storage import Message, StoreConfig
+from rocketstore.client import group_offsets
+from rocketstore.client import ClientError, Consumer, Producer, ReaderClient
+from rocketstore.shm.positions import PositionTableError
+from rocketstore.storage import Message, StoreConfig
 from store_processes import WORK_DIR, RunningStore, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ max_index_num = 4000
 
 HOLDER = r"""
 import sys
-from storage import MessageStore, StoreConfig
+from rocketstore.storage import MessageStore, StoreConfig
 store = MessageStore(StoreConfig.from_toml(sys.argv[1], store_path_root_dir=sys.argv[2]))
 store.load()
 print("ready", flush=True)
@@ -52,7 +52,7 @@ print("closed", flush=True)
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procs.cli", *args], cwd=WORK_DIR, env=ENV,
+    return subprocess.run([sys.executable, "-m", "rocketstore.cli", *args], cwd=WORK_DIR, env=ENV,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -542,7 +542,7 @@ def test_a_consumer_run_by_another_member_of_the_owners_group_consumes_and_commi
             with Consumer(rs.store_dir, "billing", "Shared", rebalance_interval_ms=100) as mine:
                 member = subprocess.run(
                     ["setpriv", "--reuid=nobody", "--regid=nogroup",
-                     f"--groups={os.getgid()}", sys.executable, "-m", "procs.cli",
+                     f"--groups={os.getgid()}", sys.executable, "-m", "rocketstore.cli",
                      "consume", "--config", rs.config_path, "--group", "other",
                      "--topic", "Shared", "--json", "--max", "20"],
                     cwd=WORK_DIR, env=ENV, capture_output=True, text=True, timeout=60)
@@ -588,7 +588,7 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
     the commit on its way out used to take the whole batch, the unprinted rest lost for
     the group. Every committed offset must now have been printed."""
     import signal
-    from procs.consumer import read_offsets
+    from rocketstore.client.consumer import read_offsets
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir) as p:
             for k in range(8):
@@ -598,7 +598,7 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
         printed: set = set()
         for attempt in range(2):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "procs.cli", "consume", "--config", rs.config_path,
+                [sys.executable, "-m", "rocketstore.cli", "consume", "--config", rs.config_path,
                  "--group", "g", "--topic", "T", "--follow"], cwd=WORK_DIR, env=ENV,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             lines = [proc.stdout.readline() for _ in range(100 + 37 * attempt)]

@@ -9,11 +9,11 @@ import tomllib
 
 import pytest
 
-from storage import StoreConfig, StoreConfigError
-from storage.config import ASYNC_FLUSH, SYNC_FLUSH
+from rocketstore.storage import StoreConfig, StoreConfigError
+from rocketstore.storage.config import ASYNC_FLUSH, SYNC_FLUSH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOML_FILES = [p for p in (os.path.join(ROOT, "procs", "supervisor.toml"),
+TOML_FILES = [p for p in (os.path.join(ROOT, "rocketstore", "supervisor.toml"),
                           os.path.join(ROOT, "supervisor.toml")) if os.path.exists(p)]
 OPTIONAL_IN_TOML = {"store_path_commit_log"}
 
@@ -34,7 +34,7 @@ def defaults() -> dict:
 
 # ------------------------------------------------------------------ supervisor.toml
 def test_embedded_supervisor_toml_exists():
-    assert os.path.join(ROOT, "procs", "supervisor.toml") in TOML_FILES
+    assert os.path.join(ROOT, "rocketstore", "supervisor.toml") in TOML_FILES
 
 
 @pytest.mark.parametrize("path", TOML_FILES, ids=os.path.relpath)
@@ -245,13 +245,13 @@ def test_the_metrics_port_may_not_be_another_sockets(settings, owner):
 def test_process_tables_that_the_supervisor_could_not_use_are_refused(table, message):
     """``[process.NAME]`` values are checked when the file is read, as ``[store]``'s are:
     a bad stop signal used to surface only at the stop, a bad number only at a restart."""
-    from procs.supervisor import load_process_configs
+    from rocketstore.procs.supervisor import load_process_configs
     with pytest.raises(StoreConfigError, match=message):
         load_process_configs({"process": table})
 
 
 def test_process_tables_take_what_supervisord_takes():
-    from procs.supervisor import load_process_configs
+    from rocketstore.procs.supervisor import load_process_configs
     out = load_process_configs({"process": {"writer": {"stopsignal": "INT", "startsecs": 2,
                                                        "backoff_s": 0.1, "enabled": False}}})
     assert (out["writer"].stopsignal, out["writer"].startsecs, out["writer"].enabled) == \

@@ -18,13 +18,13 @@ from hypothesis import given, settings, strategies as st
 
 import refcodec
 from conftest import msg, small_config
-from storage import GetMessageStatus, MessageStore
-from storage.consume_queue import (
+from rocketstore.storage import GetMessageStatus, MessageStore
+from rocketstore.storage.consume_queue import (
     BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, ConsumeQueueView,
     _first_unit_at_or_above, _units_within, decode_unit, encode_unit)
-from storage.hashing import tags_code
-from storage.read_path import read_queue
-from storage.mapped_file import offset_to_file_name
+from rocketstore.storage.hashing import tags_code
+from rocketstore.storage.read_path import read_queue
+from rocketstore.storage.mapped_file import offset_to_file_name
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 UNITS_PER_FILE = 32

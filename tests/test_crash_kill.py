@@ -35,7 +35,7 @@ from crash_writer import (
     KILL_QUEUES, PAUSES, body_hash, parse_body, writer_config, writer_message)
 from conftest import read_queue
 from store_processes import WORK_DIR
-from storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
+from rocketstore.storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITER = os.path.join(PROJECT_ROOT, "tests", "crash_writer.py")

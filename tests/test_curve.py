@@ -13,11 +13,11 @@ import stat
 
 import pytest
 
-from pipeline.access import RemoteStore
-from procs.client import Producer, ReaderClient, RequestTimeout
-from storage import StoreConfig
-from storage.errors import StoreConfigError
-from storage.status import PutMessageStatus
+from rocketstore.spark.access import RemoteStore
+from rocketstore.client import Producer, ReaderClient, RequestTimeout
+from rocketstore.storage import StoreConfig
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.status import PutMessageStatus
 from store_processes import RunningStore, cli, free_port, wait_for
 
 
@@ -102,8 +102,8 @@ def test_a_store_listens_on_ipv6_and_clients_find_every_socket(tmp_path):
     given the ingest socket's own address says so by name."""
     if not _ipv6_loopback():
         pytest.skip("this host has no IPv6 loopback: listening on ::1 not tried")
-    from procs import endpoints
-    from procs.client import ClientError
+    from rocketstore.wire import endpoints
+    from rocketstore.client import ClientError
     port = free_port()
     with RunningStore(tmp_path, tcp_listen_address="::1", listen_port=port) as store:
         where = endpoints.resolve(f"tcp://[::1]:{port}")

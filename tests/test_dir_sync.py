@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from storage import file_modes
-from storage.checkpoint import StoreCheckpoint
-from storage.dir_sync import DirSyncs, owed_by_creation
-from storage.logic_queues import LogicQueues
-from storage.mapped_file import MappedFile
+from rocketstore.storage import file_modes
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.dir_sync import DirSyncs, owed_by_creation
+from rocketstore.storage.logic_queues import LogicQueues
+from rocketstore.storage.mapped_file import MappedFile
 
 
 def test_make_dirs_returns_what_it_made_outermost_first(tmp_path):

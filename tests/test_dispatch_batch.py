@@ -21,20 +21,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import msg, small_config
-from storage import Message, MessageStore, reput as reput_module
-from storage import record
-from storage.commit_log import CommitLog
-from storage.consume_queue import ConsumeQueue
-from storage.dispatch_batch import parse_run, valid_end, walk
-from storage.errors import CorruptRecordError
-from storage.hashing import index_key_hash, index_key_hashes
-from storage.index_file import IndexFile
-from storage.index_service import IndexService
-from storage.logic_queues import LogicQueues
-from storage.message import (
+from rocketstore.storage import Message, MessageStore, reput as reput_module
+from rocketstore.storage import record
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.consume_queue import ConsumeQueue
+from rocketstore.storage.dispatch_batch import parse_run, valid_end, walk
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.hashing import index_key_hash, index_key_hashes
+from rocketstore.storage.index_file import IndexFile
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.logic_queues import LogicQueues
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE, encode_host)
-from storage.reput import ReputMessageService
+from rocketstore.storage.reput import ReputMessageService
 
 DELAYS = [0, 1000, 5000, 10000]
 

@@ -41,21 +41,21 @@ import multiprocess
 import pytest
 import zmq
 
-import procs.cleaner
-import procs.service
+from rocketstore.procs import cleaner as cleaner_module
+from rocketstore.procs import service as service_module
 import refcodec
 from conftest import destroy_context, msg, small_config
-from procs.cleaner import Cleaner, clean_now_path
-from procs.dispatcher import Dispatcher
-from procs.recovery import recover_and_publish
-from shm.bus import (
+from rocketstore.procs.cleaner import Cleaner, clean_now_path
+from rocketstore.procs.dispatcher import Dispatcher
+from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
-from shm.positions import (
+from rocketstore.shm.positions import (
     HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState, now_ms)
-from storage import Message, MessageStore, StoreConfig, mapped_file, record
-from storage.commit_log import CommitLog
-from storage.message import is_consumable
-from storage.store_lock import remove_abort
+from rocketstore.storage import Message, MessageStore, StoreConfig, mapped_file, record
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.message import is_consumable
+from rocketstore.storage.store_lock import remove_abort
 
 SPAWN = multiprocess.get_context("spawn")
 TOPICS = ("DispA", "DispB")
@@ -166,8 +166,8 @@ class Env:
         """Start ``procs.{name}``; with ``wait``, until its loop has turned once."""
         before = self.table.get_process(name, HEARTBEAT_MS)
         self.table.set_process(name, PROC_STATE, ProcessState.STARTING)
-        p = SPAWN.Process(target=procs.service.run_service,
-                          args=(f"procs.{name}", self.store_dir, self.config.to_dict()))
+        p = SPAWN.Process(target=service_module.run_service,
+                          args=(f"rocketstore.procs.{name}", self.store_dir, self.config.to_dict()))
         p.start()
         p.service_name = name
         self.processes.append(p)
@@ -751,7 +751,7 @@ def test_disk_full_flag_follows_the_injected_ratio(env_factory, monkeypatch):
     replaced: a real disk cannot be filled on demand."""
     env = env_factory(fill=200, delete_commit_log_files_interval=0)
     ratio = [0.95]
-    monkeypatch.setattr(procs.cleaner, "disk_used_ratio", lambda path: ratio[0])
+    monkeypatch.setattr(cleaner_module, "disk_used_ratio", lambda path: ratio[0])
     cleaner = Cleaner(env.store_dir, env.config)
     cleaner.table = PositionTable.attach(env.store_dir, process="cleaner")
     cleaner.setup()

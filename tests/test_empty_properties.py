@@ -24,11 +24,11 @@ import pytest
 
 import refcodec
 from conftest import small_config
-from pipeline.arrow_codec import records_to_batch
-from procs import protocol
-from storage import Message, MessageStore, PutMessageStatus, record
-from storage.message import read_properties
-from storage.validation import check_message
+from rocketstore.spark.arrow_codec import records_to_batch
+from rocketstore.wire import protocol
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, record
+from rocketstore.storage.message import read_properties
+from rocketstore.storage.validation import check_message
 
 fixture = refcodec.load_fixture
 

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from conftest import small_config
-from storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
-from storage import expiry
-from storage.config import StoreConfig
-from storage.mapped_file import offset_to_file_name
+from rocketstore.storage import GetMessageStatus, Message, MessageStore, PutMessageStatus
+from rocketstore.storage import expiry
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.mapped_file import offset_to_file_name
 
 HOUR_MS = 3_600_000
 FILE = 8192

@@ -11,10 +11,10 @@ import stat
 import pytest
 
 from conftest import msg, small_config
-from procs.client import Consumer, Producer
-from shm.positions import segment_name
-from storage import MessageStore, StoreConfig
-from storage.errors import StoreConfigError
+from rocketstore.client import Consumer, Producer
+from rocketstore.shm.positions import segment_name
+from rocketstore.storage import MessageStore, StoreConfig
+from rocketstore.storage.errors import StoreConfigError
 from store_processes import RunningStore
 
 

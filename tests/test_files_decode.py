@@ -16,7 +16,7 @@ import pytest
 
 import refcodec
 from conftest import SMALL, small_config
-from storage import Message, MessageStore
+from rocketstore.storage import Message, MessageStore
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 LONG_TOPIC = "L" * 200

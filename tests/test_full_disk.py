@@ -27,9 +27,9 @@ import time
 
 import pytest
 
-from procs.client import Consumer, Producer, ReaderClient
-from shm.positions import Slot
-from storage import Message
+from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message
 from store_processes import RunningStore, cli, wait_for
 
 MIB = 1 << 20

@@ -29,14 +29,14 @@ import pytest
 import zmq
 
 from conftest import destroy_context, read_queue, refuse_next_commit_log_file
-from procs import protocol
-from procs.client import ClientError, Consumer, Producer, RequestTimeout
-from shm import bus
-from shm.positions import Slot
-from storage import Message, MessageStore, PutMessageStatus, StoreConfig
-from storage.config import recorded_geometry
-from storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
-from storage.producer_state import SNAPSHOT_FILE
+from rocketstore.wire import protocol
+from rocketstore.client import ClientError, Consumer, Producer, RequestTimeout
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig
+from rocketstore.storage.config import recorded_geometry
+from rocketstore.storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
+from rocketstore.storage.producer_state import SNAPSHOT_FILE
 from store_processes import RunningStore, wait_for
 
 TOPIC = "Rows"

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import refuse_space
 import refcodec
-from storage import mapped_file
-from storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
-from storage.hashing import index_key_hash
-from storage.index_file import (
+from rocketstore.storage import mapped_file
+from rocketstore.storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
+from rocketstore.storage.hashing import index_key_hash
+from rocketstore.storage.index_file import (
     INDEX_ENTRY, INDEX_HEADER_SIZE, INDEX_SIZE, IndexFile, decode_entry, decode_header,
     encode_entry, encode_header, human_string_to_time_millis, index_file_size,
     time_millis_to_human_string)
@@ -87,7 +87,7 @@ def test_file_size_formula():
     ("TopicTest#k1", 2746024, 2746024),
 ])
 def test_java_hash_vectors(key, java_hash_code, index_hash):
-    from storage.hashing import java_string_hash
+    from rocketstore.storage.hashing import java_string_hash
     assert java_string_hash(key) == java_hash_code
     assert index_key_hash(key) == index_hash
 
@@ -398,7 +398,7 @@ def test_a_header_write_never_passes_through_zeros(tmp_path, monkeypatch):
     of the file). Headers are packed apart and copied in: the mapping is never seen
     with a zero count, here watched by failing the pack half way."""
     import struct
-    from storage import index_file as module
+    from rocketstore.storage import index_file as module
     f = IndexFile(str(tmp_path / "20240101000000000"), 8, 16, 0, 0)
     try:
         for i in range(3):
@@ -425,7 +425,7 @@ def test_a_header_write_never_passes_through_zeros(tmp_path, monkeypatch):
 
 def test_a_torn_header_with_indexcount_0_is_read_back_from_its_entries(tmp_path):
     """A header torn by an older version: every entry counted in hashSlotCount too."""
-    from storage.index_file import INDEX_COUNT_POS
+    from rocketstore.storage.index_file import INDEX_COUNT_POS
     path = str(tmp_path / "20240101000000000")
     f = IndexFile(path, 8, 16, 0, 0)
     for i in range(5):

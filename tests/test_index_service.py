@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import refuse_space
-from storage import index_service as index_service_module
-from storage import mapped_file
-from storage.errors import StoreFileError
-from storage.index_file import IndexFile, index_file_size, time_millis_to_human_string
-from storage.index_service import IndexService, QueryOffsetResult, build_key
+from rocketstore.storage import index_service as index_service_module
+from rocketstore.storage import mapped_file
+from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage.index_file import IndexFile, index_file_size, time_millis_to_human_string
+from rocketstore.storage.index_service import IndexService, QueryOffsetResult, build_key
 
 SLOTS, ENTRIES = 8, 4                 # 3 entries per file
 T0 = 1_700_000_000_000

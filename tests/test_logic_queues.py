@@ -7,10 +7,10 @@ import os
 import pytest
 
 from conftest import small_config
-from storage.checkpoint import StoreCheckpoint, decode
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
-from storage.index_service import IndexService
-from storage.logic_queues import LogicQueues, queue_dirs
+from rocketstore.storage.checkpoint import StoreCheckpoint, decode
+from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rocketstore.storage.index_service import IndexService
+from rocketstore.storage.logic_queues import LogicQueues, queue_dirs
 
 
 @pytest.fixture

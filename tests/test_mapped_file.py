@@ -16,10 +16,10 @@ import time
 import pytest
 
 from conftest import refuse_space
-from storage import mapped_file as mapped_file_module
-from storage.errors import StoreFileError
-from storage.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
-from storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
+from rocketstore.storage import mapped_file as mapped_file_module
+from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
+from rocketstore.storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 SIZE = 4 * OS_PAGE_SIZE        # 16 KiB files: four pages each
 HOUR_MS = 3_600_000

@@ -11,18 +11,18 @@ import os
 import pytest
 
 from conftest import msg, refuse_next_commit_log_file, reopen, small_config
-from storage import json_file
-from storage import (
+from rocketstore.storage import json_file
+from rocketstore.storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreClosedError,
     StoreLockedError)
-from storage import mapped_file
-from storage.consume_queue import encode_unit
-from storage.hashing import java_string_hash
-from storage.message import (
+from rocketstore.storage import mapped_file
+from rocketstore.storage.consume_queue import encode_unit
+from rocketstore.storage.hashing import java_string_hash
+from rocketstore.storage.message import (
     PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
-from storage.clock import now_ms
-from storage.record import MESSAGE_MAGIC_CODE_V2, SCHEDULE_TOPIC
+from rocketstore.storage.clock import now_ms
+from rocketstore.storage.record import MESSAGE_MAGIC_CODE_V2, SCHEDULE_TOPIC
 
 
 def pull_all(store, topic, queue_id, offset=0):
@@ -118,7 +118,7 @@ def test_clean_reopens_and_checks_add_no_index_entry(config):
 def test_check_names_keys_no_query_reaches(config, damage):
     """A zeroed hash slot, or a link that points forwards, loses keys to every query;
     check walks the chains as queries do and names the entries cut off and the keys."""
-    from storage.index_file import (
+    from rocketstore.storage.index_file import (
         HASH_SLOT_SIZE, INDEX_HEADER_SIZE, INDEX_SIZE, PRE_INDEX_NO_POS)
     s = reopen(config)
     s.put_batch([msg(i, queue_id=0) for i in range(40)])
@@ -465,7 +465,7 @@ def test_delayed_messages_are_delivered_when_due(config):
 def test_a_backlog_of_delayed_messages_goes_out_a_batch_at_a_time(config):
     """With its deadline passed, a call delivers one batch and writes its progress, so
     a crash re-delivers at most that batch and a process's loop keeps turning."""
-    from storage.schedule_message import BATCH
+    from rocketstore.storage.schedule_message import BATCH
     s = MessageStore(config, background=False)
     s.load()
     results = s.put_batch([Message(topic="Later", body=b"d%03d" % i, queue_id=0, delay_level=1)
@@ -501,7 +501,7 @@ def test_a_delay_property_delays_as_the_field_does(config):
 
 
 def test_a_stored_delay_property_that_is_no_level_reads_as_none():
-    from storage.message import parse_delay_property
+    from rocketstore.storage.message import parse_delay_property
     assert [parse_delay_property(v) for v in ("3", "abc", "1_0", "\uff12", None, "")] == \
         [3, 0, 0, 0, 0, 0]
 
@@ -514,7 +514,7 @@ def test_a_delayed_message_the_store_will_never_take_holds_back_nothing(config, 
     s.put(Message(topic="Shrunk", body=b"to queue 1", queue_id=1, delay_level=1))
     s.close()
     s = reopen(dataclasses.replace(config, default_topic_queue_nums=4))
-    with caplog.at_level(logging.ERROR, logger="storage.schedule_message"):
+    with caplog.at_level(logging.ERROR, logger="rocketstore.storage.schedule_message"):
         assert s.deliver_delayed_messages(stuck.store_timestamp + 60_000) == 1
     assert f"delayed message at {stuck.wrote_offset} (level 1) passed over" in caplog.text
     assert [m.body for m in pull_all(s, "Shrunk", 1)] == [b"to queue 1"]
@@ -526,13 +526,13 @@ def test_a_delayed_message_the_store_will_never_take_holds_back_nothing(config, 
 def test_a_level_refused_for_now_waits_and_says_so_once(config, caplog):
     """A full disk: the level is held for RETRY_MS (no retry, no log line, before),
     next_delayed_due_ms says when it is tried again, and it goes out once writeable."""
-    from storage import schedule_message
+    from rocketstore.storage import schedule_message
     s = reopen(config)
     r = s.put(Message(topic="Held", body=b"waits", queue_id=0, delay_level=1))
     s.dispatch()
     due = r.store_timestamp + 60_000
     s.running_flags.get_and_make_disk_full()
-    with caplog.at_level(logging.WARNING, logger="storage.schedule_message"):
+    with caplog.at_level(logging.WARNING, logger="rocketstore.storage.schedule_message"):
         for _ in range(5):
             assert s.deliver_delayed_messages(due) == 0
     assert caplog.text.count("delayed messages of level 1 held") == 1
@@ -554,7 +554,7 @@ def test_unusable_consume_queue_and_index_are_rebuilt(config, caplog):
     index_dir = config.index_dir
     for name in os.listdir(index_dir):
         os.truncate(os.path.join(index_dir, name), 1000)
-    with caplog.at_level(logging.INFO, logger="storage.message_store"):
+    with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(config)
     assert "recovery rows C3 L3: normal, then rebuild" in caplog.text
     assert [m.msg_id for m in pull_all(s, "TopicTest", 0)] == \
@@ -565,7 +565,7 @@ def test_unusable_consume_queue_and_index_are_rebuilt(config, caplog):
 
 
 def test_unit_pointing_at_the_wrong_record_raises(store):
-    from storage import CorruptRecordError
+    from rocketstore.storage import CorruptRecordError
     rs = store.put_batch([msg(i, queue_id=i % 2) for i in range(4)])
     store.dispatch()
     cq = store.find_consume_queue("TopicTest", 0)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from storage import record
-from storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, encode_host
-from storage.consume_queue import CQ_UNIT
-from storage.errors import CorruptRecordError
-from storage.message_view import MessageView, view_at, views_at
-from storage.record_batch import BODYLENGTH_POS
-from storage.read_path import check_unit_views
+from rocketstore.storage import record
+from rocketstore.storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, encode_host
+from rocketstore.storage.consume_queue import CQ_UNIT
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message_view import MessageView, view_at, views_at
+from rocketstore.storage.record_batch import BODYLENGTH_POS
+from rocketstore.storage.read_path import check_unit_views
 
 HOSTS = [("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 9876), ("fe80::1", 65535)]
 

@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from procs.client import Consumer, Producer, ReaderClient
-from procs.stats import Histogram, ProcessStats, read_published
+from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.procs.stats import Histogram, ProcessStats, read_published
 from store_processes import RunningStore, cli, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +137,7 @@ def test_a_restart_is_counted(store):
 
 
 def _pid(store, process: str) -> int:
-    from shm.positions import PID, PositionTable
+    from rocketstore.shm.positions import PID, PositionTable
     table = PositionTable.attach(store.store_dir)
     try:
         return table.get_process(process, PID)
@@ -146,7 +146,7 @@ def _pid(store, process: str) -> int:
 
 
 def _message(topic: str, i: int):
-    from storage import Message
+    from rocketstore.storage import Message
     return Message(topic=topic, body=b"metrics body %d" % i + bytes(48), tags="T",
                    keys=[f"k{i}"])
 
@@ -187,7 +187,7 @@ def test_statistics_of_an_earlier_run_are_not_shown(tmp_path):
     process (a master without its HA socket) went on showing that process's last ones,
     a slave's lag growing with every write. A start clears them."""
     import json
-    from procs.stats import stats_path
+    from rocketstore.procs.stats import stats_path
     s = RunningStore(tmp_path).start()
     s.stop()
     stale = stats_path(s.store_dir, "ha")

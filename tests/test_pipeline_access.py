@@ -7,11 +7,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline.access import BATCH_MAX_BYTES, LocalStore, RemoteStore
-from pipeline.offsets import QueueRange
-from procs.client import Producer
-from shm.positions import Slot
-from storage import Message
+from rocketstore.spark.access import BATCH_MAX_BYTES, LocalStore, RemoteStore
+from rocketstore.spark.offsets import QueueRange
+from rocketstore.client import Producer
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message
 from store_processes import RunningStore, wait_for
 
 BIG = "Big"

@@ -12,14 +12,14 @@ import time
 import posix_ipc
 import pytest
 
-import shm.positions as positions
+from rocketstore.shm import positions
 from conftest import msg, small_config
-from procs.recovery import recover_and_publish
-from shm.positions import (
+from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROCESS_BASE, PROCESS_NAMES, PROCESS_SLOTS, RESTARTS, PositionTable,
     ProcessField, ResetRefusedError, Slot, SlotRegressionError, SlotWriterError, StoreState)
-from storage import MessageStore
-from storage.recovery_plan import TableState
+from rocketstore.storage import MessageStore
+from rocketstore.storage.recovery_plan import TableState
 
 # a row of the docstring's table: index, name, writer, unit, monotonic, meaning
 ROW = re.compile(r"^    (\+?\d+)\s+([A-Z_]+)\s+(.+?)\s{2,}(\S+)\s+(yes|-)\s{2,}\S")
@@ -66,7 +66,7 @@ def store_dir(tmp_path, caplog):
     with MessageStore(config) as s:
         assert all(r.ok for r in s.put_batch([msg(i) for i in range(5)]))
     assert positions.segment_state(config.store_path_root_dir) is TableState.ABSENT
-    with caplog.at_level(logging.INFO, logger="procs.recovery"):
+    with caplog.at_level(logging.INFO, logger="rocketstore.procs.recovery"):
         recovered = recover_and_publish(config)
     assert "position table create (T1)" in caplog.text
     yield config.store_path_root_dir, recovered
@@ -93,7 +93,7 @@ def test_a_regression_is_refused_logged_and_stores_nothing(store_dir, caplog):
     cleaner = PositionTable.attach(root, process="cleaner")
     try:
         end = flusher.get(Slot.FLUSHED)
-        with caplog.at_level(logging.ERROR, logger="shm.positions"):
+        with caplog.at_level(logging.ERROR, logger="rocketstore.shm.positions"):
             with pytest.raises(SlotRegressionError) as e:
                 flusher.set(Slot.FLUSHED, end - 1)
         assert (e.value.current, e.value.refused) == (end, end - 1)
@@ -211,7 +211,7 @@ def test_recovery_refills_a_stale_table(tmp_path, caplog):
     first.lock.release()                                  # the supervisor dies: no unlink
     root = config.store_path_root_dir
     assert positions.segment_state(root) is TableState.LEFT_BY_CRASH
-    with caplog.at_level(logging.INFO, logger="procs.recovery"):
+    with caplog.at_level(logging.INFO, logger="rocketstore.procs.recovery"):
         second = recover_and_publish(config)
     assert "position table replace (T2)" in caplog.text
     try:
@@ -234,7 +234,7 @@ def test_a_foreign_segment_is_replaced(tmp_path, caplog):
     posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=64).close_fd()
     try:
         assert positions.segment_state(root) is TableState.FOREIGN
-        with caplog.at_level(logging.INFO, logger="procs.recovery"):
+        with caplog.at_level(logging.INFO, logger="rocketstore.procs.recovery"):
             recovered = recover_and_publish(config)
         assert "position table replace (T2)" in caplog.text
         assert recovered.table.get(Slot.MAGIC) == positions.MAGIC_VALUE
@@ -267,7 +267,7 @@ def test_supervisor_alive_tells_a_live_supervisor_from_a_dead_or_reused_pid():
     """By the start time /proc gives in clock ticks since boot (the wall clock may jump
     under a running store), and a zombie or a missing pid is dead."""
     import subprocess
-    from shm.positions import process_start_ticks, supervisor_alive
+    from rocketstore.shm.positions import process_start_ticks, supervisor_alive
     me = os.getpid()
     assert supervisor_alive(me, process_start_ticks(me))
     assert not supervisor_alive(me, process_start_ticks(me) - 1)      # a reused pid

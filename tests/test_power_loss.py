@@ -28,9 +28,9 @@ import posix_ipc
 import pytest
 
 from conftest import crash, small_config
-from procs.client import Consumer, Producer
-from shm.positions import Slot, segment_name
-from storage import Message, MessageStore
+from rocketstore.client import Consumer, Producer
+from rocketstore.shm.positions import Slot, segment_name
+from rocketstore.storage import Message, MessageStore
 from store_processes import RunningStore, cli
 
 ROUNDS = int(os.environ.get("ROCKETSTORE_POWER_LOSS_ROUNDS", "12"))

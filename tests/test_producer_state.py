@@ -16,19 +16,19 @@ import os
 import pytest
 
 from conftest import small_config
-from storage import Message, PutMessageStatus
-from storage.commit_log import CommitLog
-from storage.delay_level import restore_real_destination
-from storage.errors import CorruptRecordError
-from storage.message import (
+from rocketstore.storage import Message, PutMessageStatus
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.delay_level import restore_real_destination
+from rocketstore.storage.errors import CorruptRecordError
+from rocketstore.storage.message import (
     PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE, STOREHOSTADDRESS_V6_FLAG)
-from storage.producer_state import (
+from rocketstore.storage.producer_state import (
     FIELDS, LastRecord, ProducerEntry, ProducerStateTable, Verdict, expected_sequence, judge,
     read_snapshot, rebuild, snapshot_path, write_snapshot)
-from storage import producer_state
-from storage.record import SCHEDULE_TOPIC, decode_at, find_property, properties_at
-from storage.status import AppendMessageStatus
-from storage.validation import check_message
+from rocketstore.storage import producer_state
+from rocketstore.storage.record import SCHEDULE_TOPIC, decode_at, find_property, properties_at
+from rocketstore.storage.status import AppendMessageStatus
+from rocketstore.storage.validation import check_message
 
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000

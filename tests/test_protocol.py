@@ -14,14 +14,14 @@ import struct
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from procs import protocol as P
-from procs import ha_protocol
-from procs.protocol import ErrorCode, Kind, ProtocolError, QueryMode
-from storage import record
-from storage.commit_log import PutMessageResult
-from storage.consume_queue import BLANK_UNIT, CQ_UNIT
-from storage.message import Message, create_message_id, encode_host, encode_properties
-from storage.status import GetMessageStatus, PutMessageStatus
+from rocketstore.wire import protocol as P
+from rocketstore.wire import ha_protocol
+from rocketstore.wire.protocol import ErrorCode, Kind, ProtocolError, QueryMode
+from rocketstore.storage import record
+from rocketstore.storage.commit_log import PutMessageResult
+from rocketstore.storage.consume_queue import BLANK_UNIT, CQ_UNIT
+from rocketstore.storage.message import Message, create_message_id, encode_host, encode_properties
+from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
 
 DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "PROTOCOL.md")
 

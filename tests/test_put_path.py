@@ -9,8 +9,8 @@ import itertools
 import pytest
 
 from conftest import msg, refuse_space
-from storage.put_path import QueueSelector, StoreCondition, refusal, refusal_reason
-from storage.status import PutMessageStatus
+from rocketstore.storage.put_path import QueueSelector, StoreCondition, refusal, refusal_reason
+from rocketstore.storage.status import PutMessageStatus
 
 CAUSES = {
     "not_running": ("STOPPING", "the store is STOPPING"),

@@ -20,14 +20,14 @@ import pytest
 import zmq
 
 from conftest import destroy_context, small_config
-from procs import protocol
-from procs.client import ClientError, Consumer, Producer, ReaderClient
-from shm import bus
-from shm.positions import Slot
-from storage import Message, MessageStore
-from storage.record import SCHEDULE_TOPIC, decode_at
-from storage.status import GetMessageStatus as S
-from storage.store_reader import StoreReader
+from rocketstore.wire import protocol
+from rocketstore.client import ClientError, Consumer, Producer, ReaderClient
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message, MessageStore
+from rocketstore.storage.record import SCHEDULE_TOPIC, decode_at
+from rocketstore.storage.status import GetMessageStatus as S
+from rocketstore.storage.store_reader import StoreReader
 from store_processes import RunningStore, wait_for
 
 BULK, TIMED, SMALL, LATER = "Bulk", "Timed", "Small", "Later"

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from procs import protocol
-from procs.client import Consumer, Producer, ReaderClient
-from shm.positions import Slot
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
-from storage.read_path import subscription_tags
-from storage.record import decode_at
-from storage.store_reader import StoreReader
-from storage.config import StoreConfig, recorded_geometry
+from rocketstore.wire import protocol
+from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.shm.positions import Slot
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_UNIT
+from rocketstore.storage.read_path import subscription_tags
+from rocketstore.storage.record import decode_at
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.config import StoreConfig, recorded_geometry
 from store_processes import RunningStore, wait_for
 
 TAGS = ["paid", "refunded", None, "paid", "shipped", "refunded", "", "other"]

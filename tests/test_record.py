@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import refcodec
-from storage import record
-from storage.hashing import index_key_hash, java_string_hash, tags_code
-from storage.message import (
+from rocketstore.storage import record
+from rocketstore.storage.hashing import index_key_hash, java_string_hash, tags_code
+from rocketstore.storage.message import (
     BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, create_message_id, decode_message_id,
     encode_host, encode_properties)
 

@@ -50,9 +50,9 @@ from hypothesis import strategies as st
 
 import refcodec
 from conftest import crash, msg, read_queue, reopen, small_config
-from storage import (
+from rocketstore.storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreConfig, StoreFileError)
-from storage import recovery_plan as plan
+from rocketstore.storage import recovery_plan as plan
 
 TOPICS = ("TopicA", "TopicB")
 QUEUES = 3
@@ -416,7 +416,7 @@ def test_truncated_commitlog(templates, tmp_path, caplog, cut_name, ending):
     cut = named_cuts(layout)[cut_name]
     exp = cut_commitlog(cfg, layout, cut)
     assert exp.survivors == [r for r in layout.records if r.end <= cut]
-    with caplog.at_level(logging.INFO, logger="storage.message_store"):
+    with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(cfg)
     row = {"clean": "C3", "crash": "C5", "clean_then_crash": "C4"}[ending]
     assert f"recovery rows {row} " in caplog.text
@@ -713,7 +713,7 @@ def test_recovery_decision_table(tmp_path, caplog, abort, commitlog, cq):
         open(os.path.join(root, "abort"), "wb").close()
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="storage.message_store"):
+    with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(cfg)
     assert f"recovery rows {expected_rows(abort, commitlog, cq)}:" in caplog.text
     with s:

@@ -17,14 +17,14 @@ import zlib
 import pytest
 import zmq
 
-from procs import ha_protocol as hp
-from procs.client import Producer
-from procs.consumer import Consumer
-from procs.supervisor import Supervisor
-from shm.positions import PositionTableError, Slot
-from storage import Message, StoreConfig, replication
-from storage.errors import StoreConfigError
-from storage.status import PutMessageStatus
+from rocketstore.wire import ha_protocol as hp
+from rocketstore.client import Producer
+from rocketstore.client.consumer import Consumer
+from rocketstore.procs.supervisor import Supervisor
+from rocketstore.shm.positions import PositionTableError, Slot
+from rocketstore.storage import Message, StoreConfig, replication
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.status import PutMessageStatus
 from store_processes import RunningStore, cli, free_port, wait_for
 
 HA_TIMERS = dict(ha_send_heartbeat_interval=300, ha_housekeeping_interval=1500)
@@ -60,7 +60,7 @@ def test_whole_records_end_tail_check_and_boundaries(tmp_path):
     BLANK only once the file's zeros are all there; the tail crc sees any changed byte;
     the boundary at or before an offset is a record's start."""
     from conftest import small_config
-    from storage import MessageStore
+    from rocketstore.storage import MessageStore
     cfg = small_config(tmp_path, mapped_file_size_commit_log=4096)
     with MessageStore(cfg) as store:
         results = store.put_batch([Message("W", b"x" * 300) for _ in range(20)])
@@ -382,7 +382,7 @@ def test_replication_settings_that_cannot_work_are_refused(settings, message):
 def _lose_tail(store: RunningStore, offset: int) -> None:
     """What a master's power loss does to its unflushed tail: every CommitLog byte
     from ``offset`` (a record boundary) gone. The store must be down."""
-    from storage.commit_log import CommitLog
+    from rocketstore.storage.commit_log import CommitLog
     config = StoreConfig(store_path_root_dir=store.store_dir,
                          mapped_file_size_commit_log=FILE_SIZE)
     cl = CommitLog(config)
@@ -587,8 +587,8 @@ def test_status_of_replication_shows_each_slave_its_own_ack_and_an_unknown_lag_a
     """A new, empty slave of a master whose earlier slave acked everything is not
     shown caught up; a slave its master refuses, or that never heard from it, shows no
     lag rather than 0."""
-    from procs.running_commands import replication_status
-    from procs.stats import stats_path
+    from rocketstore.cli.commands import replication_status
+    from rocketstore.procs.stats import stats_path
     store = str(tmp_path)
     os.makedirs(os.path.dirname(stats_path(store, "ha")), exist_ok=True)
     with open(stats_path(store, "ha"), "w") as f:
@@ -669,7 +669,7 @@ def test_a_cut_asked_twice_is_made_once(tmp_path):
     once made, neither request is left (``json_file.load`` falls back to the ``.bak``
     the second request left, and the next start would cut again)."""
     from conftest import msg, small_config
-    from storage import MessageStore
+    from rocketstore.storage import MessageStore
     config = small_config(tmp_path / "store")
     with MessageStore(config) as store:
         results = store.put_batch([msg(i) for i in range(20)])

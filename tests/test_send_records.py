@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from procs import protocol
-from procs.client import Producer
-from storage import Message, MessageStore, StoreConfig, record, record_batch
-from storage import commit_log as commit_log_module
-from storage.commit_log import CommitLog, EncodedMessage
-from storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
-from storage.put_path import QueueSelector, prepare_batch
-from storage.record_batch import RecordsFormatError, check_records, encode_records, same_bytes
-from storage.status import PutMessageStatus
-from storage.store_reader import StoreReader
-from storage.validation import check_message
+from rocketstore.wire import protocol
+from rocketstore.client import Producer
+from rocketstore.storage import Message, MessageStore, StoreConfig, record, record_batch
+from rocketstore.storage import commit_log as commit_log_module
+from rocketstore.storage.commit_log import CommitLog, EncodedMessage
+from rocketstore.storage.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from rocketstore.storage.put_path import QueueSelector, prepare_batch
+from rocketstore.storage.record_batch import RecordsFormatError, check_records, encode_records, same_bytes
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.validation import check_message
 from test_writer_flusher import message, running  # noqa: F401  (fixture)
 
 STORE_TS = 1_700_000_000_123
@@ -516,7 +516,7 @@ def test_an_idempotent_resend_over_records_is_stored_once(tmp_path):
 def test_every_field_survives_the_wire_and_a_delayed_delivery(tmp_path):
     """SEND has no room for reconsume_times and prepared_transaction_offset: a message
     carrying either goes as a SEND_RECORDS record, alone or delayed, and keeps both."""
-    from procs.client import Consumer
+    from rocketstore.client import Consumer
     from store_processes import RunningStore
     with RunningStore(tmp_path, message_delay_level="1s 2s") as rs:
         with Producer(rs.store_dir) as p:

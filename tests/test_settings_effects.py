@@ -9,15 +9,15 @@ import os
 
 import pytest
 
-import procs.cleaner
-from procs.client import Producer
-from procs.cleaner import Cleaner, delete_consume_queue_files
-from procs.writer import MAX_BATCH_RECORDS
-from shm.positions import PositionTable
-from storage import Message, StoreConfig
-from storage.config import NOTES, REFUSED_WHEN_SET, setting_mark
-from storage.errors import StoreConfigError
-from storage.mapped_file_queue import MappedFileQueue, gaps_between
+from rocketstore.procs import cleaner as cleaner_module
+from rocketstore.client import Producer
+from rocketstore.procs.cleaner import Cleaner, delete_consume_queue_files
+from rocketstore.procs.writer import MAX_BATCH_RECORDS
+from rocketstore.shm.positions import PositionTable
+from rocketstore.storage import Message, StoreConfig
+from rocketstore.storage.config import NOTES, REFUSED_WHEN_SET, setting_mark
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.mapped_file_queue import MappedFileQueue, gaps_between
 from store_processes import RunningStore, cli
 from test_dispatcher_cleaner import env_factory  # noqa: F401  (a fixture)
 
@@ -74,7 +74,7 @@ def test_consume_queue_deletions_pause_between_queues(tmp_path, monkeypatch):
     """``delete_consume_queue_files_interval``: after each queue that lost files, the
     cleaner pauses (recorded, not timed)."""
     pauses = []
-    monkeypatch.setattr(procs.cleaner.time, "sleep", pauses.append)
+    monkeypatch.setattr(cleaner_module.time, "sleep", pauses.append)
     root = tmp_path / "cq"
     for queue in ("T/0", "T/1", "U/0"):
         os.makedirs(root / queue)

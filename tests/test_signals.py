@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from procs.client import Consumer, Producer
-from storage import Message, MessageStore, StoreConfig
+from rocketstore.client import Consumer, Producer
+from rocketstore.storage import Message, MessageStore, StoreConfig
 from store_processes import RunningStore, cli, wait_for
 
 TOPIC = "Signals"
@@ -91,7 +91,7 @@ def test_a_long_cleaner_pass_keeps_its_heartbeat_and_stops_when_asked(tmp_path):
     watchdog killed the cleaner; and a stop during it waited stopwaitsecs, then killed
     it and left abort behind. The pauses now write the heartbeat and end the pass on a
     stop: no watchdog kill, and a clean stop."""
-    from shm.positions import Slot
+    from rocketstore.shm.positions import Slot
     with RunningStore(tmp_path, processes={"cleaner": {"heartbeat_timeout_s": 1.5}},
                       mapped_file_size_consume_queue=40,      # two units a file
                       delete_consume_queue_files_interval=700) as rs:

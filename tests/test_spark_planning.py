@@ -8,10 +8,10 @@ import os
 import pytest
 from hypothesis import given, strategies as st
 
-from pipeline import offsets as off
-from pipeline.options import DEFAULT_GROUP, READ_ONLY, parse
-from procs import endpoints
-from shm import bus
+from rocketstore.spark import offsets as off
+from rocketstore.spark.options import DEFAULT_GROUP, READ_ONLY, parse
+from rocketstore.wire import endpoints
+from rocketstore.shm import bus
 
 B = off.QueueBounds
 
@@ -218,8 +218,8 @@ def struct(ddl: str):
 
 
 def test_a_user_schema_is_a_projection_checked_column_by_column():
-    from pipeline.arrow_codec import SPARK_SCHEMA_DDL
-    from pipeline.source import projection
+    from rocketstore.spark.arrow_codec import SPARK_SCHEMA_DDL
+    from rocketstore.spark.source import projection
     assert projection(struct(SPARK_SCHEMA_DDL)) is None
     assert projection(SPARK_SCHEMA_DDL) is None
     assert projection(struct("body binary, queue_offset long")) == ("body", "queue_offset")
@@ -241,7 +241,7 @@ def test_a_user_schema_is_a_projection_checked_column_by_column():
 ])
 def test_offsets_for_a_topic_the_query_does_not_read_are_refused(options, option):
     """A misspelt topic in an offsets JSON left every queue at the default, silently."""
-    from pipeline.source import _spec
+    from rocketstore.spark.source import _spec
     opts = parse({"store": "s", **options}, reading=True)
     text = options[option]
     with pytest.raises(ValueError, match=f"option {option}: topic"):

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from procs.client import Producer
-from shm.positions import Slot
-from storage import Message
+from rocketstore.client import Producer
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message
 from store_processes import RunningStore, wait_for
 
 
@@ -96,7 +96,7 @@ def test_null_topics_and_property_values_are_refused_by_name(column, value, word
     """A null topic without a topic option failed deep in the encoder; a null property
     value was stored as the text "None"."""
     import pyarrow as pa
-    from pipeline.sink import SinkError, batch_messages
+    from rocketstore.spark.sink import SinkError, batch_messages
     good = {"topic": ("T", pa.string()),
             "properties": ([("a", "1")], pa.map_(pa.string(), pa.string()))}
     first, kind = good[column]
@@ -109,7 +109,7 @@ def test_null_topics_and_property_values_are_refused_by_name(column, value, word
 def test_a_write_cuts_its_frames_by_bytes_as_well_as_rows(running, monkeypatch):
     """Rows of large bodies: a chunk of batchSize rows would pass a frame's 64 MiB
     (FRAME_TOO_LARGE on every attempt), so chunks are also cut by their bytes."""
-    from pipeline import sink
+    from rocketstore.spark import sink
     monkeypatch.setattr(sink, "FRAME_BYTES", 1 << 20)       # 1 MiB: a few rows a frame
     sender = sink.IdempotentSender(running.store_dir, 0x5EED, batch_rows=500,
                                    timeout_ms=30_000)
@@ -131,7 +131,7 @@ def test_a_write_cuts_its_frames_by_bytes_as_well_as_rows(running, monkeypatch):
 def test_chunks_cut_by_rows_and_by_bytes_in_order():
     """What a write sends and what it resends after a failure are cut alike (the
     resend once joined every chunk in flight and cut by rows only: frames of 300 MiB)."""
-    from pipeline.sink import FRAME_BYTES, _size_about, chunks
+    from rocketstore.spark.sink import FRAME_BYTES, _size_about, chunks
     big = [Message(topic="T", body=bytes(3 << 20)) for _ in range(30)]
     small = [Message(topic="T", body=b"s%d" % i) for i in range(1200)]
     for rows, messages in ((500, big), (500, small), (7, big + small)):
@@ -148,7 +148,7 @@ def test_a_resend_after_a_timeout_cuts_its_frames_by_bytes_too(running, monkeypa
     resend joined every chunk in flight and cut it by rows only (frames far over
     64 MiB with real bodies); it is cut like the first send, and every row is stored
     once."""
-    from pipeline import sink
+    from rocketstore.spark import sink
     monkeypatch.setattr(sink, "FRAME_BYTES", 1 << 20)       # 1 MiB: a few rows a frame
     sender = sink.IdempotentSender(running.store_dir, 0x5E4D, batch_rows=500,
                                    timeout_ms=20_000)
@@ -193,7 +193,7 @@ def python_workers() -> list[int]:
 
 
 def stored_count(rs: RunningStore, topic: str) -> int:
-    from procs.client import ReaderClient
+    from rocketstore.client import ReaderClient
     with ReaderClient(rs.store_dir) as c:
         return sum(o.max_offset for o in c.offsets([topic]))
 

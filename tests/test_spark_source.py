@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from procs.client import Producer
-from procs.consumer import read_offsets
-from procs.running_commands import store_status
-from shm.positions import Slot
-from storage import Message
-from storage.config import StoreConfig
+from rocketstore.client import Producer
+from rocketstore.client.consumer import read_offsets
+from rocketstore.cli.commands import store_status
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message
+from rocketstore.storage.config import StoreConfig
 from store_processes import RunningStore, wait_for
 
 ORDERS, REFUNDS, TIMED = "Orders", "Refunds", "Timed"

@@ -17,14 +17,14 @@ import time
 import pytest
 import zmq
 
-from procs import protocol
-from procs.client import Consumer, Producer, ReaderClient, RequestTimeout
-from procs.consumer import BULK_READ_MIN, read_offsets
-from shm import bus
-from shm.positions import Slot
-from storage import Message, MessageStore, StoreConfig, record, record_batch
-from storage.errors import StoreClosedError
-from storage.config import recorded_geometry
+from rocketstore.wire import protocol
+from rocketstore.client import Consumer, Producer, ReaderClient, RequestTimeout
+from rocketstore.client.consumer import BULK_READ_MIN, read_offsets
+from rocketstore.shm import bus
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message, MessageStore, StoreConfig, record, record_batch
+from rocketstore.storage.errors import StoreClosedError
+from rocketstore.storage.config import recorded_geometry
 from store_processes import ROOT, RunningStore, cli, wait_for
 
 TOPIC = "Orders"
@@ -179,7 +179,7 @@ def test_the_reader_answers_every_bad_request_and_keeps_serving(tmp_path):
 
 FAILED_START = """
 import gc, sys
-from procs.client import Consumer
+from rocketstore.client import Consumer
 try:
     Consumer(sys.argv[1], "g", sys.argv[2])
 except OSError as e:

@@ -24,11 +24,11 @@ import pytest
 
 from conftest import msg, small_config
 from store_processes import WORK_DIR
-from storage import CorruptRecordError, Message, MessageStore, StoreClosedError
-from storage.consume_queue import CQ_STORE_UNIT_SIZE, encode_unit
-from storage.record import decode_at
-from storage.status import GetMessageStatus as S
-from storage.store_reader import StoreReader
+from rocketstore.storage import CorruptRecordError, Message, MessageStore, StoreClosedError
+from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE, encode_unit
+from rocketstore.storage.record import decode_at
+from rocketstore.storage.status import GetMessageStatus as S
+from rocketstore.storage.store_reader import StoreReader
 
 TOPIC = "TopicTest"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -500,9 +500,9 @@ def test_reopen_maps_files_afresh(store, reader):
 # --------------------------------------------------------------------------- other process
 CHILD = textwrap.dedent("""
     import json, mmap, os, sys, time
-    from storage import StoreConfig
-    from storage.store_reader import StoreReader
-    from storage.status import GetMessageStatus
+    from rocketstore.storage import StoreConfig
+    from rocketstore.storage.store_reader import StoreReader
+    from rocketstore.storage.status import GetMessageStatus
     config = StoreConfig(**json.loads(sys.argv[1]))
     fd = os.open(sys.argv[2], os.O_RDONLY)
     slot = memoryview(mmap.mmap(fd, 16, access=mmap.ACCESS_READ)).cast("q")
@@ -573,7 +573,7 @@ def test_a_reader_in_another_process_reads_while_the_parent_writes(store, config
     (100, 65_500, 2, 100, True, True),     # 64 KiB from disk at most
 ])
 def test_batch_full_follows_rocketmq(store, size, total, count, max_msgs, in_disk, full):
-    from storage.read_path import batch_full
+    from rocketstore.storage.read_path import batch_full
     assert batch_full(store.config, size, total, count, max_msgs, in_disk) is full
 
 
@@ -614,7 +614,7 @@ def test_index_files_being_created_are_skipped(store, reader, config):
 def test_a_slot_naming_the_entry_being_put_does_not_hide_its_chain(store, reader, config):
     """The dispatcher writes entry, slot, header: a query between the slot and the
     header sees slot == indexCount, and must wait for the header, not drop the chain."""
-    from storage.index_file import INDEX_COUNT_POS
+    from rocketstore.storage.index_file import INDEX_COUNT_POS
     a = store.put(Message(topic="Q", body=b"a", keys=["k"]))
     store.dispatch()
     b = store.put(Message(topic="Q", body=b"b", keys=["k"]))

@@ -9,8 +9,8 @@ import os
 import time
 
 from conftest import msg, small_config
-from storage import MessageStore, mapped_file
-from storage.status import PutMessageStatus
+from rocketstore.storage import MessageStore, mapped_file
+from rocketstore.storage.status import PutMessageStatus
 
 FAST = dict(flush_interval_commit_log=20, flush_commit_log_thorough_interval=40,
             flush_interval_consume_queue=20, flush_consume_queue_thorough_interval=40,

@@ -13,12 +13,12 @@ import posix_ipc
 import pytest
 
 from conftest import small_config
-from procs.client import Consumer, Producer
-from shm.positions import Slot
-from shm.transient_pool import TransientStorePool, buffer_name
-from storage import Message, MessageStore
-from storage.dispatch_batch import walk
-from storage.errors import StoreConfigError
+from rocketstore.client import Consumer, Producer
+from rocketstore.shm.positions import Slot
+from rocketstore.shm.transient_pool import TransientStorePool, buffer_name
+from rocketstore.storage import Message, MessageStore
+from rocketstore.storage.dispatch_batch import walk
+from rocketstore.storage.errors import StoreConfigError
 from store_processes import ROOT, RunningStore, cli, wait_for
 
 POOL = dict(transient_store_pool_enable=True, transient_store_pool_size=3,
@@ -195,7 +195,7 @@ def test_pool_buffers_map_files_in_turn(tmp_path):
 SMALL_SHM = """
 import os, subprocess, sys
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", "/dev/shm"], check=True)
-from shm.transient_pool import TransientStorePool
+from rocketstore.shm.transient_pool import TransientStorePool
 try:
     TransientStorePool(sys.argv[1], 2, 4 << 20, create=True)
     print("made")

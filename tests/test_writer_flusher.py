@@ -5,7 +5,7 @@ preloads it through the embedded store, and does what the supervisor does before
 children start: ``procs.recovery.recover_and_publish`` (the position table and the
 lock), STATE = RUNNING. It then starts the flusher and the writer as spawned processes
 running ``procs.service.run_service`` and waits until their HEARTBEAT_MS slots move.
-Producers are zmq DEALERs speaking ``procs.protocol``. At the end the children get
+Producers are zmq DEALERs speaking ``wire.protocol``. At the end the children get
 SIGTERM and are joined, the lock and the table are given up, and the embedded
 ``MessageStore`` reopens the store: ``check() == []``, every acknowledged message is
 readable by msg id and by (queue, offset) with its body, and every queue holds exactly
@@ -44,20 +44,21 @@ import pytest
 import zmq
 
 from conftest import destroy_context, refuse_next_commit_log_file, small_config
-from procs import protocol, recovery
-from procs.flusher import FlusherService
-from procs.protocol import ErrorCode, Kind
-from procs.service import run_service
-from procs.writer import WINDOW, WriterService
-from shm import bus
-from shm.positions import HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState
-from storage import Message, MessageStore, PutMessageStatus, record
-from storage.checkpoint import StoreCheckpoint
-from storage.commit_log import CommitLog
-from storage.config import StoreConfig
-from storage.mapped_file import FILE_OPS, offset_to_file_name
-from storage.message import TRANSACTION_PREPARED_TYPE
-from storage.topic_queue_table import rebuild
+from rocketstore.wire import protocol
+from rocketstore.procs import recovery
+from rocketstore.procs.flusher import FlusherService
+from rocketstore.wire.protocol import ErrorCode, Kind
+from rocketstore.procs.service import run_service
+from rocketstore.procs.writer import WINDOW, WriterService
+from rocketstore.shm import bus
+from rocketstore.shm.positions import HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, record
+from rocketstore.storage.checkpoint import StoreCheckpoint
+from rocketstore.storage.commit_log import CommitLog
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.mapped_file import FILE_OPS, offset_to_file_name
+from rocketstore.storage.message import TRANSACTION_PREPARED_TYPE
+from rocketstore.storage.topic_queue_table import rebuild
 
 SPAWN = multiprocess.get_context("spawn")
 DEADLINE_S = 20
@@ -201,7 +202,7 @@ class RunningStore:
         self.table.reset({self.table.process_slot(name, HEARTBEAT_MS): 0})
         self.table.set_process(name, PROC_STATE, ProcessState.STARTING)
         p = SPAWN.Process(target=run_service,
-                          args=(f"procs.{name}", self.root, self.config.to_dict()), daemon=True)
+                          args=(f"rocketstore.procs.{name}", self.root, self.config.to_dict()), daemon=True)
         p.start()
         self.procs[name] = p
 

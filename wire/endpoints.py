@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import zmq
 
-from shm import bus
+from rocketstore.shm import bus
 
 
 class Endpoints(NamedTuple):

@@ -1,7 +1,7 @@
 """``rocketstore`` commands for a running store: up, status, send, consume, offsets,
 query.
 
-They share the exit codes of ``procs.cli``: 0 success, 1 a step failed, 2 bad usage,
+They share the exit codes of ``cli.main``: 0 success, 1 a step failed, 2 bad usage,
 3 the store cannot be reached or opened.
 """
 
@@ -16,22 +16,23 @@ import sys
 import time
 import tomllib
 
-from procs.cleaner import clean_now_path
-from procs.client import Consumer, Producer, ReaderClient
-from procs import endpoints, group_offsets
-from procs.consumer import check_names, read_offsets, store_config
-from procs.ha_protocol import error_name
-from procs.stats import read_published
-from procs.service import configure_logging
-from procs.supervisor import Supervisor, load_process_configs
-from shm import bus
-from shm.positions import (
+from rocketstore.procs.cleaner import clean_now_path
+from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.wire import endpoints
+from rocketstore.client import group_offsets
+from rocketstore.client.consumer import check_names, read_offsets, store_config
+from rocketstore.wire.ha_protocol import error_name
+from rocketstore.procs.stats import read_published
+from rocketstore.procs.service import configure_logging
+from rocketstore.procs.supervisor import Supervisor, load_process_configs
+from rocketstore.shm import bus
+from rocketstore.shm.positions import (
     HEARTBEAT_MS, PositionTable, PositionTableAccessError, PositionTableError, StoreState,
     now_ms)
-from storage import Message, StoreConfig, replication
-from storage.config import BROKER_ROLES
-from storage.store_reader import StoreReader
-from storage.validation import check_topic
+from rocketstore.storage import Message, StoreConfig, replication
+from rocketstore.storage.config import BROKER_ROLES
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.validation import check_topic
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + offset
@@ -324,7 +325,7 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
 # ------------------------------------------------------------------------------ offsets
 def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
     """A group's offsets and lag per queue of a topic; ``--reset-to`` moves them
-    (``procs.group_offsets``; ``--dry-run`` shows where without writing)."""
+    (``client.group_offsets``; ``--dry-run`` shows where without writing)."""
     try:
         target = None if args.reset_to is None else group_offsets.parse_target(args.reset_to)
         check_names(args.group, args.topic)
@@ -422,7 +423,7 @@ def _one_line(m) -> str:
 def say_failure(args: argparse.Namespace, code: int, message: str, *, error: str = "usage",
                 command: str = "") -> int:
     """Say why a command failed, on stderr, and with ``--json`` also as a JSON object on
-    stdout (``error``: what kind, ``message``, ``exit``), as ``procs.cli`` promises for
+    stdout (``error``: what kind, ``message``, ``exit``), as ``cli.main`` promises for
     every failure; returns ``code``."""
     print(f"rocketstore{' ' + command if command else ''}: {message}", file=sys.stderr)
     if getattr(args, "json", False):

@@ -29,10 +29,10 @@ from __future__ import annotations
 import datetime
 import re
 
-from procs import consumer
-from procs.consumer import check_names, read_offsets, store_config
-from shm.positions import PositionTable, Slot
-from storage.store_reader import StoreReader
+from rocketstore.client import consumer
+from rocketstore.client.consumer import check_names, read_offsets, store_config
+from rocketstore.shm.positions import PositionTable, Slot
+from rocketstore.storage.store_reader import StoreReader
 
 _SHIFT = re.compile(r"[+-]\d+")
 

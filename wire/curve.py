@@ -30,8 +30,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-from procs import endpoints
-from storage.errors import StoreConfigError
+from rocketstore.wire import endpoints
+from rocketstore.storage.errors import StoreConfigError
 
 log = logging.getLogger(__name__)
 

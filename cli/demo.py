@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
-from procs.client import Consumer, Producer, ReaderClient
-from procs.running_commands import store_status
-from storage import Message, MessageStore, StoreConfig, StoreError
+from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.cli.commands import store_status
+from rocketstore.storage import Message, MessageStore, StoreConfig, StoreError
 
 DEMO_FILE_SIZES = dict(mapped_file_size_commit_log=64 * 1024 * 1024,
                        max_hash_slot_num=50_000, max_index_num=200_000)
@@ -68,7 +68,7 @@ def create_store(cfg: StoreConfig) -> None:
 
 def start_up(store_dir: str, log_path: str) -> subprocess.Popen:
     log = open(log_path, "a")
-    up = subprocess.Popen([sys.executable, "-m", "procs.cli", "up", "--store", store_dir],
+    up = subprocess.Popen([sys.executable, "-m", "rocketstore.cli", "up", "--store", store_dir],
                           stdout=subprocess.PIPE, stderr=log, text=True)
     sel = selectors.DefaultSelector()
     sel.register(up.stdout, selectors.EVENT_READ)

@@ -35,18 +35,20 @@ import tomllib
 from importlib import resources
 from typing import Iterable
 
-from storage import MessageStore, StoreConfig, StoreConfigError, StoreError
-from storage import dump as dumping
-from storage.config import recorded_geometry, setting_mark
-from procs import curve, demo, promotion, running_commands
-from procs.client import ClientError
-from shm.positions import PositionTableError
+from rocketstore.storage import MessageStore, StoreConfig, StoreConfigError, StoreError
+from rocketstore.storage import dump as dumping
+from rocketstore.storage.config import recorded_geometry, setting_mark
+from rocketstore.wire import curve
+from rocketstore.cli import demo, commands as running_commands
+from rocketstore.procs import promotion
+from rocketstore.client import ClientError
+from rocketstore.shm.positions import PositionTableError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
 
 
 def embedded_config_path() -> str:
-    return str(resources.files("procs").joinpath("supervisor.toml"))
+    return str(resources.files("rocketstore").joinpath("supervisor.toml"))
 
 
 def load_config(args: argparse.Namespace, **new_store_sizes) -> StoreConfig:
@@ -83,7 +85,7 @@ def _progress(done: int, total: int, what: str) -> None:
 
 # ------------------------------------------------------------------------------ demo
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job (procs.demo): the multiprocess store, or ``--embedded``."""
+    """The main job (cli.demo): the multiprocess store, or ``--embedded``."""
     cfg = load_config(args, **demo.DEMO_FILE_SIZES)
     return (demo.run_embedded if args.embedded else demo.run_pipeline)(args, cfg)
 
@@ -171,7 +173,7 @@ def cmd_pipeline_demo(args: argparse.Namespace) -> int:
     """``rocketstore pipeline demo``: the Spark job of pipeline.demo (imported here, at
     run time: procs never imports pipeline otherwise, and pyspark is an extra)."""
     try:
-        from pipeline import demo as pipeline_demo
+        from rocketstore.spark import demo as pipeline_demo
     except ImportError as e:
         print(f"rocketstore pipeline needs the spark extra (pip install -e '.[spark]'): {e}",
               file=sys.stderr)
@@ -197,7 +199,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ keys
 def cmd_keys(args: argparse.Namespace) -> int:
-    """CURVE key pairs for a store and its clients (procs.curve)."""
+    """CURVE key pairs for a store and its clients (wire.curve)."""
     try:
         written = curve.make_keys(args.dir, args.client or ["client"])
     except FileExistsError as e:
@@ -258,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_running(args: argparse.Namespace) -> int:
-    """The commands of procs.running_commands (up, status, send, consume, query)."""
+    """The commands of cli.commands (up, status, send, consume, query)."""
     config = load_config(args)
     if args.running == "up":
         return running_commands.cmd_up(args, config, args.config or embedded_config_path())

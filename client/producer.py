@@ -1,30 +1,17 @@
-"""Clients of a running store: ``Producer`` (the writer's ingest socket), ``Consumer``
-(the mapped files, directly) and ``ReaderClient`` (the reader socket, for clients that
-cannot map the files).
+"""``Producer``: sends messages to a running store's writer over its ingest socket.
 
-    from procs.client import Producer, Consumer
-    with Producer("store") as p:
+    from rocketstore import Producer
+    with Producer("store") as p:                    # a store directory, ipc:// or tcp://
         r = p.send("Orders", b"order 42", tags="created", keys=["order-42"])
         r.status.name, r.msg_id, r.queue_id, r.queue_offset, r.commit_log_offset
-    with Consumer("store", "billing", "Orders") as c:
-        for m in c.poll(max_msgs=32, timeout_ms=1000):
-            ...
-        c.commit()
-    with ReaderClient("store") as rc:              # or "tcp://host:port" (see below)
-        for q in rc.offsets(["Orders"]):           # protocol.QueueOffsets
-            r = rc.fetch(q.topic, q.queue_id, q.min_offset, 4096, 8 << 20)
-            ...                                    # r.records: raw CommitLog records
-            rc.commit_offsets("billing", q.topic, {q.queue_id: r.next_begin_offset})
+        pending = p.send_async([Message("Orders", b"..."), ...])   # .result() waits
 
 Where: a store directory, or ``ipc://`` naming a store or its socket directory
-(``procs.endpoints``), finds the right socket for each client. A ``tcp://host:port`` (or
-an ``ipc://...sock``) address is the socket's own: the store's ``listen_port`` for a
-Producer, ``listen_port + 1`` for a ReaderClient (``endpoints.resolve`` gives both
-from the store's address, as the Spark format does).
+(``wire.endpoints``), finds the ingest socket. A ``tcp://host:port`` (or an
+``ipc://...sock``) address is the socket's own: the store's ``listen_port``.
 
-A Producer or ReaderClient owns its ZeroMQ context and sockets and must be used from
-one thread (a Consumer may be shared: its calls take turns). A request that gets no
-answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
+A Producer owns its ZeroMQ context and socket and must be used from one thread. A
+request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
 is unknown (the store may have stored it); send it again only if duplicates are fine,
 or from an idempotent producer, whose resends the store stores once:
 
@@ -37,93 +24,21 @@ or from an idempotent producer, whose resends the store stores once:
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import struct
-import time
 from typing import Iterable, Sequence
 
-import zmq
+from rocketstore.client.dealer import ClientError, Dealer, raise_if_error, socket_address
+from rocketstore.storage import record_batch
+from rocketstore.storage.message import Message, now_ms
+from rocketstore.wire import protocol
 
-from procs import curve, endpoints, protocol
-from procs.consumer import Consumer
-from shm import bus
-from storage import record_batch
-from storage.message import Message, now_ms
-from storage.read_path import subscription_tags
-
-__all__ = ["ClientError", "Consumer", "PendingSend", "Producer", "ReaderClient", "RequestTimeout"]
-
-
-class ClientError(Exception):
-    """The store answered with an error frame, or could not be reached."""
-
-
-class RequestTimeout(ClientError):
-    """No answer in time: the request's outcome is unknown."""
-
-
-def _endpoint(store_or_endpoint: str, socket_name: str) -> str:
-    """The address of socket ``socket_name`` (``ingest`` or ``reader``): of a store
-    directory, or of an ``ipc://`` store or socket directory; any other address (a
-    ``tcp://`` one, an ``ipc://`` socket file) as it is."""
-    where = store_or_endpoint
-    if where.startswith("ipc://") and not where.endswith(".sock"):
-        return getattr(endpoints.resolve(where), socket_name)
-    if "://" in where:
-        return where
-    return bus.endpoint(where, socket_name)
-
-
-class _Dealer:
-    """A DEALER socket with request ids and a window of requests in flight."""
-
-    def __init__(self, endpoint: str, timeout_ms: int, curve_server_key: str | None = None,
-                 curve_client_key: str | None = None):
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        curve.client_options(self.socket, curve_server_key, curve_client_key)
-        endpoints.allow_ipv6(self.socket, endpoint)
-        self.socket.connect(endpoint)
-        self._poller = zmq.Poller()          # one for every wait
-        self._poller.register(self.socket, zmq.POLLIN)
-        self.timeout_ms = timeout_ms
-        self._ids = itertools.count(1)
-        self.replies: dict[int, bytes] = {}
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def send(self, frame: bytes) -> None:
-        self.socket.send(frame, copy=len(frame) < 65536)
-
-    def receive(self, request_id: int) -> bytes:
-        """The reply to ``request_id`` (others that arrive first are kept)."""
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        while request_id not in self.replies:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._poller.poll(int(left * 1000) + 1):
-                raise RequestTimeout(f"no answer to request {request_id} within "
-                                     f"{self.timeout_ms} ms; its outcome is unknown")
-            frame = self.socket.recv()
-            self.replies[protocol.peek_header(frame).request_id] = frame
-        return self.replies.pop(request_id)
-
-    def close(self) -> None:
-        self.socket.close(0)
-        self.context.term()
+__all__ = ["PendingSend", "Producer", "message_batches"]
 
 
 def _beyond_send(m: Message) -> bool:
     """A message with a field a SEND record does not carry."""
     return bool(getattr(m, "reconsume_times", 0) or getattr(m, "prepared_transaction_offset", 0))
-
-
-def _raise_if_error(frame: bytes) -> None:
-    if protocol.peek_header(frame).kind == protocol.Kind.ERROR:
-        err = protocol.decode_error(frame)
-        raise ClientError(f"{err.code.name}: {err.message}")
 
 
 MAX_PRODUCER_ID = (1 << 64) - 1
@@ -159,7 +74,7 @@ class Producer:
     expects sequence 0 again: set ``next_sequence = 0`` and resend the unacknowledged
     records from there.
 
-    A store that serves TCP with CURVE (procs.curve) lets in only authorized clients:
+    A store that serves TCP with CURVE (wire.curve) lets in only authorized clients:
     pass ``curve_server_key`` (the store's public certificate file) and
     ``curve_client_key`` (this client's secret certificate file); a client it refuses
     sees its requests time out (``RequestTimeout``), and the store logs the refusal.
@@ -176,7 +91,7 @@ class Producer:
             raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
         if wire not in WIRE_FORMATS:
             raise ValueError(f"wire {wire!r} is not one of {', '.join(WIRE_FORMATS)}")
-        self._dealer = _Dealer(_endpoint(store_dir_or_endpoint, "ingest"), timeout_ms,
+        self._dealer = Dealer(socket_address(store_dir_or_endpoint, "ingest"), timeout_ms,
                                curve_server_key, curve_client_key)
         self.wire = wire
         self.window = window
@@ -302,7 +217,7 @@ class Producer:
         finally:
             if request_id in self._in_flight:
                 self._in_flight.remove(request_id)
-        _raise_if_error(frame)
+        raise_if_error(frame)
         if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
             return protocol.decode_send_records_reply(frame)[1]
         return protocol.decode_send_reply(frame)[1]
@@ -336,140 +251,6 @@ class PendingSend:
         if self._results is None:
             self._results = self._producer._result(self.request_id)
         return self._results
-
-
-class ReaderClient:
-    """Pulls, queries, queue offsets, bulk fetches and group commits through the reader
-    socket (no file access needed).
-
-    ``dispatched`` and ``generation`` are those of the last OFFSETS reply (None before
-    the first): offsets are bounded by that DISPATCHED, and a new generation means the
-    store restarted in between.
-
-    Over TCP to a store with CURVE, ``curve_server_key`` (its public certificate) and
-    ``curve_client_key`` (this client's secret one) are needed, as for ``Producer``.
-    """
-
-    def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
-                 curve_server_key: str | None = None, curve_client_key: str | None = None):
-        self.address = _endpoint(store_dir_or_endpoint, "reader")
-        self._dealer = _Dealer(self.address, timeout_ms, curve_server_key, curve_client_key)
-        self.dispatched: int | None = None
-        self.generation: int | None = None
-
-    def _ask(self, frame: bytes, request_id: int) -> bytes:
-        self._dealer.send(frame)
-        reply = self._dealer.receive(request_id)
-        try:
-            _raise_if_error(reply)
-        except ClientError as e:
-            if "UNKNOWN_KIND" in str(e) and "expected SEND" in str(e):
-                raise ClientError(f"{self.address} is a store's ingest socket, not its "
-                                  "reader: the reader listens on the next port "
-                                  "(procs.endpoints.resolve gives both)") from e
-            raise
-        return reply
-
-    def pull(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-             timeout_ms: int = 0, tags: str | Sequence[str] = "*") -> protocol.PullReply:
-        """Up to ``max_msgs`` messages of a queue from ``offset`` whose tags ``tags``
-        takes (RocketMQ's expression, ``"TagA || TagB"``, or a list; ``"*"``: all), the
-        filter applied in the reader as a local Consumer applies it: ``next_begin_offset``
-        passes the messages it skipped. Raises ``ValueError`` for a filter that is not
-        text."""
-        rid = self._dealer.next_id()
-        expression = " || ".join(sorted(subscription_tags(tags))) or "*"
-        return protocol.decode_pull_reply(self._ask(
-            protocol.encode_pull(rid, topic, queue_id, offset, max_msgs, timeout_ms,
-                                 expression), rid))
-
-    def query_by_key(self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0,
-                     end_ms: int = protocol.INT64_MAX) -> list:
-        rid = self._dealer.next_id()
-        return protocol.decode_query_reply(self._ask(
-            protocol.encode_query_by_key(rid, topic, key, max_num, begin_ms, end_ms), rid))[1]
-
-    def query_by_msg_id(self, msg_id: str) -> list:
-        rid = self._dealer.next_id()
-        return protocol.decode_query_reply(self._ask(
-            protocol.encode_query_by_msg_id(rid, msg_id), rid))[1]
-
-    def query_by_offset(self, commit_log_offset: int) -> list:
-        rid = self._dealer.next_id()
-        return protocol.decode_query_reply(self._ask(
-            protocol.encode_query_by_offset(rid, commit_log_offset), rid))[1]
-
-    def offsets(self, topics: Iterable[str] | None = None, timestamp_ms: int | None = None,
-                *, nearest: bool = False) -> list[protocol.QueueOffsets]:
-        """``QueueOffsets(topic, queue_id, min_offset, max_offset, time_offset)`` of every
-        queue of ``topics`` (None or empty: every topic the store has, less the reserved
-        ones; a topic without queues yet has no entry). With ``timestamp_ms``,
-        ``time_offset`` is each queue's first offset stored at or after it (``max_offset``
-        when none was; Kafka's offsetsForTimes), or with ``nearest`` the offset of the
-        message stored nearest it, as ``Consumer.seek_to_time`` finds it locally
-        (RocketMQ's getOffsetInQueueByTime); else -1. Sets ``dispatched`` and
-        ``generation``.
-
-        Raises ``ClientError`` (BAD_REQUEST) for a topic name outside the rule.
-        """
-        return self.offsets_reply(topics, timestamp_ms, nearest=nearest).queues
-
-    def offsets_reply(self, topics: Iterable[str] | None = None,
-                      timestamp_ms: int | None = None, *,
-                      nearest: bool = False) -> protocol.OffsetsReply:
-        """``offsets`` with the reply's ``dispatched`` and ``generation`` beside the
-        queues."""
-        rid = self._dealer.next_id()
-        ts = protocol.NO_TIMESTAMP if timestamp_ms is None else timestamp_ms
-        rule = protocol.TIME_NEAREST if nearest else protocol.TIME_FIRST_AT_OR_AFTER
-        reply = protocol.decode_offsets_reply(self._ask(
-            protocol.encode_offsets(rid, list(topics or ()), ts, rule), rid))
-        self.dispatched, self.generation = reply.dispatched, reply.generation
-        return reply
-
-    def fetch(self, topic: str, queue_id: int, offset: int,
-              max_msgs: int = protocol.MAX_FETCH_MSGS,
-              max_bytes: int = protocol.MAX_FETCH_BYTES,
-              tags: str | Sequence[str] = "*") -> protocol.FetchReply:
-        """A bulk read from ``offset``: up to ``max_msgs`` consume queue units (the
-        reader takes at most 65536) and their records, no more than ``max_bytes`` of
-        them (at most 16 MiB) except that a first record larger than that still comes.
-        Answered at once, never long-polled; status and offsets are ``pull``'s.
-
-        The reply holds the units (``first_offset`` is the first one's logical offset)
-        and the records' raw CommitLog bytes back to back, unchecked: ``r.records``
-        slices one memoryview per record, ``storage.record.decode_at(x, 0,
-        check_crc=True)`` decodes and checks one, ``pipeline.access`` checks a whole
-        reply against its units in bulk. With ``tags`` (a subscription, as ``pull``'s),
-        the units of messages with other tags come back blank, without their records.
-        """
-        rid = self._dealer.next_id()
-        expression = " || ".join(sorted(subscription_tags(tags))) or "*"
-        return protocol.decode_fetch_reply(self._ask(
-            protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes,
-                                  expression), rid))
-
-    def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        """Record consumer ``group``'s next offset per queue of ``topic`` in the store's
-        consumerOffset.json (merged with what local ``Consumer``s commit), all or
-        nothing.
-
-        Raises ``ClientError`` (BAD_REQUEST) for a group or topic name outside
-        ``[A-Za-z0-9_%|-]{1,255}``, a negative queue id or offset, or an offset past the
-        queue's max offset.
-        """
-        rid = self._dealer.next_id()
-        protocol.decode_commit_reply(self._ask(
-            protocol.encode_commit(rid, group, topic, offsets), rid))
-
-    def close(self) -> None:
-        self._dealer.close()
-
-    def __enter__(self) -> "ReaderClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def message_batches(messages: Iterable[Message], size: int) -> Iterable[list[Message]]:

@@ -52,17 +52,17 @@ import uuid
 
 import zmq
 
-from shm import bus
-from shm.positions import PositionTable, PositionTableError, Slot
-from storage import StoreConfig, json_file
-from storage.config import recorded_geometry
-from storage.errors import CorruptRecordError, StoreClosedError
-from storage.message_view import MessageView
-from storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
-from storage.status import GetMessageStatus
-from storage.store_reader import StoreReader
-from storage.validation import TOPIC_PATTERN, check_topic
-from storage import file_modes
+from rocketstore.shm import bus
+from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
+from rocketstore.storage import StoreConfig, json_file
+from rocketstore.storage.config import recorded_geometry
+from rocketstore.storage.errors import CorruptRecordError, StoreClosedError
+from rocketstore.storage.message_view import MessageView
+from rocketstore.storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
+from rocketstore.storage.status import GetMessageStatus
+from rocketstore.storage.store_reader import StoreReader
+from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
+from rocketstore.storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)

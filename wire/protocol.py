@@ -44,13 +44,13 @@ import ipaddress
 import struct
 from typing import Iterable, NamedTuple, Sequence
 
-from storage.commit_log import PutMessageResult
-from storage.message import (
+from rocketstore.storage.commit_log import PutMessageResult
+from rocketstore.storage.message import (
     PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
     encode_properties, format_host, parse_host)
-from storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
-from storage.record import SIZE_MAGIC, RecordFormatError, decode_at
-from storage.status import GetMessageStatus, PutMessageStatus
+from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
+from rocketstore.storage.record import SIZE_MAGIC, RecordFormatError, decode_at
+from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
 
 import numpy as np
 
