@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
 import signal
-import subprocess
-import sys
 import time
 
 from rocketstore.client import Consumer, Producer, ReaderClient
-from rocketstore.cli.commands import store_status
+from rocketstore.procs.launch import create_store, start_up
+from rocketstore.procs.status import store_status
 from rocketstore.storage import Message, MessageStore, StoreConfig, StoreError
 
 DEMO_FILE_SIZES = dict(mapped_file_size_commit_log=64 * 1024 * 1024,
@@ -58,26 +56,6 @@ def run_pipeline(args: argparse.Namespace, cfg: StoreConfig) -> int:
         _print_pipeline(summary, log_path)
     ok = summary["consumed"] == summary["sent"] and summary["stopped_cleanly"]
     return EXIT_OK if ok else EXIT_FAILED
-
-
-def create_store(cfg: StoreConfig) -> None:
-    store = MessageStore(cfg)
-    store.load()
-    store.close()
-
-
-def start_up(store_dir: str, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "a")
-    up = subprocess.Popen([sys.executable, "-m", "rocketstore.cli", "up", "--store", store_dir],
-                          stdout=subprocess.PIPE, stderr=log, text=True)
-    sel = selectors.DefaultSelector()
-    sel.register(up.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and up.poll() is None:
-        if sel.select(timeout=0.5) and up.stdout.readline().startswith("rocketstore up:"):
-            return up
-    up.kill()
-    raise StoreError(f"the store did not start; see {log_path}")
 
 
 def _exchange(store_dir: str, count: int) -> dict:

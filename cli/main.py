@@ -27,6 +27,7 @@ stdout.
 from __future__ import annotations
 
 import argparse
+import importlib
 import dataclasses
 import json
 import os
@@ -39,8 +40,8 @@ from rocketstore.storage import MessageStore, StoreConfig, StoreConfigError, Sto
 from rocketstore.storage import dump as dumping
 from rocketstore.storage.config import recorded_geometry, setting_mark
 from rocketstore.wire import curve
-from rocketstore.cli import demo, commands as running_commands
-from rocketstore.procs import promotion
+from rocketstore.cli import demo, promote, commands as running_commands
+from rocketstore.procs.status import quarantine_usage
 from rocketstore.client import ClientError
 from rocketstore.shm.positions import PositionTableError
 
@@ -147,7 +148,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     with MessageStore(dataclasses.replace(cfg, transient_store_pool_enable=False)) as store:
         problems = store.check()
         status = store.status()
-    kept = running_commands.quarantine_usage(cfg.store_path_root_dir)
+    kept = quarantine_usage(cfg.store_path_root_dir)
     if args.json:
         print(json.dumps({"problems": problems, "status": status, "quarantine": kept},
                          default=str))
@@ -169,16 +170,22 @@ def _holds_a_store(path: str) -> bool:
                for name in ("commitlog", "checkpoint", "consumequeue", "config"))
 
 
+# Commands whose code lives in a room the command line does not import: the Spark demo
+# needs the spark extra (pyspark), and the command line is the top floor, reaching down
+# to it by name only when the command runs. (command, subcommand) -> "module:function".
+LATE_COMMANDS = {("pipeline", "demo"): "rocketstore.spark.demo:run"}
+
+
 def cmd_pipeline_demo(args: argparse.Namespace) -> int:
-    """``rocketstore pipeline demo``: the Spark job of pipeline.demo (imported here, at
-    run time: procs never imports pipeline otherwise, and pyspark is an extra)."""
+    """``rocketstore pipeline demo``: the Spark job of ``rocketstore.spark.demo``."""
+    module_name, _, function = LATE_COMMANDS[("pipeline", "demo")].partition(":")
     try:
-        from rocketstore.spark import demo as pipeline_demo
+        module = importlib.import_module(module_name)
     except ImportError as e:
-        print(f"rocketstore pipeline needs the spark extra (pip install -e '.[spark]'): {e}",
-              file=sys.stderr)
+        print(f"rocketstore pipeline needs the spark extra (pip install 'rocketstore[spark]'):"
+              f" {e}", file=sys.stderr)
         return EXIT_FAILED
-    return pipeline_demo.run(args, load_config(args, **demo.DEMO_FILE_SIZES))
+    return getattr(module, function)(args, load_config(args, **demo.DEMO_FILE_SIZES))
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -251,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tcp://host:port) instead of its files")
     pd.set_defaults(func=cmd_pipeline_demo)
     running_commands.add_parsers(sub, common)
-    promotion.add_parser(sub, common)
+    promote.add_parser(sub, common)
     k = sub.add_parser("keys", parents=[common], help="make CURVE key pairs (server, clients)")
     k.add_argument("--dir", required=True, help="where the key files go (made 0700)")
     k.add_argument("--client", action="append", help="a client's name (repeat; default: client)")
@@ -265,7 +272,7 @@ def cmd_running(args: argparse.Namespace) -> int:
     if args.running == "up":
         return running_commands.cmd_up(args, config, args.config or embedded_config_path())
     if args.running == "promote":
-        return promotion.cmd_promote(args, config, args.config)
+        return promote.cmd_promote(args, config, args.config)
     return getattr(running_commands, f"cmd_{args.running}")(args, config)
 
 

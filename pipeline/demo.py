@@ -23,8 +23,8 @@ import sys
 import time
 
 from rocketstore.client import Producer
-from rocketstore.cli.demo import create_store, start_up
-from rocketstore.cli.commands import store_status
+from rocketstore.procs.launch import create_store, start_up
+from rocketstore.procs.status import store_status
 from rocketstore.shm.positions import PositionTable, PositionTableError
 from rocketstore.storage import Message, StoreConfig
 

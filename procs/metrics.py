@@ -4,7 +4,7 @@ With ``metrics_port`` set (0, the default, is off), ``rocketstore up`` serves
 ``http://{metrics_address}:{metrics_port}/metrics`` (loopback by default) from a
 thread of the supervisor (prometheus_client's server). Every scrape is read fresh:
 
-* the position table and disk (``running_commands.store_status``): positions, lags,
+* the position table and disk (``procs.status.store_status``): positions, lags,
   error flags, per-process state, restarts, watchdog kills and heartbeat age, disk
   use, and every consumer group's lag;
 * the store's directories: mapped-file counts and bytes per kind;
@@ -29,6 +29,7 @@ from prometheus_client.core import (
     CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily)
 
 from rocketstore.procs.stats import read_published
+from rocketstore.procs.status import store_status
 from rocketstore.shm.positions import PROCESS_NAMES, ProcessState, StoreState
 from rocketstore.storage.config import BROKER_ROLES
 
@@ -64,7 +65,6 @@ class StoreCollector:
         self.store_dir = store_dir
 
     def collect(self):
-        from rocketstore.cli.commands import store_status   # a cycle at import time
         try:
             status = store_status(self.store_dir)
         except Exception as e:  # noqa: BLE001 - a scrape must not fail on a stopping store

@@ -20,15 +20,11 @@ It reads everything and changes nothing. What it verifies:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from rocketstore.storage import record
 from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE
 from rocketstore.storage.hashing import index_key_hash
 from rocketstore.storage.message import TRANSACTION_ROLLBACK_TYPE, is_consumable, transaction_value
-
-if TYPE_CHECKING:
-    from rocketstore.storage.message_store import MessageStore
 
 MAX_PROBLEMS = 100
 CLOCK_SKEW_MS = 60_000
@@ -40,7 +36,9 @@ class _Report(list):
             self.append(text)
 
 
-def check_store(store: "MessageStore") -> list[str]:
+def check_store(store) -> list[str]:
+    """The problems of ``store`` (a loaded ``MessageStore``, dispatched to its confirm
+    offset), at most ``MAX_PROBLEMS`` of them; empty when it is consistent."""
     report = _Report()
     records = _check_commit_log(store, report)
     _check_consume_queues(store, records, report)

@@ -57,6 +57,7 @@ from rocketstore.storage.reput import ArrivingListener, ReputMessageService
 from rocketstore.storage.running_flags import Flag, RunningFlags
 from rocketstore.storage.schedule_message import ScheduleMessageService
 from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
+from rocketstore.storage.check import check_store
 from rocketstore.storage.store_services import StoreServices
 from rocketstore.storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
 from rocketstore.storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
@@ -708,7 +709,6 @@ class MessageStore:
 
         Returns a list of problems, empty when the store is consistent.
         """
-        from rocketstore.storage.check import check_store
         with self._mutex:
             self._check_running()
             self._dispatch_to(self._confirm_offset())

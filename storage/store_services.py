@@ -36,12 +36,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from rocketstore.storage.errors import StoreClosedError
-
-if TYPE_CHECKING:
-    from rocketstore.storage.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +47,9 @@ SCHEDULE_MAX_WAIT_S = 0.1
 
 
 class StoreServices:
-    def __init__(self, store: "MessageStore"):
+    def __init__(self, store):
+        """The services of ``store`` (a ``MessageStore``, which owns them: it starts them
+        after loading and stops them before closing)."""
         self.store = store
         self.config = store.config
         self._stopping = threading.Event()

@@ -587,7 +587,7 @@ def test_status_of_replication_shows_each_slave_its_own_ack_and_an_unknown_lag_a
     """A new, empty slave of a master whose earlier slave acked everything is not
     shown caught up; a slave its master refuses, or that never heard from it, shows no
     lag rather than 0."""
-    from rocketstore.cli.commands import replication_status
+    from rocketstore.procs.status import replication_status
     from rocketstore.procs.stats import stats_path
     store = str(tmp_path)
     os.makedirs(os.path.dirname(stats_path(store, "ha")), exist_ok=True)

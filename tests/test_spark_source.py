@@ -11,7 +11,7 @@ import pytest
 
 from rocketstore.client import Producer
 from rocketstore.client.consumer import read_offsets
-from rocketstore.cli.commands import store_status
+from rocketstore.procs.status import store_status
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message
 from rocketstore.storage.config import StoreConfig
