@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from rocketstore.spark import _proc_cpu_s  # noqa: E402  (bench/pipeline.py)
+from store_pipeline import _proc_cpu_s  # noqa: E402
 from rocketstore.client import Producer  # noqa: E402
 from rocketstore.storage import Message  # noqa: E402
 from store_processes import RunningStore  # noqa: E402

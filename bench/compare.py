@@ -25,7 +25,7 @@ same messages: 128-byte bodies, a tag and a key each.
 and, for the stores' side, the CPU of each store process per message of the ASYNC
 ingest. Redis runs when ``redis-server`` is installed (``apt-get install redis-server``;
 the client is ``pip install redis hiredis``); without it only rocketstore's column is
-filled. The rocketstore side reuses ``bench/pipeline.py``'s measurements.
+filled. The rocketstore side reuses ``bench/store_pipeline.py``'s measurements.
 
     python bench/compare.py [--quick] [--seconds 5] [--rounds 3] [--json]
 """
@@ -49,7 +49,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from rocketstore.spark import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
+from store_pipeline import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
 from rocketstore.client import Producer  # noqa: E402
 from rocketstore.shm.positions import Slot  # noqa: E402
 

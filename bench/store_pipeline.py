@@ -2,7 +2,7 @@
 end-to-end latency, mmap consume and reader-socket pull.
 
 Not a test: it prints a table and asserts nothing about time. Run from the project root
-(``python bench/pipeline.py [--quick]``). Each flush mode gets a freshly started store
+(``python bench/store_pipeline.py [--quick]``). Each flush mode gets a freshly started store
 (``tests/store_processes.RunningStore``, 256 MiB CommitLog files) in a temporary
 directory under the working directory, removed at the end; every process it starts is
 stopped however the run ends. ``bench/README.md`` says what each figure means.
