@@ -31,6 +31,15 @@ this member still owns: a queue that went to another member may have moved on th
 written unless the group's committed offset is already past it (RocketMQ persists a
 dropped queue's offset), so its new owner reads less of it again.
 
+How much a poll returns. ``poll(max_msgs)`` returns up to ``max_msgs`` messages, from as
+many of its queues as it takes, and about ``max_poll_bytes`` of records at most (64 MiB
+by default; one larger record still comes, alone; a read with a tag filter may pass it
+by one queue's read): it copies from the mapped files in
+this process, so a broker's per-pull limits (``max_transfer_count_on_message_in_memory``
+= 32 messages and 256 KiB, the tighter ``..._in_disk`` ones), which bound a network
+response, do not apply. The reader socket's PULL (``ReaderClient.pull``) keeps them, as
+a broker does.
+
 Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
 COMMIT takes no other): both become directory names, so anything else raises
 ``ValueError`` before anything is opened. After ``close`` (idempotent) every call but
@@ -43,6 +52,7 @@ a ``close`` from another thread ends a waiting ``poll`` (which returns nothing) 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -67,17 +77,23 @@ from rocketstore.storage import file_modes
 OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
 BULK_READ_MIN = 16   # fewer messages to take are read unit by unit: cheaper then
+MAX_POLL_MESSAGES = 1 << 20        # a poll's count is the caller's max_msgs; this bounds it
+DEFAULT_MAX_POLL_BYTES = 64 << 20   # records one poll copies, about (one larger still comes)
 
 
 class Consumer:
     def __init__(self, store_dir: str, group: str, topic: str, *,
                  config: StoreConfig | None = None, from_where: str = "earliest",
-                 tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000):
+                 tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000,
+                 max_poll_bytes: int = DEFAULT_MAX_POLL_BYTES):
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where is 'earliest' or 'latest'")
+        if max_poll_bytes < 1:
+            raise ValueError("max_poll_bytes is at least 1")
         check_names(group, topic)
         self.store_dir, self.group, self.topic = store_dir, group, topic
-        self.config = config or store_config(store_dir)
+        self.max_poll_bytes = max_poll_bytes
+        self.config = local_read_limits(config or store_config(store_dir), max_poll_bytes)
         file_modes.use_umask(self.config.data_umask)
         self.from_where = from_where
         self.tags = tags
@@ -135,15 +151,17 @@ class Consumer:
         self._turn = (self._turn + 1) % max(1, len(self._assigned))
         moved: dict[int, int] = {}     # applied at the end: a failure or Ctrl-C on the
         caught_up: dict[int, int] = {}  # way moves no queue past messages never returned
+        room = self.max_poll_bytes
         for q in queues:
-            if len(out) >= max_msgs:
+            if len(out) >= max_msgs or room <= 0:
                 break
             if self._caught_up.get(q) == dispatched:
                 continue
             offset = self._offsets[q]
-            r = self._read(q, offset, max_msgs - len(out), dispatched)
+            r, nbytes = self._read(q, offset, max_msgs - len(out), dispatched, room)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(r.messages)
+                room -= nbytes
                 offset = moved[q] = r.next_begin_offset
             elif r.status in (GetMessageStatus.OFFSET_TOO_SMALL,
                               GetMessageStatus.OFFSET_OVERFLOW_BADLY,
@@ -157,10 +175,10 @@ class Consumer:
         self._caught_up.update(caught_up)
         return out
 
-    def _read(self, queue_id: int, offset: int, max_msgs: int,
-              dispatched: int) -> GetMessageResult:
-        """Up to ``max_msgs`` messages of a queue (within RocketMQ's per-pull count and
-        bytes limits). An offset with nothing to read is answered from the queue's
+    def _read(self, queue_id: int, offset: int, max_msgs: int, dispatched: int,
+              max_bytes: int) -> tuple[GetMessageResult, int]:
+        """Up to ``max_msgs`` messages of a queue, ``max_bytes`` of records at most (at
+        least one message when there is one), and the bytes of the records read. An offset with nothing to read is answered from the queue's
         bounds alone. Without a tag filter, and with at least ``BULK_READ_MIN`` messages
         to take, the units and their records are read in bulk (one copy per CommitLog
         span, ``StoreReader.read_queue_records``; joined in one ``bytes`` and checked
@@ -173,30 +191,31 @@ class Consumer:
         bounds = self.reader.queue_bounds(self.topic, queue_id, dispatched,
                                           min_commit_log_offset=min_phy)
         if bounds is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0), 0
         early = offset_status(offset, *bounds)
         if early is not None:
-            return early
+            return early, 0
         most = min(max_msgs, cfg.max_transfer_count_on_message_in_memory)
         take = min(bounds[1] - offset, most)
         if self.tags is None and take >= BULK_READ_MIN:
             got = self.reader.read_queue_records(
-                self.topic, queue_id, offset, most,
-                cfg.max_transfer_bytes_on_message_in_memory, dispatched,
+                self.topic, queue_id, offset, most, max_bytes, dispatched,
                 joined=take >= BULK_VIEWS_MIN, min_commit_log_offset=min_phy)
             if got.status is GetMessageStatus.FOUND:
                 try:
                     return GetMessageResult(GetMessageStatus.FOUND,
                                             self._views(got, queue_id),
                                             got.next_begin_offset, got.min_offset,
-                                            got.max_offset)
+                                            got.max_offset), got.nbytes
                 except CorruptRecordError:
                     pass
             elif got.status is not GetMessageStatus.OFFSET_FOUND_NULL:
                 return GetMessageResult(got.status, [], got.next_begin_offset,
-                                        got.min_offset, got.max_offset)
-        return self.reader.get_message(self.topic, queue_id, offset, max_msgs, dispatched,
-                                       tags=self.tags, min_commit_log_offset=min_phy)
+                                        got.min_offset, got.max_offset), 0
+        # unit by unit: the config's limits are this consumer's, max_poll_bytes per read
+        r = self.reader.get_message(self.topic, queue_id, offset, max_msgs, dispatched,
+                                    tags=self.tags, min_commit_log_offset=min_phy)
+        return r, sum(m.store_size for m in r.messages)
 
     def _views(self, got, queue_id: int) -> list[MessageView]:
         """The checked messages of ``read_queue_records``' units and records (a piece
@@ -370,6 +389,18 @@ class Consumer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def local_read_limits(config: StoreConfig, max_poll_bytes: int) -> StoreConfig:
+    """``config`` with the read limits of a consumer in this process: no count limit but
+    the caller's ``max_msgs``, and ``max_poll_bytes`` of records in memory or on disk
+    (RocketMQ's transfer limits bound a broker's network response; here the messages are
+    copied from the mapped files, and the memory a poll takes is the only cost)."""
+    return dataclasses.replace(
+        config, max_transfer_count_on_message_in_memory=MAX_POLL_MESSAGES,
+        max_transfer_count_on_message_in_disk=MAX_POLL_MESSAGES,
+        max_transfer_bytes_on_message_in_memory=max_poll_bytes,
+        max_transfer_bytes_on_message_in_disk=max_poll_bytes)
 
 
 def check_names(group: str, topic: str) -> None:

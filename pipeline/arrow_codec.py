@@ -105,8 +105,8 @@ value ``take``s (~5 ms), the msg_id table look-ups (~3 ms). A call also costs ~1
 however few records it holds (some 400 Python-level calls), hence the small-call rows:
 convert thousands of records a call, ~16,000 at best. Without ``MALLOC_TOP_PAD_``
 glibc gives each call's freed temporaries back to the kernel and the next call
-page-faults them in again (~5,000 faults, ~15 ms per 100,000 records here); Spark
-executors can set it with ``spark.executorEnv.MALLOC_TOP_PAD_=268435456``.
+page-faults them in again (~5,000 faults, ~15 ms per 100,000 records here); a Spark
+worker sets the same through ``mallopt`` before its first read (``allocator``).
 """
 
 from __future__ import annotations

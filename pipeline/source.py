@@ -51,6 +51,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow)
 
 from rocketstore.spark import offsets as off
+from rocketstore.spark.allocator import keep_heap_top
 from rocketstore.spark.access import DEFAULT_BATCH_ROWS, open_store
 from rocketstore.spark.arrow_codec import SPARK_SCHEMA_DDL
 from rocketstore.spark.options import Options, parse
@@ -132,6 +133,7 @@ def _bounds(opts: Options, since_ms: int | None = None) -> list[off.QueueBounds]
 def _read(opts: Options, partition: RangePartition, columns: tuple[str, ...] | None):
     if not isinstance(partition, RangePartition):
         return  # Spark reads one InputPartition(None) when partitions() planned none
+    keep_heap_top()     # in the worker: batches reuse the heap instead of faulting it in
     with open_store(opts.store, opts.endpoint, opts.timeout_ms, opts.curve) as store:
         yield from store.read(partition.range(), fail_on_data_loss=opts.fail_on_data_loss,
                               batch_rows=opts.batch_size or DEFAULT_BATCH_ROWS, columns=columns,
