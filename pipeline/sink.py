@@ -80,8 +80,7 @@ COLUMNS = {
 
 @dataclasses.dataclass
 class TaskResult(WriterCommitMessage):
-    partition_id: int
-    producer_id: int
+    """What a write task tells the driver's ``commit``: the rows it stored."""
     rows: int
 
 
@@ -295,7 +294,7 @@ def _write_partition(opts: Options, batches: Iterator, *identity: object) -> Tas
         rows = sender.send_all(_rows(batches, opts.topics[0] if opts.topics else None))
     finally:
         sender.close()
-    return TaskResult(partition, pid, rows)
+    return TaskResult(rows)
 
 
 # ------------------------------------------------------------------------------ Spark

@@ -17,7 +17,9 @@ is removed when that run is over), one run (``run_once``):
    ``delete_commit_log_files_interval`` ms between two (RocketMQ's pause that spreads the
    unlink I/O) — and never a file that is not wholly below min(DISPATCHED, FLUSHED):
    data must be durable and dispatched before it may expire;
-3. MIN_OFFSET = the first CommitLog byte still on disk (never lowered);
+3. MIN_OFFSET = the first CommitLog byte still on disk (never lowered; never past
+   DISPATCHED, since only files wholly below it go: the table refuses more with
+   ``SlotRelationError``, which ends the process);
 4. when MIN_OFFSET moved: every consume-queue file (never the last of its queue) whose
    last unit points below it, with ``delete_consume_queue_files_interval`` ms after each
    queue that lost files, and every index file (never the last) whose endPhyOffset is

@@ -10,7 +10,8 @@ so the flusher opens each CommitLog file it must flush by name
    byte below that WRITTEN was in the page cache before the sync started;
 2. fdatasync every file from FLUSHED's to WRITTEN's (``FILE_OPS.fdatasync``, the seam
    tests use to inject EIO);
-3. publish FLUSHED = that WRITTEN, and the bus FLUSHED;
+3. publish FLUSHED = that WRITTEN, and the bus FLUSHED (the table refuses a FLUSHED or
+   COMMITTED past the WRITTEN it holds then: ``SlotRelationError`` ends the process);
 4. write the checkpoint's physic time = that LAST_STORE_TS (``flush_one("physic")``),
    so the checkpoint never runs ahead of durable data.
 

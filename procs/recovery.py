@@ -1,26 +1,29 @@
 """Bringing a store's files and shared memory to a state its processes can start from.
 
-The supervisor runs this before any child starts (and only then): it holds the store's
-``lock`` file, runs the embedded store's recovery (abnormal when ``abort`` exists: see
-storage.message_store), which also re-dispatches whatever the consume queues and the
-index miss, flushes everything, and hands the files over with ``abort`` in place (the
-run is on); the store logs the recovery rows it took (storage/recovery_plan.py, C and L).
-Then it creates the position table (row T1), or replaces what a crash left (T2), and
-fills it from the recovered files, in one ``PositionTable.reset`` (the only way a
-slot may move back, allowed to the supervisor's table before any process runs):
+The supervisor runs this before any child starts (and only then), holding the store's
+``lock`` file. It decides what to do before the files are opened by table S of
+storage/recovery_plan.py (``recovery_plan.plan_start``), from what it finds: a
+transient store pool that a run which died whole left (its table records one), and a
+cut a diverged slave asked for (``storage.replication.request_cut``). It runs the row's
+steps in order: the pool's bytes past the dead run's COMMITTED are acknowledged and
+worth more than the files, so they are copied in first
+(``shm.transient_pool.commit_left_behind``) and the old buffers unlinked; then the cut
+(``storage.replication.apply_cut``), so recovery finds the CommitLog ending at the
+common prefix.
+
+Then it runs the embedded store's recovery (table R of the same module, chosen and
+logged by ``MessageStore.load``: abnormal when ``abort`` exists), which also
+re-dispatches whatever the consume queues and the index miss, flushes everything, and
+hands the files over with ``abort`` in place (the run is on). Last it makes the position
+table anew, whatever held its name (a dead run's table or a foreign segment is unlinked),
+makes the pool anew when configured, and fills the table from the recovered files, in
+one ``PositionTable.reset`` (the only way a slot may move back, allowed to the
+supervisor's table before any process runs):
 
     WRITTEN = FLUSHED = COMMITTED = DISPATCHED = the CommitLog end; LAST_STORE_TS = the
     checkpoint's physic time; MIN_OFFSET = the first CommitLog byte on disk;
     FLUSH_DISK_TYPE, TRANSIENT_POOL and ROLE from the configuration; STATE = STARTING;
     GENERATION = the start time in ms (unique per start).
-
-A cut a diverged slave asked for (``storage.replication.apply_requested_cut``) is made
-first, so recovery finds the CommitLog ending at the common prefix.
-
-Everything in the position table is rebuilt from the files. One thing in shared memory
-is worth more than the files: with the transient store pool, a run that died whole
-leaves acknowledged bytes in the pool's buffers past its COMMITTED; they are copied into
-the files first (``shm.transient_pool.commit_left_behind``), then the pool is made anew.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import NamedTuple
 
 from rocketstore.client.consumer import GROUPS_DIR
 from rocketstore.shm.positions import (
@@ -36,7 +40,7 @@ from rocketstore.shm.transient_pool import TransientStorePool, commit_left_behin
 from rocketstore.storage import MessageStore, StoreConfig
 from rocketstore.storage.config import BROKER_ROLES
 from rocketstore.storage import recovery_plan, replication
-from rocketstore.storage.recovery_plan import TableState
+from rocketstore.storage.recovery_plan import StartInputs, StartRow, StartStep, TableState
 from rocketstore.storage.store_lock import StoreLock
 from rocketstore.storage import file_modes
 
@@ -65,13 +69,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     lock.acquire()
     pool = table = None
     try:
-        _commit_pool_left_behind(config)
-        cut = replication.apply_requested_cut(config)
-        if cut is not None:
-            log.error("CommitLog cut back to %d as replication asked (%s); the cut bytes "
-                      "are in %s", cut["offset"],
-                      ", ".join(f"{k} {v}" for k, v in cut.items()
-                                if k not in ("offset", "quarantine")), cut["quarantine"])
+        found, start = _before_the_files(config)
         store = MessageStore(dataclasses.replace(config, transient_store_pool_enable=False,
                                                  broker_role="ASYNC_MASTER"),
                              take_lock=False)   # recovery is the same for every role
@@ -81,8 +79,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         min_offset = max(store.commit_log.get_min_offset(), 0)
         store.close(remove_abort_file=False)
         physic_ts = store.checkpoint.physic_msg_timestamp
-        table_row = recovery_plan.table_row(segment_state(root))
-        table = PositionTable.create(root)  # T1 creates; T2 unlinks the old one first
+        table = PositionTable.create(root)  # unlinks whatever holds the name first
         if config.transient_store_pool_enable:
             pool = TransientStorePool(root, config.transient_store_pool_size,
                                       config.mapped_file_size_commit_log, create=True)
@@ -102,26 +99,62 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
                  Slot.WRITTEN: written, Slot.LAST_STORE_TS: physic_ts,
                  Slot.FLUSHED: written, Slot.COMMITTED: written, Slot.DISPATCHED: written,
                  Slot.MIN_OFFSET: min_offset, Slot.STATE: StoreState.STARTING})
-    log.info("recovered %s (%s exit): end %d, first %d; position table %s (%s)", root,
-             "clean" if last_exit_ok else "unclean", written, min_offset, table_row.action,
-             table_row.label)
+    log.info("recovered %s (%s exit): end %d, first %d; start row %s (%s); position "
+             "table made anew (found %s)", root, "clean" if last_exit_ok else "unclean",
+             written, min_offset, start.label, start.action, found.value)
     return Recovered(table, lock, last_exit_ok, pool)
 
 
-def _commit_pool_left_behind(config: StoreConfig) -> None:
-    """A run that died whole (the supervisor too) may have left acknowledged bytes in
-    its transient store pool past its COMMITTED: copy them into the files before the
-    files are recovered, then drop the old buffers."""
+def _before_the_files(config: StoreConfig) -> tuple[TableState, StartRow]:
+    """Table S: what the start finds, the row ``plan_start`` gives for it, and that
+    row's steps run in order. Returns what held the position table's name, and the row."""
     root = config.store_path_root_dir
-    if segment_state(root) is not TableState.LEFT_BY_CRASH:
-        return
+    found = segment_state(root)
+    left = _pool_left_behind(root, found)
+    request = replication.requested_cut(config.config_dir)
+    start = recovery_plan.plan_start(StartInputs(pool_left_behind=left is not None,
+                                                 cut_requested=request is not None))
+    steps = {StartStep.COPY_POOL: lambda: _copy_pool_left_behind(config, left),
+             StartStep.CUT: lambda: _cut_as_asked(config, request)}
+    for step in start.steps:
+        steps[step]()
+    return found, start
+
+
+class PoolLeftBehind(NamedTuple):
+    """A dead run's transient store pool, as its position table recorded it."""
+    size: int
+    committed: int
+    written: int
+
+
+def _pool_left_behind(root: str, found: TableState) -> PoolLeftBehind | None:
+    """The pool the table a dead run left records (the ``pool_left_behind`` input of
+    table S); None when no such table holds the name or it records no pool."""
+    if found is not TableState.LEFT_BY_CRASH:
+        return None
     old = PositionTable.attach(root, left_behind=True)
     try:
-        size, committed = old.get(Slot.TRANSIENT_POOL), old.get(Slot.COMMITTED)
-        written = old.get(Slot.WRITTEN)
+        left = PoolLeftBehind(old.get(Slot.TRANSIENT_POOL), old.get(Slot.COMMITTED),
+                              old.get(Slot.WRITTEN))
     finally:
         old.close()
-    if size:
-        commit_left_behind(root, size, config.mapped_file_size_commit_log, committed, written,
-                           config.commit_log_dir)
-        TransientStorePool.unlink(root, size)
+    return left if left.size else None
+
+
+def _copy_pool_left_behind(config: StoreConfig, left: PoolLeftBehind) -> None:
+    """Step copy_pool: the acknowledged bytes the dead run's buffers hold past its
+    COMMITTED go into the files before they are recovered; the old buffers go."""
+    root = config.store_path_root_dir
+    commit_left_behind(root, left.size, config.mapped_file_size_commit_log, left.committed,
+                       left.written, config.commit_log_dir)
+    TransientStorePool.unlink(root, left.size)
+
+
+def _cut_as_asked(config: StoreConfig, request: dict) -> None:
+    """Step cut: the CommitLog cut back where a diverged slave asked, loudly."""
+    cut = replication.apply_cut(config, request)
+    log.error("CommitLog cut back to %d as replication asked (%s); the cut bytes are in %s",
+              cut["offset"], ", ".join(f"{k} {v}" for k, v in cut.items()
+                                       if k not in ("offset", "quarantine")),
+              cut["quarantine"])

@@ -126,7 +126,7 @@ from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
 from rocketstore.storage.commit_log import CommitLog, PutMessageResult
 from rocketstore.storage.errors import errno_text
-from rocketstore.storage.idempotence import BatchClaims, admission
+from rocketstore.storage.idempotence import BatchClaims, Cover, admission
 from rocketstore.storage.producer_state import LastRecord, ProducerStateTable
 from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from rocketstore.storage.record_batch import RecordBatch, RecordsFormatError, check_records
@@ -153,8 +153,7 @@ class _Request:
     the records it hands to the append."""
 
     __slots__ = ("envelope", "client", "kind", "request_id", "results", "batch", "slots",
-                 "queue_ids", "wait", "end", "deadline_ms", "dup_end", "received",
-                 "needs_slave")
+                 "queue_ids", "wait", "end", "deadline_ms", "received", "needs_slave")
 
     def __init__(self, envelope: list, kind: protocol.Kind, request_id: int, n: int,
                  msg_id_prefix: str):
@@ -170,8 +169,14 @@ class _Request:
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
         self.needs_slave = False         # parked until SLAVE_ACKED covers ``end`` too
-        self.dup_end = 0                 # end of the originals its duplicates stand for
         self.received = time.monotonic()  # for the put latency statistics
+
+    def take_cover(self, cover: Cover) -> None:
+        """Answer for duplicates too (``storage.idempotence``): not before the CommitLog
+        covers their originals' end, nor before the flush when one of them waits."""
+        if cover.end > self.end:
+            self.end = cover.end
+        self.wait = self.wait or cover.wait
 
 
 class WriterService(Service):
@@ -396,7 +401,8 @@ class WriterService(Service):
         end = self._append([r for r in accepted if r.batch is not None], now)
         self._note_append_time(time.monotonic() - began)
         if claims is not None:
-            claims.settle(accepted)
+            for req, cover in claims.settle().items():
+                req.take_cover(cover)
         if not end:
             self._answer(accepted)
             return
@@ -464,10 +470,11 @@ class WriterService(Service):
         NEW."""
         admit = encoded = None
         if claims is not None:
-            admit, encoded = admission(req, send.producer_ids, send.sequences, claims)
+            admit, encoded = admission(req, req.results, send.producer_ids, send.sequences,
+                                       claims)
         prepared = prepare_batch(self.commit_log, self.config, send.messages, now,
                                  self.queues, req.results, None, admit, encoded)
-        req.wait = req.wait or prepared.wait   # a duplicate may wait already
+        req.wait = prepared.wait
         if prepared.records:
             req.batch = RecordBatch.from_encoded(prepared.records)
             req.slots = prepared.slots
@@ -498,7 +505,7 @@ class WriterService(Service):
         if claims is not None:
             n = checked.count
             admit, encoded = admission(
-                req, [send.producer_id] * n,
+                req, req.results, [send.producer_id] * n,
                 range(send.first_sequence, send.first_sequence + n), claims, checked.waits)
         if not checked.refusals and not checked.long_way and admit is None:
             self._take_all(req, send, checked)
@@ -511,7 +518,7 @@ class WriterService(Service):
         req.batch = record_batch.from_checked(send.records, checked, queue_ids)
         req.slots = list(range(checked.count))
         req.queue_ids = queue_ids
-        req.wait = req.wait or any(checked.waits)
+        req.wait = any(checked.waits)
 
     def _take_some(self, req: _Request, send: protocol.SendRecords, checked, now: int,
                    admit, encoded) -> None:
@@ -545,7 +552,7 @@ class WriterService(Service):
             slots.append(i)
             if encoded is not None:
                 encoded(i)
-        req.wait = req.wait or wait
+        req.wait = wait
         if pieces:
             req.batch = record_batch.from_pieces(pieces)
             req.slots = slots

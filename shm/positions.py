@@ -95,6 +95,17 @@ Invariants checked as they run (``set``, ``set_process``, ``publish_written``):
   with a view the table contradicts. The exception ends its loop; the process exits
   non-zero and the supervisor restarts it, and the new instance starts from the table.
   The same value again is accepted (no change).
+- Bounded slots never pass their bound (``UPPER_BOUNDS``): FLUSHED <= WRITTEN,
+  COMMITTED <= WRITTEN and MIN_OFFSET <= DISPATCHED, checked at each store of the
+  bounded slot against the bound as it is then (one more load, on those three slots
+  only). A reader of another process's slot may see an older value, but these bounds
+  only grow while processes run, and each bounded value is computed from its bound (the
+  flusher commits and flushes up to a WRITTEN it read, the cleaner deletes only files
+  wholly below DISPATCHED), so the relation holds at the store unless something is
+  wrong. A value past its bound is refused as a regression is (logged at ERROR,
+  ``SlotRelationError``, the slot kept), and readers take the relations as given:
+  ``confirm_offset`` clamps nothing. DISPATCHED <= CONFIRM is not checked: CONFIRM is
+  no slot, and its bound would cost the dispatcher more loads per publish.
 - Resets only at start. Recovery moves slots back (a cut CommitLog end is smaller than a
   stale WRITTEN); that goes through ``reset``, allowed only to the supervisor's table
   (the one ``create`` made) while no process is recorded running (every PID slot is 0),
@@ -284,6 +295,10 @@ MONOTONIC_SLOTS = frozenset(
     [s for s in Slot if s.monotonic]
     + [_process_slot(n, f) for n in PROCESS_NAMES for f in ProcessField if f.monotonic])
 
+# slot -> the slot it may never pass; each bound grows while processes run
+UPPER_BOUNDS = {Slot.FLUSHED: Slot.WRITTEN, Slot.COMMITTED: Slot.WRITTEN,
+                Slot.MIN_OFFSET: Slot.DISPATCHED}
+
 
 class PositionTableError(Exception):
     """The segment is missing, stale or not a position table."""
@@ -307,6 +322,16 @@ class SlotRegressionError(SlotWriteError):
     def __init__(self, slot: str, current: int, refused: int, process: str | None):
         super().__init__(f"{slot} may only grow: holds {current}, {process} tried {refused}")
         self.slot, self.current, self.refused = slot, current, refused
+
+
+class SlotRelationError(SlotWriteError):
+    """A bounded slot was given a value past its bound (``UPPER_BOUNDS``)."""
+
+    def __init__(self, slot: str, value: int, bound: str, bound_value: int,
+                 process: str | None):
+        super().__init__(f"{slot} <= {bound} must hold: {bound} is {bound_value}, "
+                         f"{process} tried {slot} = {value}")
+        self.slot, self.value, self.bound, self.bound_value = slot, value, bound, bound_value
 
 
 class ResetRefusedError(SlotWriteError):
@@ -398,20 +423,31 @@ class PositionTable:
 
     def set(self, slot: Slot, value: int) -> None:
         """Store one slot: only its writer (see the table) may. Raises
-        ``SlotWriterError`` for another process's slot and ``SlotRegressionError`` for a
-        monotonic slot given a smaller value; either way nothing is stored."""
+        ``SlotWriterError`` for another process's slot, ``SlotRegressionError`` for a
+        monotonic slot given a smaller value and ``SlotRelationError`` for a bounded
+        slot given a value past its bound; either way nothing is stored."""
         self._store(slot, value)
 
     def _store(self, index: int, value: int) -> None:
         if index not in self._writable:
             raise SlotWriterError(f"{self.process or 'a read-only table'} may not write "
                                   f"{_slot_name(index)}")
-        if index in MONOTONIC_SLOTS and value < self._slots[index]:
+        slots = self._slots
+        if index in MONOTONIC_SLOTS and value < slots[index]:
             self._refuse(index, value)
-        self._slots[index] = value
+        bound = UPPER_BOUNDS.get(index)
+        if bound is not None and value > slots[bound]:
+            self._refuse_past(index, value, bound)
+        slots[index] = value
 
     def _refuse(self, index: int, value: int) -> None:
         error = SlotRegressionError(_slot_name(index), self._slots[index], value, self.process)
+        log.error("refused, slot kept: %s", error)
+        raise error
+
+    def _refuse_past(self, index: int, value: int, bound: int) -> None:
+        error = SlotRelationError(_slot_name(index), value, _slot_name(bound),
+                                  self._slots[bound], self.process)
         log.error("refused, slot kept: %s", error)
         raise error
 
@@ -443,11 +479,12 @@ class PositionTable:
 
     def confirm_offset(self) -> int:
         """How far dispatch and readers may go: FLUSHED under SYNC_FLUSH, else WRITTEN,
-        or COMMITTED when the transient pool holds what is past it."""
+        or COMMITTED when the transient pool holds what is past it. Never past WRITTEN:
+        FLUSHED and COMMITTED are refused past it where they are stored."""
         if self.get(Slot.FLUSH_DISK_TYPE) == 1:
-            return min(self.get(Slot.FLUSHED), self.get(Slot.WRITTEN))
+            return self.get(Slot.FLUSHED)
         if self.get(Slot.TRANSIENT_POOL):
-            return min(self.get(Slot.COMMITTED), self.get(Slot.WRITTEN))
+            return self.get(Slot.COMMITTED)
         return self.get(Slot.WRITTEN)
 
     def reset(self, values: Mapping[int, int]) -> None:

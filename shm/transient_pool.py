@@ -25,8 +25,9 @@ Crash story: the buffers live in shared memory, not in any store process, so a k
 writer or flusher loses nothing acknowledged: the flusher (a new one too) commits
 ``[COMMITTED, WRITTEN)`` and a restarted writer appends on in the same buffer. When every
 process dies (the supervisor too), the segments stay until the next ``rocketstore up``,
-which commits them into the files before recovery (``commit_left_behind``). Only a
-machine crash loses them, with everything else not yet flushed: ASYNC_FLUSH's promise.
+which commits them into the files before recovery (``commit_left_behind``: step
+copy_pool of storage.recovery_plan's table S). Only a machine crash loses them, with
+everything else not yet flushed: ASYNC_FLUSH's promise.
 
 Memory: each buffer is locked in RAM (``mlock``, RocketMQ's reason for the pool) by the
 supervisor where RLIMIT_MEMLOCK allows; when it does not, the start says so and the

@@ -21,20 +21,10 @@ Invariants:
   are 0, 1, 2, ... in CommitLog order (PREPARED/ROLLBACK records carry 0 and take none);
 * ``topic_queue_table[(topic, queue_id)]`` is the next queue offset of that queue.
 
-Recovery, decided by the ``abort`` file (the caller checks it):
-
-    last exit | scan starts at                                   | then
-    ----------+--------------------------------------------------+-----------------------------
-    normal    | third-from-last file                             | cut at the first bad record
-    abnormal  | newest file whose first store time <= checkpoint | cut there; re-dispatch from
-              | min (index-aware if message_index_safe); else    | the start file
-              | the first file                                   |
-    either    | no later than a file shorter than its size that  | truncated-tail repair
-              | only never-written files follow: it is grown     |
-              | back (only when the store recorded that size:    |
-              | see config.check_geometry); a short file         |
-              | followed by data fails the load                  |
-    either    | no files at all                                  | destroy every consume queue
+Recovery: which scan runs (``recover_normally``, ``recover_abnormally``) and what follows
+it is decided in one place, table R of ``storage/recovery_plan.py``. Either scan starts
+no later than a short tail (``load`` grew it back) and keeps the records up to the first
+bad one.
 
 "Bad record": wrong magic, a size that runs past the file or disagrees with the fields,
 a PHYSICALOFFSET that is not where the record lies, (``check_crc_on_recover``) a body
@@ -202,7 +192,6 @@ class CommitLog:
         self.mapped_file_queue = MappedFileQueue(config.commit_log_dir, self.mapped_file_size,
                                                  preallocate_next=True, read_only=read_only)
         self.topic_queue_table: dict[tuple[str, int], int] = {}
-        self.confirm_offset = -1
         self.store_host: Host = (config.broker_ip1, config.listen_port)
         self._store_host_bytes = encode_host(self.store_host)
         self._store_host_flag = STOREHOSTADDRESS_V6_FLAG if host_is_v6(self.store_host) else 0

@@ -2,13 +2,17 @@
 
 Expected outcomes of a put or a get are status enums (``storage.status``); exceptions
 are for faults: bytes on disk that cannot be what the store wrote, files that cannot be
-opened, a configuration that cannot work. Every message names the file and the offset.
+opened, a configuration that cannot work, and a move that would break an invariant the
+files depend on (a bug, checked with code since ``assert`` vanishes under ``python -O``).
+Every message names the file and the offset.
 
     StoreError
     ├── CorruptRecordError(path, offset, detail)   bytes on disk fail a check
     ├── StoreFileError(path, detail)               a file is missing, mis-sized or unusable
     ├── StoreConfigError(detail)                   a setting is out of range
-    └── StoreClosedError                           the store was used after close()
+    ├── StoreClosedError                           the store was used after close()
+    └── MappedFilePositionError(path, detail)      a MappedFile's positions would break
+                                                   their order (storage.mapped_file)
 """
 
 from __future__ import annotations

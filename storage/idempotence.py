@@ -18,13 +18,19 @@ table and against what earlier records of the same batch claimed:
 
 The table learns (``BatchClaims.settle``) only records the append stored, which form a
 prefix of the batch, so no gap can enter it. A request answering a duplicate waits, like
-its original, for the original's end to be flushed under SYNC_FLUSH (``covers``).
+its original, for the original's end to be flushed under SYNC_FLUSH: ``settle`` returns,
+per request, the ``Cover`` its duplicates add (the end of their originals, and whether
+one of them waits), and the writer applies it to its request.
 
-Requests are the writer's: objects with ``results`` (index -> ``PutMessageResult``),
-``end``, ``dup_end`` and ``wait``.
+Requests are the writer's. This module holds one only as a key (``claims.drop(request)``,
+the keys ``settle`` returns) and never reads or sets anything on it; the answers go into
+the request's ``results`` the writer hands over (index -> ``PutMessageResult``, as
+``put_path.prepare_batch`` fills them).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from rocketstore.storage.commit_log import PutMessageResult
 from rocketstore.storage.message import PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE
@@ -33,10 +39,17 @@ from rocketstore.storage.producer_state import (
 from rocketstore.storage.status import PutMessageStatus
 
 
-def admission(req, pids, seqs, claims: "BatchClaims", waits=None):
-    """The ``admit`` and ``encoded`` steps of an idempotent producer's records. A
-    SEND_RECORDS record carries its identity already (``msg`` None)."""
-    results = req.results
+class Cover(NamedTuple):
+    """What a request's duplicates add to it: it answers only once the CommitLog covers
+    ``end`` (the end of their originals), after the flush too when ``wait``."""
+    end: int
+    wait: bool
+
+
+def admission(request: object, results, pids, seqs, claims: "BatchClaims", waits=None):
+    """The ``admit`` and ``encoded`` steps (``put_path.prepare_batch``) of ``request``'s
+    records, whose answers go into ``results``. A SEND_RECORDS record carries its
+    identity already (``msg`` None; ``waits[i]`` says whether it waits)."""
 
     def admit(i: int, msg) -> bool:
         pid = pids[i]
@@ -51,7 +64,7 @@ def admission(req, pids, seqs, claims: "BatchClaims", waits=None):
                 msg.properties[PROPERTY_PRODUCER_SEQUENCE] = str(seq)
             return True
         if verdict is Verdict.DUPLICATE:
-            claims.duplicate(req, i, pid, seq,
+            claims.duplicate(request, results, i, pid, seq,
                              waits[i] if msg is None else msg.wait_store_msg_ok)
         else:
             results[i] = out_of_order(pid, seq, last)
@@ -59,97 +72,98 @@ def admission(req, pids, seqs, claims: "BatchClaims", waits=None):
 
     def encoded(i: int) -> None:
         if pids[i]:
-            claims.claim(pids[i], seqs[i], req, i)
+            claims.claim(pids[i], seqs[i], request, results, i)
 
     return admit, encoded
 
 
 class BatchClaims:
     """One batch's records with producer ids: the sequences claimed by records handed
-    to the append (so later records of the batch are judged against them), and the
-    duplicates of those claims, answered once the append told their fate."""
+    to the append (so later records of the batch are judged against them), the
+    duplicates of those claims, answered once the append told their fate, and what
+    every request's duplicates add to it (``covers``)."""
 
-    __slots__ = ("table", "last", "claimed", "order", "pending")
+    __slots__ = ("table", "last", "claimed", "order", "pending", "covers")
 
     def __init__(self, table: ProducerStateTable):
         self.table = table
         self.last: dict[int, int] = {}                         # producer -> last claimed
-        self.claimed: dict[tuple[int, int], tuple[object, int]] = {}
-        self.order: list[tuple[int, int, object, int]] = []  # claims, in batch order
-        self.pending: list[tuple[object, int, int, int, bool]] = []
+        self.claimed: dict[tuple[int, int], tuple[object, int]] = {}   # -> (results, i)
+        self.order: list[tuple[int, int, object, object, int]] = []   # claims, in order
+        self.pending: list[tuple[object, object, int, int, int, bool]] = []
+        self.covers: dict[object, Cover] = {}                 # request -> its Cover
 
     def last_sequence(self, pid: int) -> int | None:
         last = self.last.get(pid)
         return self.table.last_sequence(pid) if last is None else last
 
-    def claim(self, pid: int, seq: int, req: object, i: int) -> None:
+    def claim(self, pid: int, seq: int, request: object, results, i: int) -> None:
         self.last[pid] = seq
-        self.claimed[(pid, seq)] = (req, i)
-        self.order.append((pid, seq, req, i))
+        self.claimed[(pid, seq)] = (results, i)
+        self.order.append((pid, seq, request, results, i))
 
-    def duplicate(self, req: object, i: int, pid: int, seq: int, wait: bool) -> None:
+    def duplicate(self, request: object, results, i: int, pid: int, seq: int,
+                  wait: bool) -> None:
         """A duplicate of a record stored before this batch is answered now; one of
         a record of this batch after the append (``settle``)."""
         entry = self.table.get(pid)
         if entry is None or seq > entry.sequence:
-            self.pending.append((req, i, pid, seq, wait))
+            self.pending.append((request, results, i, pid, seq, wait))
             return
         if seq == entry.sequence:
-            req.results[i] = PutMessageResult(
+            results[i] = PutMessageResult(
                 PutMessageStatus.PUT_OK, entry.msg_id, entry.commit_log_offset, entry.size, entry.queue_id,
                 entry.queue_offset, entry.store_timestamp,
                 f"duplicate: producer {pid} sequence {seq} is stored already")
         else:
-            req.results[i] = PutMessageResult(
+            results[i] = PutMessageResult(
                 PutMessageStatus.PUT_OK, reason=f"duplicate: producer {pid} sequence {seq} is stored already "
                                 f"(the last stored is {entry.sequence}; only its offsets "
                                 "are kept)")
-        covers(req, entry.end, wait)
+        self._cover(request, entry.end, wait)
 
-    def drop(self, req: object) -> None:
+    def drop(self, request: object) -> None:
         """Forget the claims of a request that failed before the append."""
-        self.order = [c for c in self.order if c[2] is not req]
-        self.pending = [d for d in self.pending if d[0] is not req]
-        self.claimed = {(pid, seq): (r, i) for pid, seq, r, i in self.order}
+        self.order = [c for c in self.order if c[2] is not request]
+        self.pending = [d for d in self.pending if d[0] is not request]
+        self.claimed = {(pid, seq): (results, i) for pid, seq, _, results, i in self.order}
         self.last = {}
-        for pid, seq, _, _ in self.order:
+        for pid, seq, _, _, _ in self.order:
             self.last[pid] = seq
+        self.covers.pop(request, None)
 
-    def settle(self, accepted: list[object]) -> None:
+    def settle(self) -> dict[object, Cover]:
         """After the append: the table learns what was stored; pending duplicates take
-        their original's result; a request answers only when its originals are
-        covered (``end``)."""
+        their original's result. Returns what each request's duplicates add to it: a
+        request answers only once its originals are covered too."""
         record = self.table.record
-        for pid, seq, req, i in self.order:
-            r = req.results[i]
+        for pid, seq, _, results, i in self.order:
+            r = results[i]
             if r.status is PutMessageStatus.PUT_OK:
                 record(pid, ProducerEntry(seq, r.store_timestamp, r.wrote_offset,
                                           r.wrote_bytes, r.queue_id, r.queue_offset,
                                           r.msg_id))
-        for req, i, pid, seq, wait in self.pending:
-            owner, k = self.claimed[(pid, seq)]
-            r = owner.results[k]
+        for request, results, i, pid, seq, wait in self.pending:
+            owner_results, k = self.claimed[(pid, seq)]
+            r = owner_results[k]
             if r.status is PutMessageStatus.PUT_OK:
-                req.results[i] = PutMessageResult(
+                results[i] = PutMessageResult(
                     PutMessageStatus.PUT_OK, r.msg_id, r.wrote_offset, r.wrote_bytes, r.queue_id,
                     r.queue_offset, r.store_timestamp,
                     f"duplicate: producer {pid} sequence {seq} was stored by this batch")
-                covers(req, r.wrote_offset + r.wrote_bytes, wait)
+                self._cover(request, r.wrote_offset + r.wrote_bytes, wait)
             else:
-                req.results[i] = PutMessageResult.refused(
+                results[i] = PutMessageResult.refused(
                     r.status, f"{r.reason} (producer {pid} sequence {seq} came twice in one "
                               "batch; neither copy was stored)")
-        for req in accepted:
-            if req.dup_end > req.end:
-                req.end = req.dup_end
+        return self.covers
 
-
-def covers(req, end: int, wait: bool) -> None:
-    """``req`` answers a duplicate whose original ends at ``end``."""
-    if end > req.dup_end:
-        req.dup_end = end
-    if wait:
-        req.wait = True
+    def _cover(self, request: object, end: int, wait: bool) -> None:
+        """``request`` answers a duplicate whose original ends at ``end``."""
+        old = self.covers.get(request)
+        if old is not None:
+            end, wait = max(end, old.end), wait or old.wait
+        self.covers[request] = Cover(end, wait)
 
 
 def out_of_order(pid: int, seq: int, last: int | None) -> PutMessageResult:

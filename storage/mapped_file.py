@@ -13,8 +13,10 @@ commit step are the CommitLog's and the flusher's, ``shm.transient_pool``); ever
 ``flushed_position`` has been through ``fdatasync``. Readers never read past the read
 position (``committed_position``). The positions move only through the file's own
 methods (``append``/``appended``, ``flush``, ``rewind``, ``set_positions``), each of
-which asserts the invariant (a violation is a programmer error: every position is
-computed by the code, none is read from disk).
+which checks the invariant before it moves anything: a move that would break it raises
+``MappedFilePositionError`` and leaves the three positions as they were. Every position
+is computed by the code (none is read from disk), so a violation is a bug in the
+caller; it is checked with code, not ``assert``, so that ``python -O`` keeps it.
 
 Files are preallocated to full size with ``posix_fallocate`` before they are mapped, so a
 full disk fails the creation cleanly (CREATE_MAPEDFILE_FAILED) instead of killing the
@@ -44,7 +46,7 @@ import os
 import types
 
 from rocketstore.storage.dir_sync import DirSyncs, fsync_creation, owed_by_creation
-from rocketstore.storage.errors import StoreFileError
+from rocketstore.storage.errors import StoreError, StoreFileError
 from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
 from rocketstore.storage import file_modes
 
@@ -67,6 +69,16 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 def offset_to_file_name(offset: int) -> str:
     """``UtilAll.offset2FileName``: the 20-digit zero-padded decimal offset."""
     return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+class MappedFilePositionError(StoreError):
+    """A move of a MappedFile's positions that would break
+    ``0 <= flushed <= committed <= wrote <= file_size`` (or a rewind past the wrote
+    position); nothing moved."""
+
+    def __init__(self, path: str, detail: str):
+        self.path, self.detail = path, detail
+        super().__init__(f"{path}: {detail}")
 
 
 class MappedFile:
@@ -162,28 +174,40 @@ class MappedFile:
         return self.wrote_position == self.file_size
 
     def set_positions(self, position: int) -> None:
-        """Set wrote, committed and flushed positions together (load and recovery)."""
-        self.wrote_position = self.committed_position = self.flushed_position = position
-        self._check_positions()
+        """Set wrote, committed and flushed positions together (load and recovery).
+        Raises ``MappedFilePositionError`` for a position outside ``[0, file_size]``."""
+        self._move(position, position, position)
 
     def rewind(self, position: int) -> None:
         """Move the wrote and committed positions back to ``position`` (at most the wrote
         position), the flushed one too where it lies past it. The bytes stay: a writer
-        that rewinds writes the same bytes again over them (the dispatcher's restart)."""
-        assert 0 <= position <= self.wrote_position, (self, position)
-        self.wrote_position = self.committed_position = position
-        self.flushed_position = min(self.flushed_position, position)
+        that rewinds writes the same bytes again over them (the dispatcher's restart).
+        Raises ``MappedFilePositionError`` for a position past the wrote position or
+        below 0."""
+        if position > self.wrote_position:
+            raise MappedFilePositionError(self.path, f"rewind to {position} is past the "
+                                          f"wrote position {self.wrote_position}")
+        self._move(position, position, min(self.flushed_position, position))
 
     def appended(self, size: int) -> None:
         """Publish ``size`` bytes the caller copied into ``buf`` at the wrote position
-        (a writer that fills the mapping itself): wrote and committed move past them."""
-        self.wrote_position = self.committed_position = self.wrote_position + size
-        self._check_positions()
+        (a writer that fills the mapping itself): wrote and committed move past them.
+        Raises ``MappedFilePositionError`` when they would end past the file or before
+        the flushed position."""
+        end = self.wrote_position + size
+        self._move(end, end, self.flushed_position)
 
-    def _check_positions(self) -> None:
-        """The invariant of the module docstring; a violation is a programmer error."""
-        assert 0 <= self.flushed_position <= self.committed_position <= self.wrote_position \
-            <= self.file_size, self
+    def _move(self, wrote: int, committed: int, flushed: int) -> None:
+        """Set the three positions if they keep the invariant of the module docstring;
+        else raise ``MappedFilePositionError`` and move none."""
+        if not 0 <= flushed <= committed <= wrote <= self.file_size:
+            raise MappedFilePositionError(
+                self.path, f"positions flushed {flushed} <= committed {committed} <= wrote "
+                f"{wrote} <= file size {self.file_size} do not hold (now flushed "
+                f"{self.flushed_position}, committed {self.committed_position}, wrote "
+                f"{self.wrote_position})")
+        self.wrote_position, self.committed_position, self.flushed_position = \
+            wrote, committed, flushed
 
     # ------------------------------------------------------------------- writes
     def append(self, data) -> bool:
@@ -196,8 +220,7 @@ class MappedFile:
         if end > self.file_size:
             return False
         self.buf[pos:end] = data
-        self.wrote_position = self.committed_position = end
-        self._check_positions()
+        self._move(end, end, self.flushed_position)
         return True
 
     def mark_committed(self) -> None:
@@ -278,12 +301,11 @@ class MappedFile:
                 try:
                     value = self.read_position
                     FILE_OPS.fdatasync(self.fd)
-                    self.flushed_position = value
-                    self._check_positions()
+                    self._move(self.wrote_position, self.committed_position, value)
                 finally:
                     self.release()
             else:
-                self.flushed_position = self.read_position
+                self._move(self.wrote_position, self.committed_position, self.read_position)
         return self.flushed_position
 
     # ------------------------------------------------------------------- reads

@@ -23,11 +23,11 @@ exists), re-dispatches what the consume queues and index miss, and creates ``abo
 ``close()`` catches dispatch up, flushes everything and the checkpoint, and removes
 ``abort`` only when all of that succeeded.
 
-Recovery (``load``) follows the decision table of ``storage/recovery_plan.py``: the
-CommitLog row (C1-C5: refuse, empty, normal, abnormal from the checkpoint's file or from
-the first file) is chosen before the scan, the consume-queue and index row (L1-L5:
-untouched, destroy, rebuild, cut, catch up) after it, from the recovered end. Both
-rows are logged.
+Recovery (``load``) runs table R of ``storage/recovery_plan.py``: once the files are
+mapped and the consume queues and index loaded, ``recovery_plan.plan`` gets what the load
+found (CommitLog files or none, ``abort``, a queue or the index destroyed at load) and
+returns one row (R1-R5); the load logs it and does what it says: the scan, then destroy,
+catch up or rebuild the consume queues and index, then rewind torn units or not.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Sequence
 
 from rocketstore.storage import expiry
 from rocketstore.storage.checkpoint import StoreCheckpoint
-from rocketstore.storage.commit_log import CommitLog, PutMessageResult
+from rocketstore.storage.commit_log import CommitLog, PutMessageResult, RecoveryResult
 from rocketstore.storage.config import StoreConfig, check_geometry, record_geometry
 from rocketstore.storage.consume_queue import ConsumeQueue
 from rocketstore.storage.logic_queues import LogicQueues
@@ -262,34 +262,51 @@ class MessageStore:
             self._rebuild_logics = True
 
     def _recover(self) -> None:
+        """Act on the row ``recovery_plan.plan`` gives for what the load found."""
         max_cq_end = self.logic_queues.recover()
-        files = self._commit_log_files()
-        c_row = plan.commit_log_row(not self.last_exit_ok, self._checkpoint_state(), files)
-        if c_row in (plan.C4_ABNORMAL, plan.C5_ABNORMAL_FROM_FIRST):
-            result = self.commit_log.recover_abnormally(self._recovery_min_timestamp())
-        else:  # C3; C2 has nothing to scan; C1 failed the load already
-            result = self.commit_log.recover_normally()
-        l_row = plan.logics_row(files, self._logics_state(max_cq_end, result.process_offset))
-        log.info("recovery rows %s %s: %s, then %s", c_row.label, l_row.label, c_row.action,
-                 l_row.action)
-        if l_row is plan.L2_DESTROY:
-            if len(self.logic_queues) or self.index_service.files:
-                log.warning("no commitlog files: destroying consume queues and index")
-            self._destroy_logics()
+        row = plan.plan(plan.RecoveryInputs(
+            abort=not self.last_exit_ok, commit_log=self._commit_log_files(),
+            logics=plan.Logics.UNUSABLE if self._rebuild_logics else plan.Logics.LOADED))
+        log.info("recovery row %s: %s", row.label, row.action)
+        result = self._scan(row.scan)
+        end = result.process_offset
+        if row.logics is plan.LogicsAction.DESTROY:
+            self._destroy_logics_left()
+            reput = 0
         else:
-            self.index_service.truncate(result.process_offset,
-                                        lambda phy: self.commit_log.pickup_store_timestamp(phy, 80))
-        if l_row in (plan.L3_REBUILD, plan.L4_CUT) and max_cq_end > result.process_offset:
-            log.warning("consume queues reach %d past the commitlog end %d: truncating",
-                        max_cq_end, result.process_offset)
-            self.logic_queues.truncate_dirty(result.process_offset)
-        self.reput_from_offset = self._redispatch_start(
-            max_cq_end, result.redispatch_from, result.process_offset,
-            rebuild=l_row is plan.L3_REBUILD)
-        if not self.last_exit_ok:
-            self.reput_from_offset = min(self.reput_from_offset, self._rewind_torn_units())
-        self._dispatch_to(result.process_offset)
+            self._cut_logics_at(end, max_cq_end)
+            reput = self._redispatch_start(row.logics, max_cq_end, result.redispatch_from,
+                                           end)
+        if row.rewind_torn_units:
+            reput = min(reput, self._rewind_torn_units())
+        self.reput_from_offset = reput
+        self._dispatch_to(end)
         self._recover_topic_queue_table()
+
+    def _scan(self, scan: plan.Scan) -> RecoveryResult:
+        """The row's CommitLog scan; its recovered end is where the files now end."""
+        if scan is plan.Scan.NORMAL:
+            return self.commit_log.recover_normally()
+        if scan is plan.Scan.ABNORMAL:
+            return self.commit_log.recover_abnormally(self._recovery_min_timestamp())
+        return RecoveryResult(0, 0)           # no files: nothing to scan
+
+    def _destroy_logics_left(self) -> None:
+        """No CommitLog file: nothing any consume queue or index entry points to exists."""
+        if len(self.logic_queues) or self.index_service.files:
+            log.warning("no commitlog files: destroying consume queues and index")
+        self.logic_queues.destroy()
+        self.index_service.destroy()
+
+    def _cut_logics_at(self, end: int, max_cq_end: int) -> None:
+        """Index entries past the recovered ``end`` go, and the units of any consume
+        queue that reaches past it (RocketMQ's truncateDirtyLogicFiles)."""
+        self.index_service.truncate(
+            end, lambda phy: self.commit_log.pickup_store_timestamp(phy, 80))
+        if max_cq_end > end:
+            log.warning("consume queues reach %d past the commitlog end %d: truncating",
+                        max_cq_end, end)
+            self.logic_queues.truncate_dirty(end)
 
     def _rewind_torn_units(self) -> int:
         """After an unclean stop, the last unit of each consume queue against its record.
@@ -318,38 +335,25 @@ class MessageStore:
         return earliest
 
     def _commit_log_files(self) -> plan.CommitLogFiles:
-        """The ``commit_log`` input as the load left it (a short file before written
-        ones failed the load: C1)."""
-        mfq = self.commit_log.mapped_file_queue
-        if not mfq.mapped_files:
+        """The ``commit_log`` input as the load left it (a file that cannot be used
+        failed the load before recovery decides anything)."""
+        if not self.commit_log.mapped_file_queue.mapped_files:
             return plan.CommitLogFiles.NONE
-        if mfq.short_file_index is not None:
-            return plan.CommitLogFiles.SHORT_TAIL
-        return plan.CommitLogFiles.FULL
-
-    def _checkpoint_state(self) -> plan.Checkpoint:
-        """MISSING when the checkpoint's times trust no CommitLog file."""
-        return plan.Checkpoint.WRITTEN if self._recovery_min_timestamp() > 0 \
-            else plan.Checkpoint.MISSING
-
-    def _logics_state(self, max_cq_end: int, commit_log_end: int) -> plan.Logics:
-        files = self.index_service.files
-        index_end = None if not self.config.message_index_enable else \
-            files[-1].end_phy_offset if files else -1
-        return plan.observe_logics(rebuilt=self._rebuild_logics, max_queue_end=max_cq_end,
-                                   index_end=index_end, commit_log_end=commit_log_end)
+        return plan.CommitLogFiles.PRESENT
 
     def _recovery_min_timestamp(self) -> int:
         if self.config.message_index_enable and self.config.message_index_safe:
             return self.checkpoint.min_timestamp_index()
         return self.checkpoint.min_timestamp()
 
-    def _redispatch_start(self, max_cq_end: int, abnormal_start: int, process_offset: int, *,
-                          rebuild: bool) -> int:
-        """The earliest offset some consume queue or the index may be missing (L3: the
-        first CommitLog byte)."""
+    def _redispatch_start(self, logics: plan.LogicsAction, max_cq_end: int,
+                          abnormal_start: int, process_offset: int) -> int:
+        """Where re-dispatch starts: REBUILD, the first CommitLog byte; CATCH_UP, the
+        earliest offset some consume queue or the index may be missing (the furthest
+        queue end, the index end, and ``abnormal_start``: the abnormal scan's first
+        file, the recovered end after a normal one). Never past ``process_offset``."""
         min_offset = max(self.commit_log.get_min_offset(), 0)
-        if rebuild:
+        if logics is plan.LogicsAction.REBUILD:
             return min(min_offset, process_offset)
         starts = [max_cq_end if max_cq_end >= 0 else min_offset, abnormal_start]
         if self.config.message_index_enable:
@@ -364,10 +368,6 @@ class MessageStore:
             table[(cq.topic, cq.queue_id)] = cq.get_max_offset_in_queue()
             cq.correct_min_offset(min_phy)
         self.commit_log.set_topic_queue_table(table)
-
-    def _destroy_logics(self) -> None:
-        self.logic_queues.destroy()
-        self.index_service.destroy()
 
     # ================================================================== put
     def put(self, msg: Message) -> PutMessageResult:

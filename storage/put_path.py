@@ -110,12 +110,12 @@ class QueueSelector:
 
 class PreparedBatch(NamedTuple):
     """``prepare_batch``'s outcome: the records to append, which message each came
-    from, whether any waits for the flush, and a result for every message refused."""
+    from, and whether any waits for the flush (each message refused has its result in
+    the caller's ``results`` already)."""
 
     records: list[EncodedMessage]
     slots: list[int]          # records[k] encodes messages[slots[k]]
     wait: bool                # some record was sent with wait_store_msg_ok
-    refused: int              # how many results were filled in
 
 
 def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence[Message],
@@ -137,7 +137,6 @@ def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence
         records = []
     slots: list[int] = []
     wait = False
-    refused = 0
     prepare = commit_log.prepare
     select = selector.select
     for i, msg in enumerate(messages):
@@ -156,5 +155,4 @@ def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence
                 continue
             bad = enc
         results[i] = PutMessageResult.refused(*bad)
-        refused += 1
-    return PreparedBatch(records, slots, wait, refused)
+    return PreparedBatch(records, slots, wait)

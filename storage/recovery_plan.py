@@ -1,213 +1,205 @@
-"""What a start does with the files it finds: recovery as a decision table.
+"""What a start does with the files and shared memory it finds: recovery as decision tables.
 
-``plan(RecoveryInputs) -> RecoveryPlan`` is a pure function of what a start observes; the
-embedded store (``MessageStore.load``) and the supervisor (``procs.recovery``) act on its
-rows and do nothing else. Three tables, each row labelled; every combination of inputs
-lands in exactly one row of each (tests/test_recovery.py enumerates them all).
+Recovery decides twice, each time with everything it decides on already observed, and
+each time by calling this module and acting on the one row it returns:
 
-Inputs, each with its whole domain:
+* the supervisor's start (``procs.recovery``), holding the store's ``lock`` and before
+  any file is opened: ``plan_start(StartInputs) -> StartRow``, table S;
+* the load of the files (``MessageStore.load``, which the embedded store and the
+  supervisor's start both run), after the files are mapped and the consume queues and
+  index loaded, before the CommitLog is scanned: ``plan(RecoveryInputs) -> Row``, table R.
 
-    abort        present | absent        the ``abort`` file: the last run did not stop cleanly
-    checkpoint   written | missing       missing: no file, or times that trust no CommitLog
-                                         file (a run killed before its first flush)
-    commit_log   none | full | short_tail | short_middle
-                                         short_tail: the last written file is short and
-                                         only never-written files follow (a truncated
-                                         tail, in a store that recorded its file size);
-                                         short_middle: a short file before written ones,
-                                         or in a store with no recorded size
-    logics       none | behind | equal | ahead | unusable
-                                         the consume queues and index against the
-                                         recovered CommitLog end: no files; some end before
-                                         it; all at it; a consume queue past it; a queue or
-                                         the index could not be loaded (destroyed at load)
-    table        absent | left_by_crash | foreign
-                                         the position table's shared memory (the
-                                         supervisor's start only; the embedded store has
-                                         none: absent)
+Each function is pure. Every combination of its inputs lands in exactly one row; no two
+rows do the same thing, and every row is reached (tests/test_recovery_plan.py holds all
+inputs against a table of expected rows written out there).
 
-The CommitLog (``commit_log_row``; decided before the CommitLog is scanned):
+Table S, the supervisor's start. Inputs:
 
-    row  commit_log            abort    checkpoint  action
-    ---  --------------------  -------  ----------  -------------------------------------------
-    C1   short_middle          any      any         refuse: the load fails (StoreFileError),
-                                                    nothing on disk changes
-    C2   none                  any      any         empty store: nothing to scan
-    C3   full | short_tail     absent   any         normal: scan from the third-last file
-                                                    that holds records (no later than a
-                                                    short tail), cut at the first bad record
-    C4   full | short_tail     present  written     abnormal: scan from the newest file the
-                                                    checkpoint trusts (no later than a short
-                                                    tail), cut there; re-dispatch from it
-    C5   full | short_tail     present  missing     abnormal from the first file: nothing
-                                                    is trusted; re-dispatch from the start
+    pool_left_behind  yes | no     the position table a dead run left
+                                   (``TableState.LEFT_BY_CRASH``) records a transient
+                                   store pool (its TRANSIENT_POOL slot is not 0)
+    cut_requested     yes | no     ``config/haCutRequest.json``: the writer of a diverged
+                                   slave asked for its CommitLog to be cut back
 
-The consume queues and the index (``logics_row``; decided after the scan, which gives
-the recovered end they are compared with):
+    row  pool_left_behind  cut_requested  steps, in order
+    ---  ----------------  -------------  ------------------------------------------------
+    S1   no                no             none
+    S2   yes               no             copy_pool
+    S3   no                yes            cut
+    S4   yes               yes            copy_pool, cut
 
-    row  commit_log            logics     action
-    ---  --------------------  ---------  ----------------------------------------------
-    L1   short_middle          any        untouched (the load failed)
-    L2   none                  any        destroy consume queues and index: nothing they
-                                          point to exists
-    L3   full | short_tail     unusable   rebuild: cut any queue past the end, re-dispatch
-                                          everything from the first CommitLog byte
-    L4   full | short_tail     ahead      cut: units and index entries past the end go,
-                                          then catch up as L5
-    L5   full | short_tail     none |     catch up: re-dispatch from the earliest of the
-                               behind |   queue end, the index end and C4's file (nothing
-                               equal      to do when all are at the end)
+    copy_pool  copy what the dead run's pool buffers hold past its COMMITTED (up to its
+               WRITTEN: acknowledged bytes) into the files and fsync them, then unlink
+               the buffers (``shm.transient_pool.commit_left_behind``); buffers a machine
+               restart took hold nothing to copy: that range is lost, as ASYNC_FLUSH allows
+    cut        cut the CommitLog back to the requested offset, the cut bytes kept under
+               ``quarantine/`` (``storage.replication.apply_cut``); after the copy,
+               which must not write back bytes the cut moved away
 
-Every L row after L2 also cuts the index past the end and rebuilds the topic-queue
-table from the consume queues.
+Then every row loads the files (table R) and makes the position table anew:
+``PositionTable.create`` unlinks whatever holds its name (nothing, a dead run's table, a
+foreign segment: ``TableState``, read only for ``pool_left_behind``) and the table is
+filled from the recovered files. Shared memory is a cache: nothing in it is trusted
+except the pool's bytes, which S2 and S4 copy.
 
-The position table (``table_row``; the supervisor, holding the store's lock, so no live
-store can own a segment of that name):
+Table R, the files. Inputs:
 
-    row  table                  action
-    ---  ---------------------  -----------------------------------------------------
-    T1   absent                 create it, then fill it from the recovered files
-    T2   left_by_crash|foreign  replace it (unlink, create), then fill it: shared memory
-                                is a cache, nothing in it is trusted
+    commit_log   none | present     CommitLog files on disk
+    abort        present | absent   the ``abort`` file: the last run did not stop cleanly
+    logics       loaded | unusable  unusable: a consume queue or the index could not be
+                                    loaded and was destroyed at load (only in a store that
+                                    recorded its file sizes; without that record a file
+                                    of another size may be a configuration mistake, and
+                                    the load fails instead)
 
-Which inputs each table reads is part of the design: the position table never changes
-what happens to the files, and the checkpoint matters only to an abnormal start.
+    row  commit_log  abort    logics    scan      consume queues and index  torn units
+    ---  ----------  -------  --------  --------  ------------------------  ----------
+    R1   none        any      any       none      destroy                   keep
+    R2   present     absent   loaded    normal    catch_up                  keep
+    R3   present     present  loaded    abnormal  catch_up                  rewind
+    R4   present     absent   unusable  normal    rebuild                   keep
+    R5   present     present  unusable  abnormal  rebuild                   rewind
+
+    normal    scan from the third-last CommitLog file that holds records, cut at the first
+              bad record (``CommitLog.recover_normally``)
+    abnormal  scan from the newest file whose first record the checkpoint's times trust,
+              or from the first file when they trust none (a run killed before its first
+              flush), cut at the first bad record; re-dispatch owes everything from the
+              scan's first file (``CommitLog.recover_abnormally``)
+    destroy   unlink every consume queue and index file: nothing they point to exists;
+              re-dispatch from 0
+    catch_up  cut index entries, and units of any queue that reaches past it, at the
+              recovered end; re-dispatch from the earliest of the furthest queue end, the
+              index end and (abnormal) the scan's first file
+    rebuild   cut as catch_up, then re-dispatch everything from the first CommitLog byte
+    rewind    a consume queue's last unit that does not match its record (a queue
+              writer killed mid-unit) moves back, and re-dispatch starts no later than it
+
+Both scans start no later than a short tail (a truncated last file, grown back at load).
+Every row then dispatches up to the recovered end and rebuilds the topic-queue table from
+the consume queues.
+
+What is not an input, and why:
+
+* the checkpoint: it decides only which file the abnormal scan starts from, inside the
+  scan; a missing checkpoint trusts no file;
+* a short tail against whole files: both scans start no later than a short file;
+* a short file before written ones, a missing middle file, or a file of another size in a
+  store with no recorded size: the load (``MappedFileQueue.load``) fails before recovery
+  decides anything, and nothing on disk changes;
+* how far the consume queues and index reach against the recovered end: catch_up and
+  rebuild cut and re-dispatch from the ends they find, the same steps for every reach;
+* what holds the position table's name: the table is made anew whatever it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Callable
-
-
-class Checkpoint(enum.Enum):
-    WRITTEN = "written"
-    MISSING = "missing"
-
-
-class CommitLogFiles(enum.Enum):
-    NONE = "none"
-    FULL = "full"
-    SHORT_TAIL = "short_tail"
-    SHORT_MIDDLE = "short_middle"
-
-
-class Logics(enum.Enum):
-    NONE = "none"
-    BEHIND = "behind"
-    EQUAL = "equal"
-    AHEAD = "ahead"
-    UNUSABLE = "unusable"
 
 
 class TableState(enum.Enum):
+    """What a start finds under the position table's name (``shm.positions.segment_state``):
+    only a table a dead run left can record a pool (``pool_left_behind``)."""
     ABSENT = "absent"
     LEFT_BY_CRASH = "left_by_crash"
     FOREIGN = "foreign"
 
 
+# ------------------------------------------------------------------ table S
+class StartStep(enum.Enum):
+    COPY_POOL = "copy_pool"
+    CUT = "cut"
+
+
+@dataclasses.dataclass(frozen=True)
+class StartInputs:
+    pool_left_behind: bool
+    cut_requested: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StartRow:
+    """A row of table S: the steps before the files are loaded, in the order they run."""
+    label: str
+    steps: tuple[StartStep, ...]
+
+    @property
+    def action(self) -> str:
+        return ", ".join(step.value for step in self.steps) or "none"
+
+
+S1_NOTHING = StartRow("S1", ())
+S2_COPY_POOL = StartRow("S2", (StartStep.COPY_POOL,))
+S3_CUT = StartRow("S3", (StartStep.CUT,))
+S4_COPY_POOL_THEN_CUT = StartRow("S4", (StartStep.COPY_POOL, StartStep.CUT))
+START_ROWS = (S1_NOTHING, S2_COPY_POOL, S3_CUT, S4_COPY_POOL_THEN_CUT)
+
+
+def plan_start(inputs: StartInputs) -> StartRow:
+    """The row of table S for what the supervisor's start found."""
+    if inputs.pool_left_behind:
+        return S4_COPY_POOL_THEN_CUT if inputs.cut_requested else S2_COPY_POOL
+    return S3_CUT if inputs.cut_requested else S1_NOTHING
+
+
+# ------------------------------------------------------------------ table R
+class CommitLogFiles(enum.Enum):
+    NONE = "none"
+    PRESENT = "present"
+
+
+class Logics(enum.Enum):
+    LOADED = "loaded"
+    UNUSABLE = "unusable"
+
+
+class Scan(enum.Enum):
+    NONE = "none"
+    NORMAL = "normal"
+    ABNORMAL = "abnormal"
+
+
+class LogicsAction(enum.Enum):
+    DESTROY = "destroy"
+    CATCH_UP = "catch_up"
+    REBUILD = "rebuild"
+
+
 @dataclasses.dataclass(frozen=True)
 class RecoveryInputs:
     abort: bool
-    checkpoint: Checkpoint
     commit_log: CommitLogFiles
     logics: Logics
-    table: TableState = TableState.ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One labelled row: when it applies, and what it does."""
+    """A row of table R: the scan, then the consume queues and index, then whether the
+    queues' torn last units are rewound."""
     label: str
-    applies: Callable[[RecoveryInputs], bool] = dataclasses.field(compare=False, repr=False)
-    action: str = dataclasses.field(compare=False)
-
-
-_SCANNED = (CommitLogFiles.FULL, CommitLogFiles.SHORT_TAIL)
-
-C1_REFUSE = Row("C1", lambda i: i.commit_log is CommitLogFiles.SHORT_MIDDLE, "refuse")
-C2_EMPTY = Row("C2", lambda i: i.commit_log is CommitLogFiles.NONE, "empty")
-C3_NORMAL = Row("C3", lambda i: i.commit_log in _SCANNED and not i.abort, "normal")
-C4_ABNORMAL = Row("C4", lambda i: i.commit_log in _SCANNED and i.abort
-                  and i.checkpoint is Checkpoint.WRITTEN, "abnormal from the checkpoint")
-C5_ABNORMAL_FROM_FIRST = Row("C5", lambda i: i.commit_log in _SCANNED and i.abort
-                             and i.checkpoint is Checkpoint.MISSING,
-                             "abnormal from the first file")
-COMMIT_LOG_ROWS = (C1_REFUSE, C2_EMPTY, C3_NORMAL, C4_ABNORMAL, C5_ABNORMAL_FROM_FIRST)
-
-L1_UNTOUCHED = Row("L1", lambda i: i.commit_log is CommitLogFiles.SHORT_MIDDLE, "untouched")
-L2_DESTROY = Row("L2", lambda i: i.commit_log is CommitLogFiles.NONE, "destroy")
-L3_REBUILD = Row("L3", lambda i: i.commit_log in _SCANNED and i.logics is Logics.UNUSABLE,
-                 "rebuild")
-L4_CUT = Row("L4", lambda i: i.commit_log in _SCANNED and i.logics is Logics.AHEAD, "cut")
-L5_CATCH_UP = Row("L5", lambda i: i.commit_log in _SCANNED and i.logics in (
-    Logics.NONE, Logics.BEHIND, Logics.EQUAL), "catch up")
-LOGICS_ROWS = (L1_UNTOUCHED, L2_DESTROY, L3_REBUILD, L4_CUT, L5_CATCH_UP)
-
-T1_CREATE = Row("T1", lambda i: i.table is TableState.ABSENT, "create")
-T2_REPLACE = Row("T2", lambda i: i.table in (TableState.LEFT_BY_CRASH, TableState.FOREIGN),
-                 "replace")
-TABLE_ROWS = (T1_CREATE, T2_REPLACE)
-
-
-@dataclasses.dataclass(frozen=True)
-class RecoveryPlan:
-    commit_log: Row
-    logics: Row
-    table: Row
+    scan: Scan
+    logics: LogicsAction
+    rewind_torn_units: bool
 
     @property
-    def labels(self) -> str:
-        return f"{self.commit_log.label} {self.logics.label} {self.table.label}"
+    def action(self) -> str:
+        rewind = ", rewind torn units" if self.rewind_torn_units else ""
+        return f"scan {self.scan.value}, {self.logics.value}{rewind}"
 
 
-def commit_log_row(abort: bool, checkpoint: Checkpoint, commit_log: CommitLogFiles) -> Row:
-    """The C row: what to do with the CommitLog before scanning it."""
-    if commit_log is CommitLogFiles.SHORT_MIDDLE:
-        return C1_REFUSE
-    if commit_log is CommitLogFiles.NONE:
-        return C2_EMPTY
-    if not abort:
-        return C3_NORMAL
-    return C4_ABNORMAL if checkpoint is Checkpoint.WRITTEN else C5_ABNORMAL_FROM_FIRST
+R1_EMPTY = Row("R1", Scan.NONE, LogicsAction.DESTROY, False)
+R2_NORMAL = Row("R2", Scan.NORMAL, LogicsAction.CATCH_UP, False)
+R3_ABNORMAL = Row("R3", Scan.ABNORMAL, LogicsAction.CATCH_UP, True)
+R4_NORMAL_REBUILD = Row("R4", Scan.NORMAL, LogicsAction.REBUILD, False)
+R5_ABNORMAL_REBUILD = Row("R5", Scan.ABNORMAL, LogicsAction.REBUILD, True)
+ROWS = (R1_EMPTY, R2_NORMAL, R3_ABNORMAL, R4_NORMAL_REBUILD, R5_ABNORMAL_REBUILD)
 
 
-def logics_row(commit_log: CommitLogFiles, logics: Logics) -> Row:
-    """The L row: what to do with the consume queues and the index after the scan."""
-    if commit_log is CommitLogFiles.SHORT_MIDDLE:
-        return L1_UNTOUCHED
-    if commit_log is CommitLogFiles.NONE:
-        return L2_DESTROY
-    if logics is Logics.UNUSABLE:
-        return L3_REBUILD
-    return L4_CUT if logics is Logics.AHEAD else L5_CATCH_UP
-
-
-def table_row(table: TableState) -> Row:
-    """The T row: the supervisor's position table."""
-    return T1_CREATE if table is TableState.ABSENT else T2_REPLACE
-
-
-def plan(inputs: RecoveryInputs) -> RecoveryPlan:
-    """Every row for one start's inputs (the tables above, in one call)."""
-    return RecoveryPlan(commit_log_row(inputs.abort, inputs.checkpoint, inputs.commit_log),
-                        logics_row(inputs.commit_log, inputs.logics),
-                        table_row(inputs.table))
-
-
-def observe_logics(*, rebuilt: bool, max_queue_end: int, index_end: int | None,
-                   commit_log_end: int) -> Logics:
-    """The ``logics`` input from what a load saw: ``rebuilt`` when a queue or the index
-    was destroyed at load; ``max_queue_end`` the furthest consume queue end and
-    ``index_end`` the index's, -1 when there are no such files, ``index_end`` None when
-    the index is disabled. These are the ends re-dispatch starts from (RocketMQ's reput
-    start), so BEHIND means some message is missing from a queue or the index."""
-    if rebuilt:
-        return Logics.UNUSABLE
-    if max_queue_end > commit_log_end:
-        return Logics.AHEAD
-    if max_queue_end < 0 and index_end in (None, -1):
-        return Logics.NONE
-    ends = [max(max_queue_end, 0)] + ([] if index_end is None else [max(index_end, 0)])
-    return Logics.BEHIND if min(ends) < commit_log_end else Logics.EQUAL
+def plan(inputs: RecoveryInputs) -> Row:
+    """The row of table R for what the load found."""
+    if inputs.commit_log is CommitLogFiles.NONE:
+        return R1_EMPTY
+    if inputs.logics is Logics.UNUSABLE:
+        return R5_ABNORMAL_REBUILD if inputs.abort else R4_NORMAL_REBUILD
+    return R3_ABNORMAL if inputs.abort else R2_NORMAL

@@ -18,7 +18,8 @@ questions about those bytes need answers of their own:
   it are the master's, so its records are too. The writer cannot move WRITTEN back while
   the store runs, so it asks (``request_cut``: ``config/haCutRequest.json``); the
   supervisor stops the processes, cuts the CommitLog keeping the cut bytes in
-  ``quarantine/`` (``apply_requested_cut``, recorded in ``config/haCuts.json``), and
+  ``quarantine/`` (``apply_cut``: a row of its start's table, storage.recovery_plan;
+  recorded in ``config/haCuts.json``), and
   starts them again; recovery cuts the consume queues and index to match.
 - *Which of a slave's bytes came from a master?* Those from ``followed_from`` on
   (``config/haFollowedFrom.json``): a store's writer notes its WRITTEN there when it
@@ -164,7 +165,7 @@ def last_boundary_at_or_before(commit_log_dir: str, file_size: int, offset: int)
 
 def request_cut(config_dir: str, offset: int, **facts: object) -> None:
     """Ask the supervisor to cut the CommitLog back to ``offset`` at its next start
-    (``apply_requested_cut``); ``facts`` say why, for the log and status."""
+    (``apply_cut``); ``facts`` say why, for the log and status."""
     json_file.persist(os.path.join(config_dir, CUT_REQUEST_FILE),
                       {"offset": offset, "requested_ms": now_ms(), **facts})
 
@@ -178,15 +179,14 @@ def cuts_made(config_dir: str) -> list[dict]:
     return (json_file.load(os.path.join(config_dir, CUT_HISTORY_FILE)) or {}).get("cuts", [])
 
 
-def apply_requested_cut(config) -> dict | None:
-    """Before recovery, with no process running: cut the CommitLog at the requested
-    offset. Every byte cut is kept under ``quarantine/`` (never destroyed); recovery
-    then finds the CommitLog ending there and cuts consume queues and index to match.
-    Returns the cut as recorded in ``haCuts.json``, or None when none was asked."""
+def apply_cut(config, request: dict) -> dict:
+    """Before recovery, with no process running (row S3 or S4 of
+    storage.recovery_plan): cut the CommitLog at the offset ``request`` (what
+    ``requested_cut`` read) asks for. Every byte cut is kept under ``quarantine/``
+    (never destroyed); recovery then finds the CommitLog ending there and cuts consume
+    queues and index to match. The cut joins ``haCuts.json`` and the request's file
+    goes. Returns the cut as recorded."""
     from rocketstore.storage.commit_log import CommitLog
-    request = requested_cut(config.config_dir)
-    if request is None:
-        return None
     offset = int(request["offset"])
     cl = CommitLog(config)
     try:

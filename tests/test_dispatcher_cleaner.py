@@ -622,8 +622,11 @@ def test_a_failed_flush_on_the_flush_thread_stops_dispatch_with_its_errno(env_fa
         d.close()
 
 
-def test_dispatch_throughput(env_factory, capfd):
-    """128-byte bodies, a key and a UNIQ_KEY each; bigger files so roll-overs are rare."""
+def test_dispatch_of_a_large_run_counts_every_message(env_factory, capfd):
+    """128-byte bodies, a key and a UNIQ_KEY each; bigger files so roll-overs are rare.
+    Every message of a 50,000-message run is dispatched and counted in the dispatcher's
+    log; the rate is printed for whoever runs it (``-s``), never asserted (a busy machine
+    would fail it)."""
     n = 50_000
     env = env_factory(fill=10, mapped_file_size_commit_log=64 << 20,
                       mapped_file_size_consume_queue=300_000 * 20, max_hash_slot_num=200_000,
@@ -642,8 +645,7 @@ def test_dispatch_throughput(env_factory, capfd):
                         capfd.readouterr().err)
     print(f"\ndispatch: {n} messages in {elapsed:.3f} s end to end ({n / elapsed:.0f}/s); "
           f"dispatcher's own measure: {logged}")
-    assert logged and int(logged[-1][0]) == n
-    assert n / elapsed > 5_000
+    assert logged and int(logged[-1][0]) == n     # the rate is printed, never asserted
 
 
 # ============================================================================ cleaner

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from conftest import refuse_space
 from rocketstore.storage import mapped_file as mapped_file_module
-from rocketstore.storage.errors import StoreFileError
-from rocketstore.storage.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
+from rocketstore.storage.errors import StoreError, StoreFileError
+from rocketstore.storage.mapped_file import (
+    OS_PAGE_SIZE, MappedFile, MappedFilePositionError, offset_to_file_name)
 from rocketstore.storage.mapped_file_queue import DELETE_FILES_BATCH_MAX, MappedFileQueue
 
 SIZE = 4 * OS_PAGE_SIZE        # 16 KiB files: four pages each
@@ -172,14 +175,47 @@ def test_rewind_moves_wrote_and_committed_back_and_flushed_with_them(mf):
     assert mf.buf[120:300] == b"r" * 80 + b"s" * 100   # the bytes stay: they are written again
 
 
-def test_positions_that_break_the_invariant_are_a_programmer_error(mf):
-    mf.append(b"x" * 10)
-    with pytest.raises(AssertionError):
-        mf.rewind(11)                                # past the wrote position
-    with pytest.raises(AssertionError):
-        mf.appended(SIZE)                            # past the end of the file
-    with pytest.raises(AssertionError):
-        mf.set_positions(SIZE + 1)
+def positions(mf: MappedFile) -> tuple[int, int, int]:
+    return mf.flushed_position, mf.committed_position, mf.wrote_position
+
+
+@pytest.mark.parametrize("move, to", [
+    ("rewind", 31),                 # past the wrote position
+    ("rewind", -1),
+    ("appended", SIZE - 29),        # wrote past the end of the file
+    ("appended", -11),              # wrote below flushed
+    ("set_positions", SIZE + 1),
+    ("set_positions", -1),
+])
+def test_a_move_that_breaks_the_position_order_is_refused_and_moves_nothing(mf, move, to):
+    """``0 <= flushed <= committed <= wrote <= file_size`` is checked by code: the move
+    raises the named error and the three positions stay as they were."""
+    mf.append(b"x" * 20)
+    mf.flush(0)
+    mf.append(b"y" * 10)
+    assert positions(mf) == (20, 30, 30)
+    with pytest.raises(MappedFilePositionError) as e:
+        getattr(mf, move)(to)
+    assert e.value.path == mf.path and mf.file_name in str(e.value)
+    assert positions(mf) == (20, 30, 30)
+    assert isinstance(e.value, StoreError)
+
+
+def test_the_position_check_survives_python_O(tmp_path):
+    """An ``assert`` would vanish under ``python -O``; the check must not."""
+    script = (
+        "import sys\n"
+        "from rocketstore.storage.mapped_file import MappedFile, MappedFilePositionError\n"
+        "assert False, 'asserts are on'\n"
+        f"mf = MappedFile({path_of(tmp_path, 0)!r}, {SIZE})\n"
+        "mf.append(b'x' * 10)\n"
+        "try:\n"
+        "    mf.rewind(11)\n"
+        "except MappedFilePositionError:\n"
+        "    sys.exit(7)\n")
+    done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
 
 
 def test_read_beyond_the_read_position_returns_none(mf):

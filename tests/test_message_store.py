@@ -556,7 +556,7 @@ def test_unusable_consume_queue_and_index_are_rebuilt(config, caplog):
         os.truncate(os.path.join(index_dir, name), 1000)
     with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(config)
-    assert "recovery rows C3 L3: normal, then rebuild" in caplog.text
+    assert "recovery row R4: scan normal, rebuild" in caplog.text
     assert [m.msg_id for m in pull_all(s, "TopicTest", 0)] == \
         [r.msg_id for r in rs if r.queue_id == 0]
     assert [m.body for m in s.query_message("TopicTest", "key-7").messages] == [msg(7).body]

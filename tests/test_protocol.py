@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from typing import NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -878,3 +879,131 @@ def test_send_records_reply_with_an_unknown_status_is_malformed():
     frame = P.encode_send_records_reply(3, bytes(8), columns, {})
     with pytest.raises(ProtocolError, match="record 1: unknown status 250"):
         P.decode_send_records_reply(frame)
+
+
+# ---------------------------------------------------------------------------- the HA frames
+# docs/PROTOCOL.md §10 is where the HA frames' layouts are written; wire/ha_protocol.py
+# only implements them. These tests read §10's two layout tables and hold the codec to
+# them: the head's bytes, each kind's number and name, its fixed fields' struct, and a
+# frame built from the table alone, which the codec must decode and encode alike.
+HA_TYPES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+HA_HEAD_ROW = re.compile(r"^\| (\d+) \| (\d+) \| (.+) \|$", re.M)
+HA_KIND_ROW = re.compile(r"^\| (\d+) \| ([A-Z]+) \| (slave|master|either) \| (.+) \|$", re.M)
+HA_FIELD = re.compile(r"`(\w+) (u8|u16|u32|u64|str8)`")
+HA_TAILS = {"CommitLog bytes": b"\x00\x01\xfe\xff", "UTF-8 text": "why: é".encode(),
+            "the file's bytes": b'{"offsetTable":{}}'}
+HA_ENCODERS = {
+    ha_protocol.Kind.HELLO: lambda f, tail: ha_protocol.encode_hello(**f),
+    ha_protocol.Kind.REPORT: lambda f, tail: ha_protocol.encode_report(**f),
+    ha_protocol.Kind.DATA: lambda f, tail: ha_protocol.data_head(**f) + tail,
+    ha_protocol.Kind.ERROR: lambda f, tail: ha_protocol.encode_error(f["code"], tail.decode()),
+    ha_protocol.Kind.PROBE: lambda f, tail: ha_protocol.encode_probe(**f),
+    ha_protocol.Kind.RANGE: lambda f, tail: ha_protocol.range_head(**f) + tail,
+    ha_protocol.Kind.FILE: lambda f, tail: ha_protocol.encode_file(f["name"], tail),
+}
+
+
+class HAFrameDoc(NamedTuple):
+    """One row of §10's kind table."""
+    value: int
+    sender: str
+    fields: list[tuple[str, str]]   # (name, type) of the fixed fields, in order
+    tail: bytes | None              # sample bytes for what follows them ("then ...")
+
+
+def ha_doc_section(text: str | None = None) -> str:
+    if text is None:
+        with open(DOC, encoding="utf-8") as f:
+            text = f.read()
+    start = text.index("\n## 10. ")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def ha_doc_frames(section: str) -> dict[str, HAFrameDoc]:
+    frames = {}
+    for value, name, sender, body in HA_KIND_ROW.findall(section):
+        fixed, then, tail = body.partition("then ")
+        assert not then or tail.split(" (")[0] in HA_TAILS, f"§10 {name}: what is {tail!r}?"
+        frames[name] = HAFrameDoc(int(value), sender, HA_FIELD.findall(fixed),
+                                  HA_TAILS[tail.split(" (")[0]] if then else None)
+    return frames
+
+
+def ha_doc_frame(section: str, kind: ha_protocol.Kind, frame: HAFrameDoc) -> tuple[dict, bytes]:
+    """Distinct field values, and the frame ``section`` says carries them (no codec used)."""
+    fields = {}
+    out = bytearray(ha_doc_head(section).pack(*ha_doc_head_values(section), frame.value))
+    for k, (name, kind_of) in enumerate(frame.fields):
+        if kind_of == "str8":
+            fields[name] = ha_protocol.SYNCED_FILES[0]
+            out += bytes((len(fields[name]),)) + fields[name].encode("ascii")
+        else:
+            width = struct.calcsize(HA_TYPES[kind_of])
+            fields[name] = int.from_bytes(bytes(range(k + 1, k + 1 + width)), "big")
+            out += struct.pack(">" + HA_TYPES[kind_of], fields[name])
+    return fields, bytes(out) + (frame.tail or b"")
+
+
+def ha_doc_head(section: str) -> struct.Struct:
+    """The 4-byte head from §10's first table: each row's offset follows the one before."""
+    rows = HA_HEAD_ROW.findall(section)[:3]
+    fmt, at = ">", 0
+    for offset, size, _ in rows:
+        assert int(offset) == at, f"§10 head: offset {offset} after {at} bytes"
+        fmt += {1: "B", 2: f"{size}s"}[int(size)]
+        at += int(size)
+    return struct.Struct(fmt)
+
+
+def ha_doc_head_values(section: str) -> tuple[bytes, int]:
+    """(magic, version) as §10's head table writes them."""
+    (_, _, magic), (_, _, version) = HA_HEAD_ROW.findall(section)[:2]
+    return (bytes.fromhex(re.search(r"`([0-9a-f ]+)`", magic).group(1)),
+            int(re.fullmatch(r"version: (\d+)", version).group(1)))
+
+
+def check_ha_layouts(section: str) -> None:
+    """Everything §10's tables say about the frames, against the codec."""
+    head = ha_doc_head(section)
+    assert head.format == ha_protocol.HEAD.format
+    assert ha_doc_head_values(section) == (ha_protocol.MAGIC, ha_protocol.VERSION)
+    frames = ha_doc_frames(section)
+    assert sorted(frames) == sorted(k.name for k in ha_protocol.Kind)
+    for kind in ha_protocol.Kind:
+        frame = frames[kind.name]
+        assert frame.value == kind.value, kind
+        fixed = [(n, t) for n, t in frame.fields if t != "str8"]
+        if len(fixed) == len(frame.fields):        # every kind but FILE has a struct
+            layout = getattr(ha_protocol, kind.name)
+            assert layout.format == ">" + "".join(HA_TYPES[t] for _, t in fixed), kind
+        fields, wire = ha_doc_frame(section, kind, frame)
+        assert HA_ENCODERS[kind](fields, frame.tail or b"") == wire, kind
+        decoded = ha_protocol.decode(wire)
+        if kind is ha_protocol.Kind.REPORT:
+            assert decoded == fields["offset"]
+            continue
+        got = decoded._asdict()
+        tail = got.pop(decoded._fields[-1]) if frame.tail is not None else None
+        assert got == fields, kind
+        assert tail is None or bytes(tail.encode() if isinstance(tail, str) else tail) \
+            == frame.tail, kind
+
+
+def test_the_ha_frames_are_laid_out_as_protocol_md_section_10_says():
+    check_ha_layouts(ha_doc_section())
+
+
+@pytest.mark.parametrize("old, new", [
+    ("`tail_crc u32` |", "`tail_crc u64` |"),                   # a field's width
+    ("`offset u64`, `length u32` |", "`length u32`, `offset u64` |"),  # the order
+    ("| 2 | REPORT | slave | `offset u64` |", "| 2 | REPORT | slave | `offset u32` |"),
+    ("| 7 | FILE |", "| 8 | FILE |"),                            # a kind's number
+    ("`code u16`, then UTF-8 text", "`code u16`"),               # a tail dropped
+    ("| 2 | 1 | version: 1 |", "| 2 | 1 | version: 2 |"),
+])
+def test_the_section_10_check_sees_a_drifted_table(old, new):
+    section = ha_doc_section()
+    assert old in section
+    with pytest.raises(AssertionError):
+        check_ha_layouts(section.replace(old, new))

@@ -27,17 +27,15 @@ before the damage:
 Scenarios, by section: 1. truncated tail (named cut points and hypothesis; a short file
 that is not the last fails the load and changes nothing), 2. torn last record, 3. torn
 middle record, 4. zeroed 4 KiB page (plus two pages lost at a roll-over), 5. crash
-without close, 6. the decision table of ``storage/recovery_plan.py``, 7. garbage units
+without close, 6. the rows of table R of ``storage/recovery_plan.py``, 7. garbage units
 after a consume queue's end, 8. idempotence.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
-import re
 import random
 import shutil
 import tempfile
@@ -52,7 +50,6 @@ import refcodec
 from conftest import crash, msg, read_queue, reopen, small_config
 from rocketstore.storage import (
     GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreConfig, StoreFileError)
-from rocketstore.storage import recovery_plan as plan
 
 TOPICS = ("TopicA", "TopicB")
 QUEUES = 3
@@ -418,8 +415,8 @@ def test_truncated_commitlog(templates, tmp_path, caplog, cut_name, ending):
     assert exp.survivors == [r for r in layout.records if r.end <= cut]
     with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(cfg)
-    row = {"clean": "C3", "crash": "C5", "clean_then_crash": "C4"}[ending]
-    assert f"recovery rows {row} " in caplog.text
+    row = {"clean": "R2", "crash": "R3", "clean_then_crash": "R3"}[ending]
+    assert f"recovery row {row}: " in caplog.text
     with s:
         assert s.last_exit_ok == (ending == "clean")
         assert_recovered(s, cfg, layout, exp)
@@ -648,27 +645,28 @@ def test_crash_without_close(tmp_path, variant):
 
 
 # ============================================================================ 6. decision table
-# The rows of storage/recovery_plan.py, over real files (the checkpoint was flushed by a
-# clean run, so an abort file means C4):
+# The rows of table R of storage/recovery_plan.py, over real files (the checkpoint was
+# flushed by a clean run, so an abnormal scan starts from its file):
 #
-# abort   commitlog  consume queues  rows    expected after load
-# ------  ---------  --------------  ------  -----------------------------------------------
-# absent  some       equal           C3 L5   every message; nothing cut
-# present some       equal           C4 L5   every message; re-dispatch from the checkpoint
-# either  some       ahead           C3|C4   queues and index cut back to the commitlog end
-#                                    L4
-# either  some       behind          ... L5  missing units and index entries re-dispatched
-# either  none       ahead           C2 L2   consume queues and index destroyed; empty store
-# either  none       equal           C2 L2   (no queue files at all) empty store
-# either  none       behind          C2 L2   (queue directories, no units) empty store
+# abort   commitlog  consume queues  row  expected after load
+# ------  ---------  --------------  ---  -----------------------------------------------
+# absent  some       equal           R2   every message; nothing cut
+# present some       equal           R3   every message; re-dispatch from the checkpoint
+# absent  some       ahead | behind  R2   queues and index cut back to the commitlog end
+# present some       ahead | behind  R3   (ahead), missing units and index entries
+#                                         re-dispatched (behind)
+# absent  some       unusable        R4   a damaged queue file and index destroyed at
+# present some       unusable        R5   load, rebuilt from the first commitlog byte
+# either  none       ahead           R1   consume queues and index destroyed; empty store
+# either  none       equal           R1   (no queue files at all) empty store
+# either  none       behind          R1   (queue directories, no units) empty store
+# either  none       unusable        R1   (a damaged queue file) empty store
 DECISIONS = [(abort, cl, cq) for abort in ("absent", "present") for cl in ("some", "none")
-             for cq in ("ahead", "equal", "behind")]
-
-
-def expected_rows(abort: str, commitlog: str, cq: str) -> str:
-    if commitlog == "none":
-        return "C2 L2"
-    return ("C3" if abort == "absent" else "C4") + (" L4" if cq == "ahead" else " L5")
+             for cq in ("ahead", "equal", "behind", "unusable")]
+EXPECTED_ROW = {("absent", "some", "loaded"): "R2", ("present", "some", "loaded"): "R3",
+                ("absent", "some", "unusable"): "R4", ("present", "some", "unusable"): "R5",
+                ("absent", "none", "loaded"): "R1", ("present", "none", "loaded"): "R1",
+                ("absent", "none", "unusable"): "R1", ("present", "none", "unusable"): "R1"}
 
 
 def _replace_dir(src: str, dest: str) -> None:
@@ -697,6 +695,10 @@ def test_recovery_decision_table(tmp_path, caplog, abort, commitlog, cq):
     elif cq == "behind":    # newer commitlog over older queues and index
         _replace_dir(str(saved / "consumequeue"), cfg.consume_queue_dir)
         _replace_dir(str(saved / "index"), cfg.index_dir)
+    elif cq == "unusable":  # a queue file and the index files of a size none can have
+        os.truncate(os.path.join(cfg.consume_queue_dir, TOPICS[0], "0", f"{0:020d}"), 100)
+        for name in os.listdir(cfg.index_dir):
+            os.truncate(os.path.join(cfg.index_dir, name), 1000)
     if commitlog == "none":
         for name in os.listdir(cfg.commit_log_dir):
             os.unlink(os.path.join(cfg.commit_log_dir, name))
@@ -715,7 +717,8 @@ def test_recovery_decision_table(tmp_path, caplog, abort, commitlog, cq):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="rocketstore.storage.message_store"):
         s = reopen(cfg)
-    assert f"recovery rows {expected_rows(abort, commitlog, cq)}:" in caplog.text
+    logics = "unusable" if cq == "unusable" else "loaded"
+    assert f"recovery row {EXPECTED_ROW[abort, commitlog, logics]}:" in caplog.text
     with s:
         assert s.last_exit_ok == (abort == "absent")
         if commitlog == "none":
@@ -734,65 +737,6 @@ def test_recovery_decision_table(tmp_path, caplog, abort, commitlog, cq):
             exp = expect_after_damage(layout, [])
             assert_recovered(s, cfg, layout, exp)
         assert_continues(s, cfg, exp)
-
-
-INPUT_DOMAINS = {"abort": (False, True), "checkpoint": tuple(plan.Checkpoint),
-                 "commit_log": tuple(plan.CommitLogFiles), "logics": tuple(plan.Logics),
-                 "table": tuple(plan.TableState)}
-ROW_TABLES = {"commit_log": plan.COMMIT_LOG_ROWS, "logics": plan.LOGICS_ROWS,
-              "table": plan.TABLE_ROWS}
-
-
-def every_input() -> list[plan.RecoveryInputs]:
-    names = list(INPUT_DOMAINS)
-    return [plan.RecoveryInputs(**dict(zip(names, values)))
-            for values in itertools.product(*INPUT_DOMAINS.values())]
-
-
-def test_every_input_lands_in_exactly_one_row_of_each_table():
-    """Each row is a predicate over the inputs; for every combination exactly one row of
-    each table holds, and ``plan`` returns that row. Overlapping rows, a gap, or a plan
-    that disagrees with its own table fail here; every row is reached."""
-    reached = set()
-    combinations = every_input()
-    assert len(combinations) == 2 * 2 * 4 * 5 * 3
-    for inputs in combinations:
-        decided = plan.plan(inputs)
-        for table, rows in ROW_TABLES.items():
-            holding = [row for row in rows if row.applies(inputs)]
-            assert len(holding) == 1, (inputs, table, [r.label for r in holding])
-            assert getattr(decided, table) is holding[0], (inputs, table)
-            reached.add(holding[0].label)
-    assert reached == {row.label for rows in ROW_TABLES.values() for row in rows}
-
-
-def test_a_broken_table_is_caught():
-    """The check above fails on a table with a gap or an overlap."""
-    overlapping = plan.LOGICS_ROWS + (plan.Row("L9", lambda i: i.logics is plan.Logics.AHEAD,
-                                               "cut twice"),)
-    gapped = tuple(r for r in plan.LOGICS_ROWS if r is not plan.L3_REBUILD)
-    for rows in (overlapping, gapped):
-        assert any(sum(r.applies(i) for r in rows) != 1 for i in every_input())
-
-
-def test_the_documented_rows_are_the_rows():
-    """The module docstring's labelled rows, in order, are the row constants."""
-    documented = re.findall(r"^    ([CLT]\d)  ", plan.__doc__, re.M)
-    assert documented == [r.label for rows in ROW_TABLES.values() for r in rows]
-
-
-@pytest.mark.parametrize("kw,expected", [
-    (dict(rebuilt=True, max_queue_end=500, index_end=0), plan.Logics.UNUSABLE),
-    (dict(rebuilt=False, max_queue_end=101, index_end=100), plan.Logics.AHEAD),
-    (dict(rebuilt=False, max_queue_end=-1, index_end=-1), plan.Logics.NONE),
-    (dict(rebuilt=False, max_queue_end=-1, index_end=None), plan.Logics.NONE),
-    (dict(rebuilt=False, max_queue_end=100, index_end=-1), plan.Logics.BEHIND),
-    (dict(rebuilt=False, max_queue_end=100, index_end=None), plan.Logics.EQUAL),
-    (dict(rebuilt=False, max_queue_end=100, index_end=100), plan.Logics.EQUAL),
-    (dict(rebuilt=False, max_queue_end=40, index_end=100), plan.Logics.BEHIND),
-])
-def test_observed_logics(kw, expected):
-    assert plan.observe_logics(commit_log_end=100, **kw) is expected
 
 
 # ============================================================================ 7. dirty consume queue

@@ -676,7 +676,6 @@ def test_a_cut_asked_twice_is_made_once(tmp_path):
     cut_at = results[10].wrote_offset
     replication.request_cut(config.config_dir, results[12].wrote_offset, why="first")
     replication.request_cut(config.config_dir, cut_at, why="second")
-    made = replication.apply_requested_cut(config)
+    made = replication.apply_cut(config, replication.requested_cut(config.config_dir))
     assert made["offset"] == cut_at
-    assert replication.requested_cut(config.config_dir) is None
-    assert replication.apply_requested_cut(config) is None
+    assert replication.requested_cut(config.config_dir) is None   # the next start: S1

@@ -3,40 +3,15 @@
 RocketMQ's classic HA (HAService, HAConnection, HAClient) speaks raw TCP: the slave
 writes its CommitLog end as 8 bytes, the master answers with ``{offset i64, size i32}``
 and that many CommitLog bytes. rocketstore keeps the meaning and carries it over ZeroMQ
-(slave DEALER, master ROUTER at ``ha_listen_port``), one frame per ZeroMQ message, each
-opening with the 4-byte head ``b"RH", version, kind`` (big-endian throughout;
-docs/PROTOCOL.md §10):
+(slave DEALER, master ROUTER at ``ha_listen_port``), one frame per ZeroMQ message.
 
-    kind  name    from    body after the head
-    ----  ------  ------  ----------------------------------------------------------------
-    1     HELLO   slave   session u32, file_size u64, offset u64, tail_len u32,
-                          tail_crc u32: opens session ``session`` (the slave numbers
-                          them); ``offset`` is the slave's CommitLog end (0: empty), the
-                          tail the crc32 of its ``tail_len`` bytes before ``offset`` (at
-                          most 4 KiB, within one file: storage.replication)
-    2     REPORT  slave   offset u64: the slave's CommitLog end, every whole record below
-                          it stored (RocketMQ's 8-byte report; the ack SYNC_MASTER waits on)
-    3     DATA    master  session u32, offset u64, master_end u64, then the CommitLog
-                          bytes from ``offset`` (none: a heartbeat); never across a
-                          file's end; a slave drops DATA of another session than its
-                          last HELLO's (frames already on the way when it said HELLO)
-    4     ERROR   either  code u16 (``HAError``), then a UTF-8 text saying why
-    5     PROBE   slave   session u32, offset u64, length u32: after DIVERGED, asks for
-                          the master's bytes there (no session needed)
-    6     RANGE   master  session u32, offset u64, master_end u64, then the master's
-                          bytes from ``offset`` (at most ``length`` and ``MAX_PROBE``,
-                          fewer where its CommitLog or the file ends)
-    7     FILE    master  name str8, then the file's bytes: a configuration file the
-                          slave keeps as the master's (``SYNCED_FILES``: the delay
-                          scheduler's offsets, RocketMQ's SlaveSynchronize)
-
-A session starts with HELLO: the master checks the slave's file size and tail against
-its own bytes and streams from the slave's end (an empty slave from the master's first
-file), so a reconnect, a restarted master or a restarted slave always begins from what
-the slave really holds. A frame the master cannot read, or a REPORT outside a session,
-gets ERROR; the bytes the slave holds decide every later step, never the master's
-memory of them. PROBE and RANGE let a diverged slave find, byte by byte, where its
-CommitLog and the master's part (procs.replica).
+docs/PROTOCOL.md §10 is the one place the frames are written down: the 4-byte head, each
+kind's body field by field, what a session is and how a diverged slave finds where it
+parts from its master. This module is a codec of that section and nothing more (pure
+functions, no sockets): one ``struct.Struct`` per kind's fixed fields, an encoder per
+kind and ``decode``. tests/test_protocol.py reads §10's tables and holds these structs,
+encoders and ``decode`` to them; the sides that speak it are ``procs.ha`` (the master)
+and ``procs.replica`` (the slave).
 """
 
 from __future__ import annotations
