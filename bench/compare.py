@@ -9,12 +9,17 @@ same messages: 128-byte bodies, a tag and a key each.
                                           flight, one producer            appendfsync everysec
     ingest, SYNC_FLUSH                    the same, acked after fdatasync XADD pipelines of 1000,
                                                                           appendfsync always
-    consume, one process                  Consumer.poll(512), each        XREAD COUNT 1000, each
-                                          body's length read              body's length read
+    consume, one process                  Consumer.poll(512) with default XREAD COUNT 1000, each
+                                          settings, each body's length    body's length read
+                                          read
     one-at-a-time send                    Producer.send, each waits       XADD, each waits
       its floor                           a bare ZeroMQ DEALER/ROUTER echo
                                           of a SEND-sized frame between two
                                           Python processes (no store work)
+      the store's CPU per send            the writer's and dispatcher's
+                                          main threads, per message
+    8 senders one at a time               8 producer processes, each      8 client processes, each
+                                          Producer.send                   XADD, each waits
     send -> visible p99, 4,000 msgs/s     frames of 20, a Consumer in     (not measured)
                                           another process; measured once
                                           right after the ingest and once
@@ -55,7 +60,8 @@ from rocketstore.shm.positions import Slot  # noqa: E402
 
 BODY = os.urandom(128)
 GOALS = {"ingest ASYNC_FLUSH": 2.5, "ingest SYNC_FLUSH": 1.9, "consume": 2.5,
-         "one-at-a-time": 1.5}
+         "one-at-a-time": 0.8, "one-at-a-time x8": 1.0}   # one-at-a-time: of the echo floor
+SENDERS = 8
 
 
 # ============================================================================ rocketstore
@@ -77,10 +83,13 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                 out["flush settle s"] = flushed_everything(store)
                 settled = bench.latency(store, flush)
                 out["latency p99 ms"], out["latency p50 ms"] = settled["p99_ms"], settled["p50_ms"]
-                out["one-at-a-time"] = one_at_a_time(store.store_dir, args.seconds)
+                out["one-at-a-time"], out["cpu_us_per_send"] = one_at_a_time_cpu(
+                    store, args.seconds)
                 out["zeromq echo"] = zeromq_echo(root, args.seconds)
+                out["one-at-a-time x8"] = many_one_at_a_time(
+                    lambda: _senders(store.store_dir, args.seconds))
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
-                out["consume"] = bench.consume(store, "Consume", stored, 512, True)["msgs_s"]
+                out["consume"] = bench.consume(store, "Consume", stored, 512, False)["msgs_s"]
         finally:
             store.stop(timeout=120)
             store.kill_all()
@@ -124,14 +133,72 @@ def flushed_everything(store: RunningStore, timeout: float = 120.0) -> float:
         table.close()
 
 
-def one_at_a_time(store_dir: str, seconds: float) -> float:
+def _thread_cpu_s(pid: int) -> float:
+    """utime + stime of the main thread of ``pid`` (its task ``pid``), in seconds."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]:
+    """``one_at_a_time``, and the CPU the writer's and the dispatcher's main threads
+    spent per send meanwhile (microseconds)."""
+    from rocketstore.shm.positions import PID
+    table = store.table()
+    try:
+        pids = {name: table.get_process(name, PID) for name in ("writer", "dispatcher")}
+    finally:
+        table.close()
+    before = {name: _thread_cpu_s(pid) for name, pid in pids.items()}
+    rate, sent = one_at_a_time(store.store_dir, seconds, with_count=True)
+    cpu = {name: (_thread_cpu_s(pid) - before[name]) / sent * 1e6 for name, pid in pids.items()}
+    return rate, cpu
+
+
+def _sender(store_dir: str, seconds: float, start, out) -> None:
+    with Producer(store_dir) as p:
+        p.send("Senders", BODY, tags="TagA", keys=["warm"])
+        start.wait()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            p.send("Senders", BODY, tags="TagA", keys=[f"k{n}"])
+            n += 1
+        out.put((n, time.perf_counter() - t0))
+
+
+def _senders(store_dir: str, seconds: float) -> list:
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    return [ctx, start, out, [ctx.Process(target=_sender, args=(store_dir, seconds, start, out))
+                              for _ in range(SENDERS)]]
+
+
+def many_one_at_a_time(make) -> float:
+    """Messages a second of ``SENDERS`` processes each sending one at a time (each waits
+    for its answer), started together."""
+    _, start, out, procs = make()
+    for p in procs:
+        p.start()
+    time.sleep(2.0)                 # every process imported and connected
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return sum(n for n, _ in results) / max(secs for _, secs in results)
+
+
+def one_at_a_time(store_dir: str, seconds: float, with_count: bool = False):
     with Producer(store_dir) as p:
         p.send("OneByOne", BODY, tags="TagA", keys=["warm"])
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             p.send("OneByOne", BODY, tags="TagA", keys=[f"k{n}"])
             n += 1
-        return n / (time.perf_counter() - t0)
+        rate = n / (time.perf_counter() - t0)
+        return (rate, n) if with_count else rate
 
 
 def _echo(endpoint: str) -> None:
@@ -226,6 +293,26 @@ def xadd_one_by_one(r, seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _xadd_client(port: int, seconds: float, start, out) -> None:
+    import redis
+    r = redis.Redis(port=port)
+    r.ping()
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        r.xadd("many", {"body": BODY, "tag": "TagA", "key": f"k{n}"})
+        n += 1
+    out.put((n, time.perf_counter() - t0))
+    r.close()
+
+
+def _xadd_clients(port: int, seconds: float) -> list:
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    return [ctx, start, out, [ctx.Process(target=_xadd_client, args=(port, seconds, start, out))
+                              for _ in range(SENDERS)]]
+
+
 def xread_all(r, stream: str = "s", count: int = 1000) -> float:
     """Every entry, reading each body's length once: the same work per message as the
     rocketstore consumer, which takes each polled message's ``body``."""
@@ -248,6 +335,8 @@ def redis_rows(args: argparse.Namespace, root: str) -> dict:
         out["ingest ASYNC_FLUSH"] = xadd_pipelined(server.client, args.seconds)
         out["consume"] = xread_all(server.client)
         out["one-at-a-time"] = xadd_one_by_one(server.client, args.seconds)
+        out["one-at-a-time x8"] = many_one_at_a_time(
+            lambda: _xadd_clients(server.port, args.seconds))
     finally:
         server.close()
     server = RedisServer(root, "always")
@@ -270,7 +359,8 @@ def redis_available() -> str:
 
 
 # ============================================================================ table
-ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time")
+ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time",
+        "one-at-a-time x8")
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -294,7 +384,9 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
                 "latency p99 ms, right after", "flush settle s", "pool ingest ASYNC_FLUSH",
                 "pool latency p99 ms"):
         out[key] = [rs[key] for rs, _ in rounds if key in rs]
-    for key in ("cpu_us_per_msg", "pool cpu_us_per_msg"):
+    out["floor ratio"] = [rs["one-at-a-time"] / rs["zeromq echo"] for rs, _ in rounds
+                          if rs.get("zeromq echo")]
+    for key in ("cpu_us_per_msg", "pool cpu_us_per_msg", "cpu_us_per_send"):
         names = dict.fromkeys(n for rs, _ in rounds for n in rs.get(key, {}))
         out[key] = {n: [rs[key][n] for rs, _ in rounds if n in rs.get(key, {})] for n in names}
     return out
@@ -314,7 +406,13 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
               f"{GOALS[name]:>4}x")
         if name == "one-at-a-time" and s["zeromq echo"]:
             print(f"  (its floor, a bare ZeroMQ DEALER/ROUTER echo between two Python "
-                  f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s)")
+                  f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s; "
+                  f"rocketstore is {_spread(s['floor ratio'], '.2f')}x of it, goal "
+                  f"{GOALS[name]}x; the goal column of this row is of the floor)")
+            cpu = s["cpu_us_per_send"]
+            if cpu:
+                print("  (CPU per send of the store's main threads, us: " + ", ".join(
+                    f"{n} {_spread(v, '.1f')}" for n, v in cpu.items()) + ")")
     print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
           f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms)")
     print(f"  (right after the ingest, while its {_spread(s['flush settle s'], '.1f')} s of "

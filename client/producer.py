@@ -43,7 +43,6 @@ def _beyond_send(m: Message) -> bool:
 
 MAX_PRODUCER_ID = (1 << 64) - 1
 WIRE_FORMATS = ("records", "messages")   # SEND_RECORDS, SEND
-RECORDS_MIN_BATCH = 8                    # smaller batches go as SEND: cheaper to check
 # what a message that cannot be laid out as a record raises while being encoded
 _UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
                 UnicodeError, KeyError)
@@ -179,15 +178,13 @@ class Producer:
         return PendingSend(self, request_id, seq if self.producer_id else None)
 
     def _encode(self, request_id: int, messages: list[Message], seq: int) -> bytes:
-        """A SEND_RECORDS frame (records in CommitLog layout, checked by the writer in
-        bulk); a SEND frame when ``wire="messages"``, for a batch of fewer than
-        ``RECORDS_MIN_BATCH`` messages (the writer's bulk checks cost a fixed ~50 µs a
-        frame, more than checking a few messages field by field) unless one carries a
-        field SEND cannot (``reconsume_times``, ``prepared_transaction_offset``), or when
-        a message cannot be laid out as a record at all (the store then answers it with
-        the status it earns)."""
-        if self.wire == "records" and (len(messages) >= RECORDS_MIN_BATCH
-                                       or any(_beyond_send(m) for m in messages)):
+        """A SEND_RECORDS frame: records in CommitLog layout, which the writer checks
+        in bulk, or record by record for a frame of a few (its small path), and copies
+        as they are. A SEND frame (field by field) when ``wire="messages"``, unless a
+        message carries a field SEND cannot (``reconsume_times``,
+        ``prepared_transaction_offset``), and when a message cannot be laid out as a
+        record at all (the store then answers it with the status it earns)."""
+        if self.wire == "records" or any(_beyond_send(m) for m in messages):
             try:
                 data, offsets = record_batch.encode_records(messages, now_ms(),
                                                             self.producer_id, seq)

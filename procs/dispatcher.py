@@ -10,7 +10,10 @@ DISPATCHED and DISPATCH_ERROR slots.
 One turn:
 
 1. wait on the bus (the writer's APPENDED, the flusher's FLUSHED) up to MAX_TURN_MS,
-   unless work is already waiting; the bus only wakes, the position table is the truth;
+   unless work is already waiting; the bus only wakes, the position table is the truth.
+   A pass woken less than ``REPUT_INTERVAL_S`` (1 ms) after the last one that dispatched
+   waits out the rest first, so a trickle of one-message sends is dispatched a few
+   records a pass, not a pass per record (``_pace``);
 2. follow MIN_OFFSET: unmap CommitLog, consume-queue and index files wholly below it
    (the cleaner unlinks them; an unlinked file's disk space comes back only when the
    last mapping goes);
@@ -142,6 +145,7 @@ log = logging.getLogger(__name__)
 CHUNK_RECORDS = 2048              # records per dispatch pass between two publications
 DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
 STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
+REPUT_INTERVAL_S = 0.001          # a woken pass starts at least this long after the last
 SPACE_RETRY_MS = 1000             # a full disk: dispatch is tried again this often
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 FLUSH_TICK_MIN_S = 0.005          # the flush thread's shortest wait (an interval of 0)
@@ -235,6 +239,7 @@ class Dispatcher(Service):
         self.reput.queue_listener = self._arriving
         self.reput.reput_from_offset = dispatched
         self._published = dispatched
+        self._last_pass_end = 0.0     # time.monotonic() after the last pass that dispatched
         self._arrivals: dict[str, dict[int, int]] = {}   # topic -> queue id -> next offset
         self._seen_min_offset = -1
         self._dirty = False
@@ -260,7 +265,8 @@ class Dispatcher(Service):
                 return
             end = self.table.confirm_offset()
             if self.reput.reput_from_offset >= end or self._stalled:
-                self.subscriber.wait(STALL_WAIT_MS if self._stalled else MAX_TURN_MS)
+                if self.subscriber.wait(STALL_WAIT_MS if self._stalled else MAX_TURN_MS):
+                    self._pace()
                 end = self.table.confirm_offset()
             self._follow_min_offset()
             deadline_ns = time.monotonic_ns() + DISPATCH_BUDGET_MS * 1_000_000
@@ -281,6 +287,18 @@ class Dispatcher(Service):
         except (StoreError, OSError) as e:
             self._fail(e)
             raise
+
+    def _pace(self) -> None:
+        """Woken after a pass that dispatched less than ``REPUT_INTERVAL_S`` ago: wait
+        out the rest of it, then take the wake-ups that came meanwhile, so the next pass
+        takes every record they announced. One-at-a-time sends then cost the dispatcher
+        one pass per millisecond, not one per message (RocketMQ's ReputMessageService
+        sleeps 1 ms between passes); a record sent after a quiet spell, or while dispatch
+        is behind (no wait at all), is dispatched at once."""
+        left = self._last_pass_end + REPUT_INTERVAL_S - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+            self.subscriber.wait(0)
 
     def _no_space(self, e: BaseException) -> None:
         """Dispatch met a full disk: DISPATCH_ERROR, said once, tried again later."""
@@ -357,6 +375,7 @@ class Dispatcher(Service):
             self._count(n)
             total += n
             self._publish()
+            self._last_pass_end = time.monotonic()
             if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
                 break
         return total

@@ -113,3 +113,57 @@ class SendResults:
                  "queue_offset": self.queue_offset, "commit_log_offset": self.offset,
                  "store_timestamp": self.store_timestamp}, self.reasons)
         return protocol.encode_send_reply(request_id, [self[i] for i in range(len(self))])
+
+
+class SmallResults:
+    """The results of a small SEND_RECORDS request (the writer's small path), as plain
+    lists: below ``protocol.SMALL_COLUMNS`` records, numpy's columns cost more than the
+    values. The same interface as ``SendResults`` where the writer answers or parks a
+    request: ``status`` (values), ``time_out``, ``reply``."""
+
+    __slots__ = ("status", "queue_id", "queue_offset", "offset", "store_timestamp", "reasons",
+                 "failed_append")
+
+    def __init__(self, status: list[int], queue_id: list[int], queue_offset: list[int],
+                 offset: list[int], store_timestamp: list[int], reasons: dict[int, str],
+                 failed_append: bool = False):
+        self.status, self.queue_id, self.queue_offset = status, queue_id, queue_offset
+        self.offset, self.store_timestamp, self.reasons = offset, store_timestamp, reasons
+        self.failed_append = failed_append   # the append raised: the bytes past WRITTEN
+
+    @classmethod
+    def stored(cls, done, sizes: list[int], queue_ids: list[int], store_timestamp: int,
+               failure: str) -> "SmallResults":
+        """The first ``done.count`` records stored where ``done`` (``Appended``, None
+        when the append raised) says, the others CREATE_MAPEDFILE_FAILED for
+        ``failure``."""
+        n = len(sizes)
+        count = done.count if done is not None else 0
+        failed = PutMessageStatus.CREATE_MAPEDFILE_FAILED.value
+        return cls([_PUT_OK] * count + [failed] * (n - count),
+                   list(queue_ids[:count]) + [-1] * (n - count),
+                   list(done.queue_offsets) + [-1] * (n - count) if count else [-1] * n,
+                   list(done.physical_offsets) + [-1] * (n - count) if count else [-1] * n,
+                   [store_timestamp] * count + [0] * (n - count),
+                   {i: failure for i in range(count, n)}, done is None)
+
+    def time_out(self, reason: str,
+                 status: PutMessageStatus = PutMessageStatus.FLUSH_DISK_TIMEOUT) -> None:
+        """``SendResults.time_out``: every PUT_OK becomes ``status``, with ``reason``."""
+        for i, value in enumerate(self.status):
+            if value == _PUT_OK:
+                self.status[i] = status.value
+                self.reasons[i] = reason
+
+    def reply(self, kind: protocol.Kind, request_id: int, store_host: bytes) -> bytes:
+        """The SEND_RECORDS_REPLY (the small path takes no other kind)."""
+        if len(self.status) == 1 and not self.reasons:
+            return protocol.encode_one_send_records_reply(
+                request_id, protocol.reply_host_part(store_host), self.status[0],
+                self.queue_id[0], self.queue_offset[0], self.offset[0],
+                self.store_timestamp[0])
+        return protocol.encode_send_records_reply(
+            request_id, store_host,
+            {"status": self.status, "queue_id": self.queue_id,
+             "queue_offset": self.queue_offset, "commit_log_offset": self.offset,
+             "store_timestamp": self.store_timestamp}, self.reasons)

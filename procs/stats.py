@@ -136,23 +136,27 @@ def read_published(store_dir: str, process: str) -> dict | None:
 # ---------------------------------------------------------------------------- the writer
 def count_puts(stats: ProcessStats, topics: list[str], sizes) -> None:
     """RocketMQ's putMessageTopicTimesTotal and putMessageTopicSizeTotal for a batch of
-    stored records (``sizes``: a numpy array)."""
+    stored records (``sizes``: a numpy array or a list)."""
     first = topics[0]
     if topics.count(first) == len(topics):
         stats.add("put_messages_total", len(topics), topic=first)
-        stats.add("put_bytes_total", int(sizes.sum()), topic=first)
+        stats.add("put_bytes_total", int(sum(sizes) if type(sizes) is list else sizes.sum()),
+                  topic=first)
         return
-    for topic, size in zip(topics, sizes.tolist()):
+    for topic, size in zip(topics, sizes if type(sizes) is list else sizes.tolist()):
         stats.add("put_messages_total", 1, topic=topic)
         stats.add("put_bytes_total", size, topic=topic)
 
 
 def count_reply(stats: ProcessStats, statuses, seconds: float) -> None:
     """One answered SEND: its latency (putMessageDistributeTime) and every result
-    that is not PUT_OK, by status (``statuses``: a numpy array of status values)."""
+    that is not PUT_OK, by status (``statuses``: status values, a numpy array or a
+    list)."""
     stats.observe("put_latency_seconds", seconds)
-    refused = statuses[statuses != PutMessageStatus.PUT_OK.value]
-    for value in refused.tolist():
+    ok = PutMessageStatus.PUT_OK.value
+    refused = ([v for v in statuses if v != ok] if type(statuses) is list else
+               statuses[statuses != ok].tolist())
+    for value in refused:
         stats.add("put_refused_total", 1, status=_status_name(value))
 
 

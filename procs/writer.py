@@ -115,7 +115,7 @@ import zmq
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.wire.protocol import ErrorCode, ProtocolError
 from rocketstore.procs.replica import Replica
-from rocketstore.procs.send_results import SendResults
+from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.procs.stats import count_puts, count_reply
 from rocketstore.shm import bus
@@ -129,7 +129,8 @@ from rocketstore.storage.errors import errno_text
 from rocketstore.storage.idempotence import BatchClaims, Cover, admission
 from rocketstore.storage.producer_state import LastRecord, ProducerStateTable
 from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
-from rocketstore.storage.record_batch import RecordBatch, RecordsFormatError, check_records
+from rocketstore.storage.record_batch import (
+    RecordBatch, RecordsFormatError, check_clean_run, check_records)
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.topic_queue_table import rebuild
 
@@ -143,6 +144,7 @@ TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
 SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock longer
 BUSY_QUEUE_S = 0.005             # what is drained this soon after a slow append waited on it
 MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers
+SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the small path
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
@@ -155,13 +157,13 @@ class _Request:
     __slots__ = ("envelope", "client", "kind", "request_id", "results", "batch", "slots",
                  "queue_ids", "wait", "end", "deadline_ms", "received", "needs_slave")
 
-    def __init__(self, envelope: list, kind: protocol.Kind, request_id: int, n: int,
-                 msg_id_prefix: str):
+    def __init__(self, envelope: list, kind: protocol.Kind, request_id: int,
+                 results: "SendResults | SmallResults"):
         self.envelope = envelope
         self.client = envelope[0]
         self.kind = kind
         self.request_id = request_id
-        self.results = SendResults(n, msg_id_prefix)
+        self.results = results
         self.batch: RecordBatch | None = None   # the records to append, in order
         self.slots: list[int] = []       # batch record k is the request's record slots[k]
         self.queue_ids: list[int] = []   # the queue each batch record goes to
@@ -200,6 +202,7 @@ class WriterService(Service):
         self.pool = (TransientStorePool(self.store_dir, pool_size, cfg.mapped_file_size_commit_log)
                      if pool_size else None)
         self.commit_log = self._open_commit_log()
+        self.small_path = not self.commit_log.store_host_v6 and self.role != "SLAVE"
         self.last_store_ts = self.table.read_written()[1]
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
@@ -321,7 +324,7 @@ class WriterService(Service):
 
     def _drain(self) -> list[tuple[list, bytes]]:
         """Every request waiting (up to ``MAX_BATCH_RECORDS`` records), as
-        ``(envelope, frame)``; frames whose header is bad are answered here. After the
+        ``(envelope, frame, header)``; frames whose header is bad are answered here. After the
         first, the socket's EVENTS says whether another waits (cheaper than a receive
         that fails)."""
         frames = []
@@ -341,28 +344,34 @@ class WriterService(Service):
                 if len(parts) != 2:
                     raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"a request is one message "
                                         f"part, this one has {len(parts) - 1}")
-                records += protocol.peek_header(frame).count
+                head = protocol.peek_header(frame)
+                records += head.count
             except ProtocolError as e:
                 self._send(envelope, _error_frame(e, frame))
                 continue
-            frames.append((envelope, frame))
+            frames.append((envelope, frame, head))
         return frames
 
     # ================================================================== requests
-    def _serve(self, frames: list[tuple[list, bytes]]) -> None:
+    def _serve(self, frames: list[tuple[list, bytes, protocol.Header]]) -> None:
         """One batch: validate and encode every request, one append, then WRITTEN and
         LAST_STORE_TS in the table, the replies and APPENDED (in the order the module
-        says)."""
+        says). A leading run of small requests takes the small path first."""
         refusal = self._refusal() or self._page_cache_busy()
+        if refusal is None and self.small_path:
+            frames = self._serve_small(frames)
+            if not frames:
+                return
         now = max(now_ms(), self.last_store_ts)
         accepted: list[_Request] = []
         claims: BatchClaims | None = None   # made for the first record with a producer id
         prefix = self.commit_log.msg_id_prefix
-        for envelope, frame in frames:
-            send = self._decode(envelope, frame)
+        for envelope, frame, head in frames:
+            send = self._decode(envelope, frame, head)
             if send is None:
                 continue
-            req = _Request(envelope, _kind(send), send.request_id, _count(send), prefix)
+            req = _Request(envelope, _kind(send), send.request_id,
+                           SendResults(_count(send), prefix))
             if refusal is not None:
                 req.results.fill(refusal)
                 self._reply(req, counted=False)
@@ -403,6 +412,89 @@ class WriterService(Service):
         if claims is not None:
             for req, cover in claims.settle().items():
                 req.take_cover(cover)
+        self._answer_drain(accepted, now, end)
+
+    # ================================================================== small requests
+    def _serve_small(self, frames: list) -> list:
+        """The small path: the leading requests that are SEND_RECORDS frames of fewer
+        than ``SMALL_FRAME`` records, without a producer id, whose every record
+        ``check_clean_run`` takes as it is (the common one-message send), are appended
+        record by record (``CommitLog.append_small``: no RecordBatch, no numpy), and
+        answered as one drain: WRITTEN once, the replies, one APPENDED. Returns the
+        frames from the first one it does not take, for the batch path, in order (so a
+        producer's requests are stored in the order it sent them)."""
+        now = max(now_ms(), self.last_store_ts)
+        taken: list[_Request] = []
+        failed = False
+        k = 0
+        for k, (envelope, frame, head) in enumerate(frames):
+            req = self._append_small(envelope, frame, head, now)
+            if req is None:
+                break
+            taken.append(req)
+            if req.results.failed_append:
+                failed = True       # the appends before it stand; nothing after it runs
+                k += 1
+                break
+        else:
+            k = len(frames)
+        if taken:
+            self._answer_drain(taken, now, max(r.end for r in taken))
+        if failed:      # past the WRITTEN just published lie the torn bytes of the failure
+            self.reset_to_written()
+        return frames[k:]
+
+    def _append_small(self, envelope: list, frame: bytes, head: protocol.Header,
+                      now: int) -> "_Request | None":
+        """Append one small request's records and return it with its results; None,
+        with nothing done, when it is not one for the small path."""
+        if head.kind is not protocol.Kind.SEND_RECORDS or not 0 < head.count < SMALL_FRAME \
+                or self.unanswered.get(envelope[0], 0) >= WINDOW:
+            return None
+        try:
+            send = protocol.decode_small_send_records(frame, head)
+        except ProtocolError:
+            return None         # the batch path answers it with its ERROR
+        if send.producer_id:
+            return None
+        if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
+            self.topic_verdicts.clear()
+        run = check_clean_run(send.records, send.offsets, self.config,
+                              verdicts=self.topic_verdicts)
+        if run is None:
+            return None
+        queue_ids = self.queues.choose(run.topics, run.queue_ids)
+        began = time.monotonic()
+        try:
+            done = self.commit_log.append_small(send.records, run.starts, run.sizes,
+                                                run.topics, queue_ids, run.consumable, now)
+        except Exception:  # noqa: BLE001 - whatever it was, the request is refused whole
+            log.exception("append of %d records failed; cutting back to WRITTEN once the "
+                          "drain's earlier requests are answered", len(run.sizes))
+            done = None         # _serve_small cuts back after publishing the others
+        self._note_append_time(time.monotonic() - began)
+        results = SmallResults.stored(done, run.sizes, queue_ids, now,
+                                      self._append_failure())
+        req = _Request(envelope, protocol.Kind.SEND_RECORDS, send.request_id, results)
+        if done is not None and done.count:
+            last = done.count - 1
+            req.end = done.physical_offsets[last] + run.sizes[last]
+            req.wait = any(run.waits[:done.count])
+            self.last_record = LastRecord(done.physical_offsets[last], now)
+            count_puts(self.stats, run.topics[:done.count], run.sizes[:done.count])
+        self.unanswered[req.client] = self.unanswered.get(req.client, 0) + 1
+        return req
+
+    def _append_failure(self) -> str:
+        """The reason given to records an append could not store."""
+        if self.commit_log.append_error:
+            return "cannot create or write a commitlog file: " + self.commit_log.append_error
+        return "cannot create or write a commitlog file (disk full?)"
+
+    def _answer_drain(self, accepted: list[_Request], now: int, end: int) -> None:
+        """WRITTEN (``end``: the end of the last record this drain appended, 0 for none)
+        once for every request of the drain, then the answers and the wake-ups, in the
+        order the module says."""
         if not end:
             self._answer(accepted)
             return
@@ -573,9 +665,7 @@ class WriterService(Service):
             self.reset_to_written()
             done, count = None, 0
         k, end = 0, 0
-        reason = ("cannot create or write a commitlog file: " + self.commit_log.append_error
-                  if self.commit_log.append_error else
-                  "cannot create or write a commitlog file (disk full?)")
+        reason = self._append_failure()
         for req in requests:
             m = len(req.batch)
             stored = max(0, min(count - k, m))
@@ -666,11 +756,11 @@ class WriterService(Service):
             parked.popleft()
             self._reply(req)
 
-    def _decode(self, envelope: list, frame: bytes):
+    def _decode(self, envelope: list, frame: bytes, head: protocol.Header):
         """The SEND or SEND_RECORDS request in ``frame``; None after answering a bad
         frame with ERROR."""
         try:
-            if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS:
+            if head.kind is protocol.Kind.SEND_RECORDS:
                 return protocol.decode_send_records(frame)
             return protocol.decode_send(frame)
         except ProtocolError as e:
@@ -680,12 +770,12 @@ class WriterService(Service):
     def _refuse_queued(self, reason: str) -> None:
         """Answer every request still queued on the socket with SERVICE_NOT_AVAILABLE."""
         refusal = PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
-        for envelope, frame in self._drain():
-            send = self._decode(envelope, frame)
+        for envelope, frame, head in self._drain():
+            send = self._decode(envelope, frame, head)
             if send is None:
                 continue
-            req = _Request(envelope, _kind(send), send.request_id, _count(send),
-                           self.commit_log.msg_id_prefix)
+            req = _Request(envelope, _kind(send), send.request_id,
+                           SendResults(_count(send), self.commit_log.msg_id_prefix))
             req.results.fill(refusal)
             self._reply(req, counted=False)
 

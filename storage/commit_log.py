@@ -390,6 +390,67 @@ class CommitLog:
             self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
         return Appended(done, physical, queue_offsets[:done])
 
+    def append_small(self, data, starts: list[int], sizes: list[int], topics: list[str],
+                     queue_ids: list[int], consumable: list[bool],
+                     store_timestamp: int) -> "Appended":
+        """``append_batch`` for a few records taken as a producer laid them out (store
+        host a placeholder), with plain lists: the one-message path of the writer and of
+        ``MessageStore.put``, where a RecordBatch's arrays cost more than the append.
+
+        Record i (``data[starts[i]:starts[i] + sizes[i]]``) is copied into the CommitLog
+        and stamped there (QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP, the store
+        host): the caller publishes WRITTEN only afterwards, so no reader sees a record
+        before its stamps. The rest is ``append_batch``'s: BLANK and a new file when one
+        does not fit, a prefix stored when no file can be made (``append_error`` says
+        why), the topic-queue table advanced for what was stored.
+        """
+        self.append_error = ""
+        table = self.topic_queue_table
+        mfq = self.mapped_file_queue
+        mf = mfq.get_last_mapped_file()
+        ipack, lpack = _INT.pack_into, _LONG.pack_into
+        host, host_at = self._store_host_bytes, record_batch.STOREHOST_POS
+        view = memoryview(data)
+        physical, queue_offsets = [], []
+        for i, size in enumerate(sizes):
+            try:
+                if mf is None or mf.is_full():
+                    mf = mfq.get_or_create_last_mapped_file(0)
+                if size > mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH:
+                    if mf.wrote_position == 0:
+                        raise ValueError(f"a record of {size} bytes cannot fit a file of "
+                                         f"{mf.file_size}: validation let it in")
+                    self._write_blank(mf)
+                    mf = mfq.get_or_create_last_mapped_file(0)
+                sink = self._sink(mf)
+            except StoreFileError as e:
+                log.error("create mapped file failed: %s", e)
+                self.append_error = str(e)
+                break
+            pos = mf.wrote_position
+            phy = mf.file_from_offset + pos
+            start = starts[i]
+            sink[pos:pos + size] = view[start:start + size]
+            queue_id = queue_ids[i]
+            if consumable[i]:
+                key = (topics[i], queue_id)
+                queue_offset = table.get(key, 0)
+                table[key] = queue_offset + 1
+            else:
+                queue_offset = 0
+            ipack(sink, pos + record_batch.QUEUEID_POS, queue_id)
+            lpack(sink, pos + record_batch.QUEUEOFFSET_POS, queue_offset)
+            lpack(sink, pos + record_batch.PHYSICALOFFSET_POS, phy)
+            lpack(sink, pos + record_batch.STORETIMESTAMP_POS, store_timestamp)
+            sink[pos + host_at:pos + host_at + len(host)] = host
+            mf.appended(size)
+            mf.store_timestamp = store_timestamp
+            physical.append(phy)
+            queue_offsets.append(queue_offset)
+        if self._allocator is not None and mf is not None and self._pool is None:
+            self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
+        return Appended(len(physical), physical, queue_offsets)
+
     def append_verbatim(self, offset: int, data) -> None:
         """A slave's append (RocketMQ's CommitLog.appendData): ``data`` are the master's
         CommitLog bytes at ``offset``, which must be this CommitLog's end (an empty one

@@ -165,7 +165,8 @@ def decode_message_id(msg_id: str) -> tuple[Host, int]:
 class Message:
     """A message as a producer sends it (RocketMQ's ``Message`` plus broker-inner fields).
 
-    ``queue_id=None`` lets the store pick a queue; ``delay_level`` > 0 makes it a delayed
+    ``queue_id=None`` (the default) lets the store pick a queue, round robin per topic as
+    RocketMQ's producer spreads one; ``delay_level`` > 0 makes it a delayed
     message (stored in SCHEDULE_TOPIC_XXXX until due); ``born_timestamp=None`` means now.
     """
 
@@ -174,7 +175,7 @@ class Message:
     tags: str | None = None
     keys: list[str] | tuple[str, ...] | str | None = None
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
-    queue_id: int | None = 0
+    queue_id: int | None = None
     flag: int = 0
     sys_flag: int = 0
     delay_level: int = 0

@@ -56,14 +56,16 @@ from rocketstore.storage.record import SCHEDULE_TOPIC
 from rocketstore.storage.reput import ArrivingListener, ReputMessageService
 from rocketstore.storage.running_flags import Flag, RunningFlags
 from rocketstore.storage.schedule_message import ScheduleMessageService
-from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
+from rocketstore.storage.put_path import QueueSelector, StoreCondition, put_messages, refusal
 from rocketstore.storage.check import check_store
 from rocketstore.storage.store_services import StoreServices
-from rocketstore.storage.status import AppendMessageStatus, GetMessageStatus, PutMessageStatus
+from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
 from rocketstore.storage.store_lock import StoreLock, abort_exists, create_abort, remove_abort
 from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
+
+MAX_TOPIC_VERDICTS = 4096        # topics whose verdict put remembers
 
 
 
@@ -122,6 +124,8 @@ class MessageStore:
         self._mutex = threading.RLock()
         self._state = "new"
         self._queue_selector = QueueSelector(config.default_topic_queue_nums)
+        self._topic_verdicts: dict = {}     # a topic's bytes -> its name or refusal
+        self._last_put_ms = 0
         self._last_flush_ms = self._last_thorough_flush_ms = now_ms()
         self._rebuild_logics = False
         self._sizes_recorded = False
@@ -382,24 +386,23 @@ class MessageStore:
             refused = refusal(self._condition())
             if refused:
                 return [refused] * len(msgs)
-            now = now_ms()
-            results: list[PutMessageResult | None] = [None] * len(msgs)
-            batch = prepare_batch(self.commit_log, self.config, msgs, now,
-                                  self._queue_selector, results)
-            appended = self.commit_log.append(batch.records, now) if batch.records else []
-            for i, r in zip(batch.slots, appended):
-                results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK else \
-                    PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                             "cannot create a commitlog file (disk full?)")
+            now = max(now_ms(), self._last_put_ms)     # store times never go back
+            self._last_put_ms = now
+            if len(self._topic_verdicts) > MAX_TOPIC_VERDICTS:
+                self._topic_verdicts.clear()
+            results = put_messages(self.commit_log, self.config, msgs, now,
+                                   self._queue_selector, self._topic_verdicts)
+            ok = PutMessageStatus.PUT_OK
+            stored = [i for i, r in enumerate(results) if r.status is ok]
             services = self.services
-            if appended and services is None:
-                self._handle_disk_flush(results, batch.slots)
+            if stored and services is None:
+                self._handle_disk_flush(results, stored)
             end = self.commit_log.get_max_offset()
-        if appended and services is not None:
+        if stored and services is not None:
             services.appended()
             if self.config.sync_flush:
-                self._wait_flushed(services, end, results, batch.slots)
-        return results  # type: ignore[return-value]
+                self._wait_flushed(services, end, results, stored)
+        return results
 
     def _wait_flushed(self, services: StoreServices, end: int, results: list,
                       slots: list[int]) -> None:

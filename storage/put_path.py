@@ -28,15 +28,21 @@ reason naming the cause, as RocketMQ's ``checkStoreStatus``):
 
 from __future__ import annotations
 
+import struct
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from rocketstore.storage.commit_log import CommitLog, EncodedMessage, PutMessageResult
+from rocketstore.storage import record_batch
+from rocketstore.storage.commit_log import Appended, CommitLog, EncodedMessage, PutMessageResult
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.message import Message
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.validation import check_message
+
+# what a message that cannot be laid out as a record raises while being encoded
+UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
+               UnicodeError, KeyError)
 
 
 class StoreCondition(NamedTuple):
@@ -156,3 +162,75 @@ def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence
             bad = enc
         results[i] = PutMessageResult.refused(*bad)
     return PreparedBatch(records, slots, wait)
+
+
+def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[Message],
+                 now: int, selector: QueueSelector,
+                 verdicts: dict) -> list[PutMessageResult]:
+    """The embedded store's put: the messages laid out as records as a producer lays out
+    a SEND_RECORDS frame (``record_batch.encode_records``), checked as the writer checks
+    one (record by record below ``record_batch.SMALL_CHECK``, else in bulk), queues
+    chosen, and copied in as they are (``CommitLog.append_small`` / ``append_batch``):
+    the writer's path, in one process. A batch with anything else in it (a refusal, a
+    delayed message, an IPv6 host, a message that cannot be laid out) takes
+    ``prepare_batch`` message by message, which judges and answers each. ``verdicts``
+    caches topic verdicts across calls. One result per message, in order."""
+    if not commit_log.store_host_v6:
+        try:
+            data, offsets = record_batch.encode_records(messages, now)
+        except UNENCODABLE:
+            data = None
+        if data is not None:
+            taken = _put_clean(commit_log, config, data, offsets, now, selector, verdicts)
+            if taken is not None:
+                return taken
+    results: list = [None] * len(messages)
+    batch = prepare_batch(commit_log, config, messages, now, selector, results)
+    appended = commit_log.append(batch.records, now) if batch.records else []
+    for i, r in zip(batch.slots, appended):
+        results[i] = PutMessageResult.stored(r) if r.status.name == "PUT_OK" else \
+            PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                     "cannot create a commitlog file (disk full?)")
+    return results
+
+
+def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets: list[int],
+               now: int, selector: QueueSelector,
+               verdicts: dict) -> list[PutMessageResult] | None:
+    """Append a run of records every one of which is taken as it is; None (nothing
+    done) when one is not."""
+    if len(offsets) < record_batch.SMALL_CHECK:
+        run = record_batch.check_clean_run(data, offsets, config, verdicts=verdicts)
+        if run is None:
+            return None
+        topics, sizes = run.topics, run.sizes
+        queue_ids = selector.choose(topics, run.queue_ids)
+        done = commit_log.append_small(data, run.starts, sizes, topics, queue_ids,
+                                       run.consumable, now)
+    else:
+        checked = record_batch.check_records(data, np.asarray(offsets, np.int64), config,
+                                             topic_verdicts=verdicts)
+        if checked.refusals or checked.long_way:
+            return None
+        topics, sizes = checked.topics, checked.sizes.tolist()
+        queue_ids = selector.choose(topics, checked.queue_ids)
+        done = commit_log.append_batch(record_batch.from_checked(data, checked, queue_ids),
+                                       queue_ids, now)
+    return _results(done, commit_log.msg_id_prefix, sizes, queue_ids, now,
+                    commit_log.append_error)
+
+
+def _results(done: Appended, prefix: str, sizes: list[int], queue_ids: list[int], now: int,
+             append_error: str) -> list[PutMessageResult]:
+    """One result per record: stored where ``done`` says, or CREATE_MAPEDFILE_FAILED."""
+    ok = PutMessageStatus.PUT_OK
+    out = [PutMessageResult(ok, f"{prefix}{off:016X}", off, size, queue_id, queue_offset, now)
+           for off, size, queue_id, queue_offset in zip(done.physical_offsets, sizes,
+                                                         queue_ids, done.queue_offsets)]
+    if done.count < len(sizes):
+        failed = PutMessageResult.refused(
+            PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+            f"cannot create a commitlog file: {append_error or 'disk full?'}")
+        out += [PutMessageResult(failed.status, reason=failed.reason)
+                for _ in range(len(sizes) - done.count)]
+    return out

@@ -66,7 +66,7 @@ import numpy as np
 from rocketstore.storage import record
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.message import (
-    BORNHOST_V6_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
+    BORNHOST_V6_FLAG, KEY_SEPARATOR, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_ID,
     PROPERTY_TAGS,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_WAIT_STORE_MSG_OK, STOREHOSTADDRESS_V6_FLAG, Message,
     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, encode_host,
@@ -287,6 +287,7 @@ _SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEV
                            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
                            PROPERTY_PRODUCER_SEQUENCE})
 _TOPIC_PARTS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 bytes
+_RESERVED_BYTE = re.compile("[\x00\x01\x02]")   # the properties' separators (and NUL)
 
 
 def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
@@ -312,12 +313,22 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
     if identity is not None:
         text += (f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
                  f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")
-    if msg.tags:
-        text += f"{PROPERTY_TAGS}\x01{msg.tags}\x02"
+    tags = msg.tags
+    if tags:
+        if _RESERVED_BYTE.search(tags):
+            raise ValueError("the tags hold a byte the properties reserve")
+        text += f"{PROPERTY_TAGS}\x01{tags}\x02"
     keys = msg.keys
     if keys:
+        if type(keys) is not str:
+            if type(keys) not in (list, tuple):
+                raise TypeError(f"keys are a str, list or tuple, not {type(keys).__name__}")
+            if any(KEY_SEPARATOR in k for k in keys):
+                raise ValueError("a key holds the key separator (a space)")
         keys = keys[0] if type(keys) is list and len(keys) == 1 and type(keys[0]) is str \
             else " ".join(msg.key_list())
+        if _RESERVED_BYTE.search(keys):
+            raise ValueError("a key holds a byte the properties reserve")
         if keys:
             text += f"{PROPERTY_KEYS}\x01{keys}\x02"
     if msg.delay_level:
@@ -330,6 +341,8 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
                          f"{record.MAX_PROPERTIES_LENGTH}")
     body = msg.body if type(msg.body) is bytes else bytes(msg.body)
     queue_id = msg.queue_id
+    if queue_id is not None and queue_id < 0:
+        raise ValueError(f"queue id {queue_id} is negative (None lets the store choose)")
     head = _V4_FIXED.pack(
         BODY_POS + len(body) + len(topic_part) + 2 + len(properties),
         record.MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF,
@@ -465,13 +478,38 @@ assert _V4_HEAD_STRUCT.size == BODY_POS
 _TRAN_TAKES_UNIT = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
 
+class CleanRun(NamedTuple):
+    """``check_clean_run``'s verdict: every record of the run is taken as it is; one
+    entry per record, plain lists."""
+
+    topics: list[str]
+    queue_ids: list[int]          # -1: the store chooses
+    consumable: list[bool]
+    waits: list[bool]
+    starts: list[int]
+    sizes: list[int]
+
+
 def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
                      first_sequence: int, verdicts: dict) -> CheckedRecords | None:
-    """``check_records``' verdict on a short run whose every record is taken as it is,
-    read record by record with ``struct``; None as soon as a record is anything else (a
-    format fault, a refusal, an IPv6 host, a v2 topic, a DELAY, non-ASCII properties), for
-    the bulk check to judge and name. What it takes, the bulk check takes alike (a test
-    compares the two)."""
+    """``check_clean_run`` as ``check_records``' verdict."""
+    run = check_clean_run(data, offsets, config, producer_id, first_sequence, verdicts)
+    if run is None:
+        return None
+    return CheckedRecords(len(run.starts), {}, {}, run.topics, run.queue_ids, run.consumable,
+                          run.waits, np.array(run.starts, np.int64),
+                          np.array(run.sizes, np.int64))
+
+
+def check_clean_run(data, offsets, config: StoreConfig, producer_id: int = 0,
+                    first_sequence: int = 0, verdicts: dict | None = None) -> CleanRun | None:
+    """The verdict on a short run whose every record is taken as it is, read record by
+    record with ``struct``; None as soon as a record is anything else (a format fault, a
+    refusal, an IPv6 host, a v2 topic, a DELAY, non-ASCII properties), for the bulk check
+    (``check_records``) to judge and name. What it takes, the bulk check takes alike (a
+    test compares the two). Records with an IPv6 store host are not for it."""
+    if verdicts is None:
+        verdicts = {}
     offs = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
     n, end = len(offs), len(data)
     if n == 0 or offs[0] != 0:
@@ -523,8 +561,7 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
         waits.append(_WAIT_FALSE not in props)
         sizes.append(size)
     offs.pop()
-    return CheckedRecords(n, {}, {}, topics, queue_ids, consumable, waits,
-                          np.array(offs, np.int64), np.array(sizes, np.int64))
+    return CleanRun(topics, queue_ids, consumable, waits, offs, sizes)
 
 
 # Fields 1-15 of a record whose hosts are both IPv4, as one numpy record: a run's

@@ -15,6 +15,7 @@ import pytest
 
 from rocketstore.spark.access import RemoteStore
 from rocketstore.client import Producer, ReaderClient, RequestTimeout
+from rocketstore.shm.positions import Slot
 from rocketstore.storage import StoreConfig
 from rocketstore.storage.errors import StoreConfigError
 from rocketstore.storage.status import PutMessageStatus
@@ -112,6 +113,10 @@ def test_a_store_listens_on_ipv6_and_clients_find_every_socket(tmp_path):
             assert p.send("Six", b"over ::1").ok
         with Producer(f"ipc://{store.store_dir}") as p:            # a store's directory
             assert p.send("Six", b"over its Unix socket").ok
+        # dispatch is asynchronous (as RocketMQ's reput): a PUT_OK message is in the
+        # CommitLog, and in the queue's offsets once DISPATCHED passes it
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                 what="dispatch")
         with ReaderClient(where.reader) as rc:
             assert sum(q.max_offset for q in rc.offsets(["Six"])) == 2
         with ReaderClient(where.ingest) as rc, pytest.raises(ClientError, match="ingest"):

@@ -571,8 +571,9 @@ def test_a_duplicate_of_a_record_whose_append_failed_fails_too(tmp_path, monkeyp
     pid, n = 11, 70
 
     def serve(*requests) -> dict:
-        w.service._serve([([client], protocol.encode_send(rid, rows(pid, first, k), pid, first))
-                          for client, rid, first, k in requests])
+        frames = [([client], protocol.encode_send(rid, rows(pid, first, k), pid, first))
+                  for client, rid, first, k in requests]
+        w.service._serve([(env, f, protocol.peek_header(f)) for env, f in frames])
         replies = dict(protocol.decode_send_reply(f) for f in w.replies)
         w.replies.clear()
         return replies

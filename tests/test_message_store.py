@@ -264,10 +264,13 @@ def test_delay_level_is_clamped(store):
 
 # --------------------------------------------------------------------------- transactions
 def test_transaction_types(store):
-    prepared = store.put(Message(topic="Tx", body=b"p", keys=["kp"], sys_flag=TRANSACTION_PREPARED_TYPE))
-    rollback = store.put(Message(topic="Tx", body=b"r", keys=["kr"], sys_flag=TRANSACTION_ROLLBACK_TYPE))
-    commit = store.put(Message(topic="Tx", body=b"c", keys=["kc"], sys_flag=TRANSACTION_COMMIT_TYPE))
-    plain = store.put(Message(topic="Tx", body=b"n", keys=["kn"]))
+    prepared = store.put(Message(topic="Tx", body=b"p", keys=["kp"], queue_id=0,
+                                 sys_flag=TRANSACTION_PREPARED_TYPE))
+    rollback = store.put(Message(topic="Tx", body=b"r", keys=["kr"], queue_id=0,
+                                 sys_flag=TRANSACTION_ROLLBACK_TYPE))
+    commit = store.put(Message(topic="Tx", body=b"c", keys=["kc"], queue_id=0,
+                               sys_flag=TRANSACTION_COMMIT_TYPE))
+    plain = store.put(Message(topic="Tx", body=b"n", keys=["kn"], queue_id=0))
     assert (prepared.queue_offset, rollback.queue_offset) == (0, 0)
     assert (commit.queue_offset, plain.queue_offset) == (0, 1)
     assert [m.body for m in pull_all(store, "Tx", 0)] == [b"c", b"n"]
@@ -619,3 +622,12 @@ def test_flush_moves_past_deleted_files_and_reaches_the_end(tmp_path):
     s.flush()
     assert mfq.flushed_where == mfq.get_max_wrote_position()
     s.close()
+
+
+def test_a_message_without_a_queue_is_spread_round_robin(store):
+    """``Message.queue_id`` defaults to None: the store picks, round robin per topic over
+    ``default_topic_queue_nums`` queues, as RocketMQ's producer spreads a topic."""
+    n = store.config.default_topic_queue_nums
+    one = [store.put(Message(topic="Spread", body=b"%d" % i)).queue_id for i in range(n)]
+    batch = [r.queue_id for r in store.put_batch([Message(topic="Spread", body=b"b")] * n)]
+    assert one == batch == list(range(n))

@@ -52,11 +52,11 @@ from rocketstore.procs.service import run_service
 from rocketstore.procs.writer import WINDOW, WriterService
 from rocketstore.shm import bus
 from rocketstore.shm.positions import HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState
-from rocketstore.storage import Message, MessageStore, PutMessageStatus, record
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, record, record_batch
 from rocketstore.storage.checkpoint import StoreCheckpoint
 from rocketstore.storage.commit_log import CommitLog
 from rocketstore.storage.config import StoreConfig
-from rocketstore.storage.mapped_file import FILE_OPS, offset_to_file_name
+from rocketstore.storage.mapped_file import FILE_OPS, now_ms, offset_to_file_name
 from rocketstore.storage.message import TRANSACTION_PREPARED_TYPE
 from rocketstore.storage.topic_queue_table import rebuild
 
@@ -801,7 +801,17 @@ class InProcessWriter(InProcessService):
     def serve(self, msgs: list[Message]) -> None:
         frame = protocol.encode_send(self.next_id, msgs)
         self.next_id += 1
-        self.service._serve([([b"client"], frame)])
+        self.serve_frames([frame])
+
+    def serve_frames(self, frames: list[bytes]) -> None:
+        """One drain of ``frames`` from one client, as ``_drain`` hands them over."""
+        self.service._serve([([b"client"], f, protocol.peek_header(f)) for f in frames])
+
+    def records_frame(self, msgs: list[Message]) -> bytes:
+        """A SEND_RECORDS frame of ``msgs``, as a Producer lays it out."""
+        data, offsets = record_batch.encode_records(msgs, now_ms())
+        self.next_id += 1
+        return protocol.encode_send_records(self.next_id - 1, data, offsets)
 
     def put(self, msgs: list[Message]) -> list[protocol.SendResult]:
         self.serve(msgs)
@@ -868,6 +878,44 @@ def test_an_append_that_raises_publishes_nothing_and_cuts_back(writer, monkeypat
     assert (again[0].commit_log_offset, again[0].queue_offset) == (written[0], 5)
     writer.close()
     _verify_embedded(writer.config, first + again)
+
+
+def test_a_small_append_that_raises_keeps_the_drains_earlier_sends_and_cuts_back(
+        writer, monkeypatch):
+    """The small path appends request by request: when the second request of a drain
+    raises mid-append, the first is published and answered PUT_OK, the second refused,
+    the torn bytes past WRITTEN cut, and the next send goes on where the first ended."""
+    first = writer.put([message(i, queue_id=0) for i in range(3)])
+    real_append = writer.service.commit_log.append_small
+    calls = []
+
+    done: list = []
+
+    def append(data, starts, sizes, *rest):
+        calls.append(len(sizes))
+        got = real_append(data, starts, sizes, *rest)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        done.append(got)
+        return got
+    monkeypatch.setattr(writer.service.commit_log, "append_small", append)
+    writer.serve_frames([writer.records_frame([message(10, queue_id=0)]),
+                         writer.records_frame([message(11, queue_id=0)]),
+                         writer.records_frame([message(12, queue_id=0)])])
+    replies = [protocol.decode_send_records_reply(f)[1][0] for f in writer.replies]
+    writer.replies.clear()
+    assert [r.status for r in replies] == [PutMessageStatus.PUT_OK,
+                                           PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                           PutMessageStatus.PUT_OK]
+    ok, third = replies[0], replies[2]
+    assert ok.commit_log_offset == done[0].physical_offsets[0]
+    size = writer.service.commit_log.look_message_by_offset(ok.commit_log_offset).store_size
+    assert third.commit_log_offset == ok.commit_log_offset + size   # the torn bytes went
+    assert (ok.queue_offset, third.queue_offset) == (3, 4)   # the failure took no offset
+    assert writer.service.commit_log.get_max_offset() == writer.table.read_written()[0]
+    monkeypatch.undo()
+    writer.close()
+    _verify_embedded(writer.config, first + [ok, third])
 
 
 def test_refused_and_busy_requests_leave_the_window_count_alone(tmp_path):

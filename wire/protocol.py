@@ -591,7 +591,7 @@ def encode_send_records(request_id: int, records: bytes, offsets: Sequence[int],
     except struct.error:
         raise ValueError(f"producer id {producer_id!r} / sequence {first_sequence!r} "
                          "are not u64s") from None
-    table = np.asarray(offsets, dtype=">u4").tobytes()
+    table = _column_bytes(offsets, ">u4")
     return _finish([_header(Kind.SEND_RECORDS, request_id, len(offsets)), fixed, table,
                     records], request_id)
 
@@ -613,8 +613,59 @@ def decode_send_records(frame) -> SendRecords:
                        memoryview(buf)[records_at:])
 
 
+def decode_small_send_records(frame, head: Header) -> SendRecords:
+    """``decode_send_records`` of a frame whose header ``peek_header`` read already
+    (``head``, a SEND_RECORDS), the offsets as a list of ints (``struct``, not numpy):
+    the writer's path for a frame of a few records, where numpy's fixed costs are most of
+    the work. Raises ``ProtocolError``."""
+    buf = frame if type(frame) is bytes else bytes(frame)
+    request_id, count = head.request_id, head.count
+    table_at = HEADER_SIZE + SEND_RECORDS_FIXED.size
+    records_at = table_at + 4 * count
+    if records_at > len(buf):
+        raise _malformed(request_id, f"{len(buf)} bytes cannot hold the offsets of "
+                                     f"{count} records")
+    producer_id, first_sequence = SEND_RECORDS_FIXED.unpack_from(buf, HEADER_SIZE)
+    if producer_id and first_sequence + max(count - 1, 0) > 0xFFFF_FFFF_FFFF_FFFF:
+        raise _malformed(request_id, f"sequences {first_sequence}.. overflow a u64")
+    offsets = list(struct.unpack_from(f">{count}I", buf, table_at))
+    return SendRecords(request_id, producer_id, first_sequence, offsets,
+                       memoryview(buf)[records_at:])
+
+
 _SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_offset", ">i8"),
                                ("commit_log_offset", ">i8"), ("store_timestamp", ">i8"))
+_STRUCT_CODES = {"u1": "B", ">i4": "i", ">i8": "q", ">u4": "I"}
+_ITEM_SIZES = {"u1": 1, ">i4": 4, ">i8": 8, ">u4": 4}
+SMALL_COLUMNS = 16      # fewer values than this are packed with struct, more with numpy
+
+
+def _column_bytes(values, dtype: str) -> bytes:
+    if len(values) < SMALL_COLUMNS:
+        return struct.pack(f">{len(values)}{_STRUCT_CODES[dtype]}", *values)
+    return np.asarray(values).astype(dtype).tobytes()
+
+
+def _column_values(buf, dtype: str, count: int, at: int) -> list:
+    if count < SMALL_COLUMNS:
+        return list(struct.unpack_from(f">{count}{_STRUCT_CODES[dtype]}", buf, at))
+    return np.frombuffer(buf, dtype, count, at).tolist()
+
+
+def encode_one_send_records_reply(request_id: int, host_part: bytes, status: int,
+                                  queue_id: int, queue_offset: int, commit_log_offset: int,
+                                  store_timestamp: int) -> bytes:
+    """``encode_send_records_reply`` of one record without a reason, in one ``struct``:
+    a one-message send's answer. ``host_part`` is the store host's length byte and bytes
+    (``reply_host_part``)."""
+    return b"".join((_ONE_HEADER.pack(MAGIC, VERSION, Kind.SEND_RECORDS_REPLY, request_id, 1),
+                     host_part, _ONE_RESULT.pack(status, queue_id, queue_offset,
+                                                 commit_log_offset, store_timestamp, 0)))
+
+
+def reply_host_part(store_host: bytes) -> bytes:
+    """The store host as a SEND_RECORDS_REPLY carries it: its length, then its bytes."""
+    return bytes((len(store_host),)) + store_host
 
 
 def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
@@ -626,7 +677,7 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
     parts = [_header(Kind.SEND_RECORDS_REPLY, request_id, count),
              bytes((len(store_host),)), store_host]
     for name, dtype in _SEND_RECORDS_REPLY_COLUMNS:
-        parts.append(np.asarray(columns[name]).astype(dtype).tobytes())
+        parts.append(_column_bytes(columns[name], dtype))
     parts.append(U32.pack(len(reasons)))
     for i in sorted(reasons):
         parts += (U32.pack(i), _cut16(reasons[i]))
@@ -636,15 +687,19 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
 def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
     """``(request_id, results)`` of a SEND_RECORDS_REPLY. Raises ``ProtocolError``."""
     buf, request_id, count = _open(frame, Kind.SEND_RECORDS_REPLY)
+    if count == 1:
+        one = _decode_one_send_records_reply(buf, request_id)
+        if one is not None:
+            return request_id, [one]
     try:
         p = HEADER_SIZE
         n = buf[p]
         host = buf[p + 1:p + 1 + n]
         p += 1 + n
-        arrays = []
+        columns = []
         for _, dtype in _SEND_RECORDS_REPLY_COLUMNS:
-            arrays.append(np.frombuffer(buf, dtype, count, p))
-            p += arrays[-1].nbytes
+            columns.append(_column_values(buf, dtype, count, p))
+            p += count * _ITEM_SIZES[dtype]
         (n_reasons,) = U32.unpack_from(buf, p)
         p += 4
         reasons = {}
@@ -654,7 +709,7 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
     except (IndexError, ValueError, *_DECODE_FAULTS) as e:
         raise _malformed(request_id, f"SEND_RECORDS_REPLY at byte {p}: {e}") from None
     _check_end(buf, p, request_id, "the SEND_RECORDS_REPLY")
-    codes, queue_ids, queue_offsets, offsets, stamps = (a.tolist() for a in arrays)
+    codes, queue_ids, queue_offsets, offsets, stamps = columns
     status_of = {}
     for code in dict.fromkeys(codes):
         status_of[code] = _PUT_STATUSES.get(code)
@@ -664,18 +719,41 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
     reason_of = [reasons.get(i, "") for i in range(count)] if reasons else \
         itertools.repeat("", count)
     results = list(map(SendResult, map(status_of.__getitem__, codes),
-                       _msg_ids(host.hex().upper(), arrays[3]), queue_ids, queue_offsets,
+                       _msg_ids(host.hex().upper(), offsets), queue_ids, queue_offsets,
                        offsets, stamps, reason_of))
     return request_id, results
 
 
-def _msg_ids(prefix: str, offsets: np.ndarray) -> list[str]:
+_ONE_RESULT = struct.Struct(">BiqqqI")    # one record's columns, then the reasons count
+_ONE_HEADER = HEADER
+
+
+def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
+    """The result of a SEND_RECORDS_REPLY of one record with no reason, read with one
+    ``struct`` (a one-message send's answer); None for anything else, which the general
+    decoder reads (and names what is wrong)."""
+    n = buf[HEADER_SIZE] if len(buf) > HEADER_SIZE else -1
+    p = HEADER_SIZE + 1 + n
+    if n < 0 or p + _ONE_RESULT.size != len(buf):
+        return None
+    code, queue_id, queue_offset, offset, stamp, reasons = _ONE_RESULT.unpack_from(buf, p)
+    status = _PUT_STATUSES.get(code)
+    if reasons or status is None:
+        return None
+    msg_id = f"{buf[HEADER_SIZE + 1:p].hex().upper()}{offset:016X}" if n and offset >= 0 else ""
+    return SendResult(status, msg_id, queue_id, queue_offset, offset, stamp, "")
+
+
+def _msg_ids(prefix: str, offsets: list[int]) -> list[str]:
     """RocketMQ's offset message ids (store host in hex, then the offset as 16 hex
     digits), "" where the offset is negative (nothing stored) or the host is unknown;
-    the hex digits of all offsets in one pass."""
+    the hex digits of many offsets in one pass."""
     n = len(offsets)
     if not prefix:
         return [""] * n
+    if n < SMALL_COLUMNS:
+        return [f"{prefix}{o:016X}" if o >= 0 else "" for o in offsets]
+    offsets = np.asarray(offsets, np.int64)
     digits = np.maximum(offsets, 0).astype(">u8").tobytes().hex().upper()
     ids = [prefix + digits[i:i + 16] for i in range(0, 16 * n, 16)]
     for i in np.flatnonzero(offsets < 0).tolist():
