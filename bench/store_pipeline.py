@@ -69,7 +69,7 @@ def _ingest_worker(store_dir: str, topic: str, body_size: int, batch: int, windo
     """One producer: pipelined frames of ``batch`` records for ``seconds``."""
     body = os.urandom(body_size)
     # queue_id=None: the store spreads them over the topic's 8 queues (round robin), as
-    # RocketMQ's producer does; Message's own default is queue 0
+    # RocketMQ's producer does (Message's own default)
     msgs = [Message(topic=topic, body=body, tags="TagA", keys=[f"k{i}"], queue_id=None)
             for i in range(batch)]
     ok = busy = 0

@@ -287,7 +287,6 @@ _SET_BY_STORE = frozenset({PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_DELAY_TIME_LEV
                            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_PRODUCER_ID,
                            PROPERTY_PRODUCER_SEQUENCE})
 _TOPIC_PARTS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 bytes
-_RESERVED_BYTE = re.compile("[\x00\x01\x02]")   # the properties' separators (and NUL)
 
 
 def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] | None = None) -> bytes:
@@ -313,28 +312,40 @@ def encode_message(msg: Message, born_timestamp: int, identity: tuple[int, int] 
     if identity is not None:
         text += (f"{PROPERTY_PRODUCER_ID}\x01{identity[0]}\x02"
                  f"{PROPERTY_PRODUCER_SEQUENCE}\x01{identity[1]}\x02")
+    pairs = len(props) if props else 0          # name\x01value\x02 pairs in ``text``
+    if identity is not None:
+        pairs += 2
     tags = msg.tags
     if tags:
-        if _RESERVED_BYTE.search(tags):
-            raise ValueError("the tags hold a byte the properties reserve")
+        if type(tags) is not str:
+            raise TypeError(f"tags are a str, not {type(tags).__name__}")
         text += f"{PROPERTY_TAGS}\x01{tags}\x02"
+        pairs += 1
     keys = msg.keys
     if keys:
-        if type(keys) is not str:
-            if type(keys) not in (list, tuple):
-                raise TypeError(f"keys are a str, list or tuple, not {type(keys).__name__}")
+        if type(keys) is list and len(keys) == 1 and type(keys[0]) is str:
+            keys = keys[0]
+            if KEY_SEPARATOR in keys:
+                raise ValueError("a key holds the key separator (a space)")
+        elif type(keys) in (list, tuple):
             if any(KEY_SEPARATOR in k for k in keys):
                 raise ValueError("a key holds the key separator (a space)")
-        keys = keys[0] if type(keys) is list and len(keys) == 1 and type(keys[0]) is str \
-            else " ".join(msg.key_list())
-        if _RESERVED_BYTE.search(keys):
-            raise ValueError("a key holds a byte the properties reserve")
+            keys = KEY_SEPARATOR.join(k for k in keys if k)
+        elif type(keys) is str:
+            keys = KEY_SEPARATOR.join(msg.key_list())
+        else:
+            raise TypeError(f"keys are a str, list or tuple, not {type(keys).__name__}")
         if keys:
             text += f"{PROPERTY_KEYS}\x01{keys}\x02"
+            pairs += 1
     if msg.delay_level:
         text += f"{PROPERTY_DELAY_TIME_LEVEL}\x01{msg.delay_level}\x02"
+        pairs += 1
     if not msg.wait_store_msg_ok:
         text += f"{PROPERTY_WAIT_STORE_MSG_OK}\x01false\x02"
+        pairs += 1
+    if text.count("\x01") != pairs or text.count("\x02") != pairs or "\x00" in text:
+        raise ValueError("the tags or keys hold a byte the properties reserve")
     properties = text.encode("utf-8")
     if len(properties) > record.MAX_PROPERTIES_LENGTH:
         raise ValueError(f"properties are {len(properties)} bytes, over "
