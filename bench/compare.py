@@ -54,7 +54,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from store_pipeline import STORE_SETTINGS, Bench, RunningStore  # noqa: E402
+from store_pipeline import STORE_SETTINGS, Bench, RunningStore, _proc_cpu_s  # noqa: E402
 from rocketstore.client import Producer  # noqa: E402
 from rocketstore.shm.positions import Slot  # noqa: E402
 
@@ -133,16 +133,6 @@ def flushed_everything(store: RunningStore, timeout: float = 120.0) -> float:
         table.close()
 
 
-def _thread_cpu_s(pid: int) -> float:
-    """utime + stime of the main thread of ``pid`` (its task ``pid``), in seconds."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]:
     """``one_at_a_time``, and the CPU the writer's and the dispatcher's main threads
     spent per send meanwhile (microseconds)."""
@@ -152,9 +142,10 @@ def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]
         pids = {name: table.get_process(name, PID) for name in ("writer", "dispatcher")}
     finally:
         table.close()
-    before = {name: _thread_cpu_s(pid) for name, pid in pids.items()}
+    before = {name: _proc_cpu_s(pid, main_thread=True) for name, pid in pids.items()}
     rate, sent = one_at_a_time(store.store_dir, seconds, with_count=True)
-    cpu = {name: (_thread_cpu_s(pid) - before[name]) / sent * 1e6 for name, pid in pids.items()}
+    cpu = {name: (_proc_cpu_s(pid, main_thread=True) - before[name]) / sent * 1e6
+           for name, pid in pids.items()}
     return rate, cpu
 
 

@@ -203,10 +203,11 @@ class _StartLine:
         self._go.set()
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds (0 if it is gone)."""
+def _proc_cpu_s(pid: int, main_thread: bool = False) -> float:
+    """utime + stime of ``pid`` in seconds (0 if it is gone); of its main thread alone
+    with ``main_thread``."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
