@@ -20,6 +20,10 @@ class MallInfo2(ctypes.Structure):
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = (ctypes.c_void_p,)
+# glibc's defaults, fixed: freeing a large mapped block earlier in this interpreter's life
+# would have raised the trim threshold on its own (its dynamic thresholds)
+libc.mallopt(-1, 128 << 10)     # M_TRIM_THRESHOLD
+libc.mallopt(-3, 128 << 10)     # M_MMAP_THRESHOLD
 if sys.argv[1] == "tune":
     from rocketstore.spark.allocator import keep_heap_top
     assert keep_heap_top() and keep_heap_top()
