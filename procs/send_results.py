@@ -157,11 +157,6 @@ class SmallResults:
 
     def reply(self, kind: protocol.Kind, request_id: int, store_host: bytes) -> bytes:
         """The SEND_RECORDS_REPLY (the small path takes no other kind)."""
-        if len(self.status) == 1 and not self.reasons:
-            return protocol.encode_one_send_records_reply(
-                request_id, protocol.reply_host_part(store_host), self.status[0],
-                self.queue_id[0], self.queue_offset[0], self.offset[0],
-                self.store_timestamp[0])
         return protocol.encode_send_records_reply(
             request_id, store_host,
             {"status": self.status, "queue_id": self.queue_id,

@@ -143,7 +143,6 @@ MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
 TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
 SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock longer
 BUSY_QUEUE_S = 0.005             # what is drained this soon after a slow append waited on it
-MAX_TOPIC_VERDICTS = 4096        # topics whose verdict the writer remembers
 SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the small path
 
 _PUT_OK = PutMessageStatus.PUT_OK
@@ -457,8 +456,6 @@ class WriterService(Service):
             return None         # the batch path answers it with its ERROR
         if send.producer_id:
             return None
-        if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
-            self.topic_verdicts.clear()
         run = check_clean_run(send.records, send.offsets, self.config,
                               verdicts=self.topic_verdicts)
         if run is None:
@@ -474,7 +471,7 @@ class WriterService(Service):
             done = None         # _serve_small cuts back after publishing the others
         self._note_append_time(time.monotonic() - began)
         results = SmallResults.stored(done, run.sizes, queue_ids, now,
-                                      self._append_failure())
+                                      self.commit_log.append_failure())
         req = _Request(envelope, protocol.Kind.SEND_RECORDS, send.request_id, results)
         if done is not None and done.count:
             last = done.count - 1
@@ -484,12 +481,6 @@ class WriterService(Service):
             count_puts(self.stats, run.topics[:done.count], run.sizes[:done.count])
         self.unanswered[req.client] = self.unanswered.get(req.client, 0) + 1
         return req
-
-    def _append_failure(self) -> str:
-        """The reason given to records an append could not store."""
-        if self.commit_log.append_error:
-            return "cannot create or write a commitlog file: " + self.commit_log.append_error
-        return "cannot create or write a commitlog file (disk full?)"
 
     def _answer_drain(self, accepted: list[_Request], now: int, end: int) -> None:
         """WRITTEN (``end``: the end of the last record this drain appended, 0 for none)
@@ -577,8 +568,6 @@ class WriterService(Service):
         """Check a SEND_RECORDS frame's records in bulk (``record_batch.check_records``),
         choose queues, judge idempotent records, and take the records as they are; a
         record the check sends the long way is prepared like a SEND record."""
-        if len(self.topic_verdicts) > MAX_TOPIC_VERDICTS:
-            self.topic_verdicts.clear()
         try:
             checked = check_records(send.records, send.offsets, self.config,
                                     store_host_v6=self.commit_log.store_host_v6,
@@ -665,7 +654,7 @@ class WriterService(Service):
             self.reset_to_written()
             done, count = None, 0
         k, end = 0, 0
-        reason = self._append_failure()
+        reason = self.commit_log.append_failure()
         for req in requests:
             m = len(req.batch)
             stored = max(0, min(count - k, m))

@@ -356,22 +356,13 @@ class CommitLog:
         done = 0
         while done < n:
             try:
-                if mf is None or mf.is_full():
-                    mf = mfq.get_or_create_last_mapped_file(0)
-                room = mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH
-                k = _run_end(starts, ends, done, room, small)
-                if k == done:
-                    if mf.wrote_position == 0:
-                        raise ValueError(f"a record of {int(sizes[done])} bytes cannot fit "
-                                         f"a file of {mf.file_size}: validation let it in")
-                    self._write_blank(mf)
-                    mf = mfq.get_or_create_last_mapped_file(0)
-                    continue
+                mf = self._file_taking(mf, int(sizes[done]))
                 sink = self._sink(mf)
             except StoreFileError as e:
-                log.error("create mapped file failed: %s", e)
-                self.append_error = str(e)
+                self._no_file(e)
                 break
+            room = mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH
+            k = _run_end(starts, ends, done, room, small)     # record ``done`` fits: k > done
             pos = mf.wrote_position
             first, last = int(starts[done]), int(ends[k - 1])
             base = mf.file_from_offset + pos - first
@@ -385,9 +376,7 @@ class CommitLog:
             mf.store_timestamp = store_timestamp
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
-        if self._allocator is not None and mf is not None and self._pool is None:
-            # through the pool, the commit step's pwrite allocates the file's pages itself
-            self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
+        self._keep_ahead(mf)
         return Appended(done, physical, queue_offsets[:done])
 
     def append_small(self, data, starts: list[int], sizes: list[int], topics: list[str],
@@ -406,26 +395,17 @@ class CommitLog:
         """
         self.append_error = ""
         table = self.topic_queue_table
-        mfq = self.mapped_file_queue
-        mf = mfq.get_last_mapped_file()
+        mf = self.mapped_file_queue.get_last_mapped_file()
         ipack, lpack = _INT.pack_into, _LONG.pack_into
         host, host_at = self._store_host_bytes, record_batch.STOREHOST_POS
         view = memoryview(data)
         physical, queue_offsets = [], []
         for i, size in enumerate(sizes):
             try:
-                if mf is None or mf.is_full():
-                    mf = mfq.get_or_create_last_mapped_file(0)
-                if size > mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH:
-                    if mf.wrote_position == 0:
-                        raise ValueError(f"a record of {size} bytes cannot fit a file of "
-                                         f"{mf.file_size}: validation let it in")
-                    self._write_blank(mf)
-                    mf = mfq.get_or_create_last_mapped_file(0)
+                mf = self._file_taking(mf, size)
                 sink = self._sink(mf)
             except StoreFileError as e:
-                log.error("create mapped file failed: %s", e)
-                self.append_error = str(e)
+                self._no_file(e)
                 break
             pos = mf.wrote_position
             phy = mf.file_from_offset + pos
@@ -447,9 +427,41 @@ class CommitLog:
             mf.store_timestamp = store_timestamp
             physical.append(phy)
             queue_offsets.append(queue_offset)
+        self._keep_ahead(mf)
+        return Appended(len(physical), physical, queue_offsets)
+
+    def _file_taking(self, mf: MappedFile | None, size: int) -> MappedFile:
+        """The file the next record of ``size`` bytes goes into: ``mf``, or the next one
+        (made now) when ``mf`` is full, or closed here with a BLANK when the record and a
+        BLANK's head would not fit in it. Raises ``StoreFileError`` when no file can be
+        made, ``ValueError`` for a record no file can hold."""
+        mfq = self.mapped_file_queue
+        if mf is None or mf.is_full():
+            mf = mfq.get_or_create_last_mapped_file(0)
+        if size > mf.file_size - mf.wrote_position - record.END_FILE_MIN_BLANK_LENGTH:
+            if mf.wrote_position == 0:
+                raise ValueError(f"a record of {size} bytes cannot fit a file of "
+                                 f"{mf.file_size}: validation let it in")
+            self._write_blank(mf)
+            mf = mfq.get_or_create_last_mapped_file(0)
+        return mf
+
+    def _no_file(self, e: StoreFileError) -> None:
+        """An append stops where no file could be made; ``append_error`` says why."""
+        log.error("create mapped file failed: %s", e)
+        self.append_error = str(e)
+
+    def append_failure(self) -> str:
+        """The reason given to the records the last append could not store."""
+        if self.append_error:
+            return "cannot create or write a commitlog file: " + self.append_error
+        return "cannot create or write a commitlog file (disk full?)"
+
+    def _keep_ahead(self, mf: MappedFile | None) -> None:
+        """Have the allocation thread keep the files ahead of ``mf``'s wrote position
+        (through the pool, the commit step's pwrite allocates the file's pages itself)."""
         if self._allocator is not None and mf is not None and self._pool is None:
             self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
-        return Appended(len(physical), physical, queue_offsets)
 
     def append_verbatim(self, offset: int, data) -> None:
         """A slave's append (RocketMQ's CommitLog.appendData): ``data`` are the master's

@@ -65,8 +65,6 @@ from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
 
-MAX_TOPIC_VERDICTS = 4096        # topics whose verdict put remembers
-
 
 
 @dataclasses.dataclass
@@ -388,8 +386,6 @@ class MessageStore:
                 return [refused] * len(msgs)
             now = max(now_ms(), self._last_put_ms)     # store times never go back
             self._last_put_ms = now
-            if len(self._topic_verdicts) > MAX_TOPIC_VERDICTS:
-                self._topic_verdicts.clear()
             results = put_messages(self.commit_log, self.config, msgs, now,
                                    self._queue_selector, self._topic_verdicts)
             ok = PutMessageStatus.PUT_OK

@@ -37,7 +37,7 @@ from rocketstore.storage import record_batch
 from rocketstore.storage.commit_log import Appended, CommitLog, EncodedMessage, PutMessageResult
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.message import Message
-from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.status import AppendMessageStatus, PutMessageStatus
 from rocketstore.storage.validation import check_message
 
 # what a message that cannot be laid out as a record raises while being encoded
@@ -188,9 +188,9 @@ def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[
     batch = prepare_batch(commit_log, config, messages, now, selector, results)
     appended = commit_log.append(batch.records, now) if batch.records else []
     for i, r in zip(batch.slots, appended):
-        results[i] = PutMessageResult.stored(r) if r.status.name == "PUT_OK" else \
-            PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                     "cannot create a commitlog file (disk full?)")
+        results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK \
+            else PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                          commit_log.append_failure())
     return results
 
 
@@ -216,21 +216,17 @@ def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets:
         queue_ids = selector.choose(topics, checked.queue_ids)
         done = commit_log.append_batch(record_batch.from_checked(data, checked, queue_ids),
                                        queue_ids, now)
-    return _results(done, commit_log.msg_id_prefix, sizes, queue_ids, now,
-                    commit_log.append_error)
+    return _results(commit_log, done, sizes, queue_ids, now)
 
 
-def _results(done: Appended, prefix: str, sizes: list[int], queue_ids: list[int], now: int,
-             append_error: str) -> list[PutMessageResult]:
+def _results(commit_log: CommitLog, done: Appended, sizes: list[int], queue_ids: list[int],
+             now: int) -> list[PutMessageResult]:
     """One result per record: stored where ``done`` says, or CREATE_MAPEDFILE_FAILED."""
-    ok = PutMessageStatus.PUT_OK
+    ok, prefix = PutMessageStatus.PUT_OK, commit_log.msg_id_prefix
     out = [PutMessageResult(ok, f"{prefix}{off:016X}", off, size, queue_id, queue_offset, now)
            for off, size, queue_id, queue_offset in zip(done.physical_offsets, sizes,
                                                          queue_ids, done.queue_offsets)]
-    if done.count < len(sizes):
-        failed = PutMessageResult.refused(
-            PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-            f"cannot create a commitlog file: {append_error or 'disk full?'}")
-        out += [PutMessageResult(failed.status, reason=failed.reason)
-                for _ in range(len(sizes) - done.count)]
+    out += [PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                     commit_log.append_failure())
+            for _ in range(len(sizes) - done.count)]
     return out

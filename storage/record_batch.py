@@ -90,6 +90,7 @@ STOREHOST_WIDTH = 8
 PLACEHOLDER_STORE_HOST = bytes(STOREHOST_WIDTH)
 SMALL_BATCH = 24            # below this many records, stamping is a struct loop
 SMALL_CHECK = 32            # below this many, check_records tries a struct loop first
+MAX_TOPIC_VERDICTS = 4096   # topics whose verdict a cache of ``_verdict`` remembers
 
 _R2 = np.arange(2, dtype=np.int64)
 _R4 = np.arange(4, dtype=np.int64)
@@ -778,8 +779,13 @@ def _topics(raw: bytes, starts: np.ndarray, head: Heads, verdicts: dict,
 
 
 def _verdict(raw_topic: bytes, verdicts: dict):
+    """A topic's name, or its refusal, from the caller's cache (which this keeps to at
+    most ``MAX_TOPIC_VERDICTS`` topics: a cache of every topic a producer ever named
+    would grow without bound)."""
     verdict = verdicts.get(raw_topic)
     if verdict is None:
+        if len(verdicts) >= MAX_TOPIC_VERDICTS:
+            verdicts.clear()
         verdict = verdicts[raw_topic] = _topic_verdict(raw_topic)
     return verdict
 

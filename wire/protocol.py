@@ -600,17 +600,23 @@ def decode_send_records(frame) -> SendRecords:
     """The parts of a SEND_RECORDS frame; the records themselves are the store's to check
     (``record_batch.check_records``). Raises ``ProtocolError``."""
     buf, request_id, count = _open(frame, Kind.SEND_RECORDS)
+    producer_id, first_sequence, table_at = _send_records_fixed(buf, request_id, count)
+    offsets = np.frombuffer(buf, ">u4", count, table_at).astype(np.int64)
+    return SendRecords(request_id, producer_id, first_sequence, offsets,
+                       memoryview(buf)[table_at + 4 * count:])
+
+
+def _send_records_fixed(buf: bytes, request_id: int, count: int) -> tuple[int, int, int]:
+    """A SEND_RECORDS frame's producer id and first sequence, and where its offsets table
+    starts, after checking the frame can hold the table and the sequences fit a u64."""
     table_at = HEADER_SIZE + SEND_RECORDS_FIXED.size
-    records_at = table_at + 4 * count
-    if records_at > len(buf):
+    if table_at + 4 * count > len(buf):
         raise _malformed(request_id, f"{len(buf)} bytes cannot hold the offsets of "
                                      f"{count} records")
     producer_id, first_sequence = SEND_RECORDS_FIXED.unpack_from(buf, HEADER_SIZE)
     if producer_id and first_sequence + max(count - 1, 0) > 0xFFFF_FFFF_FFFF_FFFF:
         raise _malformed(request_id, f"sequences {first_sequence}.. overflow a u64")
-    offsets = np.frombuffer(buf, ">u4", count, table_at).astype(np.int64)
-    return SendRecords(request_id, producer_id, first_sequence, offsets,
-                       memoryview(buf)[records_at:])
+    return producer_id, first_sequence, table_at
 
 
 def decode_small_send_records(frame, head: Header) -> SendRecords:
@@ -620,17 +626,10 @@ def decode_small_send_records(frame, head: Header) -> SendRecords:
     the work. Raises ``ProtocolError``."""
     buf = frame if type(frame) is bytes else bytes(frame)
     request_id, count = head.request_id, head.count
-    table_at = HEADER_SIZE + SEND_RECORDS_FIXED.size
-    records_at = table_at + 4 * count
-    if records_at > len(buf):
-        raise _malformed(request_id, f"{len(buf)} bytes cannot hold the offsets of "
-                                     f"{count} records")
-    producer_id, first_sequence = SEND_RECORDS_FIXED.unpack_from(buf, HEADER_SIZE)
-    if producer_id and first_sequence + max(count - 1, 0) > 0xFFFF_FFFF_FFFF_FFFF:
-        raise _malformed(request_id, f"sequences {first_sequence}.. overflow a u64")
+    producer_id, first_sequence, table_at = _send_records_fixed(buf, request_id, count)
     offsets = list(struct.unpack_from(f">{count}I", buf, table_at))
     return SendRecords(request_id, producer_id, first_sequence, offsets,
-                       memoryview(buf)[records_at:])
+                       memoryview(buf)[table_at + 4 * count:])
 
 
 _SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_offset", ">i8"),
@@ -652,28 +651,18 @@ def _column_values(buf, dtype: str, count: int, at: int) -> list:
     return np.frombuffer(buf, dtype, count, at).tolist()
 
 
-def encode_one_send_records_reply(request_id: int, host_part: bytes, status: int,
-                                  queue_id: int, queue_offset: int, commit_log_offset: int,
-                                  store_timestamp: int) -> bytes:
-    """``encode_send_records_reply`` of one record without a reason, in one ``struct``:
-    a one-message send's answer. ``host_part`` is the store host's length byte and bytes
-    (``reply_host_part``)."""
-    return b"".join((_ONE_HEADER.pack(MAGIC, VERSION, Kind.SEND_RECORDS_REPLY, request_id, 1),
-                     host_part, _ONE_RESULT.pack(status, queue_id, queue_offset,
-                                                 commit_log_offset, store_timestamp, 0)))
-
-
-def reply_host_part(store_host: bytes) -> bytes:
-    """The store host as a SEND_RECORDS_REPLY carries it: its length, then its bytes."""
-    return bytes((len(store_host),)) + store_host
-
-
 def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
                               reasons: dict[int, str]) -> bytes:
     """A SEND_RECORDS_REPLY: the store host once, then one column per field (arrays of
     ``count`` values: status, queue_id, queue_offset, commit_log_offset,
-    store_timestamp), then the reasons of the records that have one."""
+    store_timestamp), then the reasons of the records that have one. One record without a
+    reason (a one-message send's answer) is packed with one ``struct``."""
     count = len(columns["status"])
+    if count == 1 and not reasons:
+        return b"".join((HEADER.pack(MAGIC, VERSION, Kind.SEND_RECORDS_REPLY, request_id, 1),
+                         bytes((len(store_host),)), store_host, _ONE_RESULT.pack(
+                             *(columns[name][0] for name, _ in _SEND_RECORDS_REPLY_COLUMNS),
+                             0)))
     parts = [_header(Kind.SEND_RECORDS_REPLY, request_id, count),
              bytes((len(store_host),)), store_host]
     for name, dtype in _SEND_RECORDS_REPLY_COLUMNS:
@@ -725,7 +714,6 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
 
 
 _ONE_RESULT = struct.Struct(">BiqqqI")    # one record's columns, then the reasons count
-_ONE_HEADER = HEADER
 
 
 def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
