@@ -27,7 +27,9 @@ libc.mallopt(-3, 128 << 10)     # M_MMAP_THRESHOLD
 if sys.argv[1] == "tune":
     from rocketstore.spark.allocator import keep_heap_top
     assert keep_heap_top() and keep_heap_top()
-blocks = [libc.malloc(64 << 10) for _ in range(800)]     # 50 MiB below the mmap threshold
+blocks = [0] * 800          # the list's own storage comes first, below the blocks: it would
+for i in range(800):        # otherwise hold the heap's top up after they are freed
+    blocks[i] = libc.malloc(64 << 10)                    # 50 MiB below the mmap threshold
 grown = libc.mallinfo2().arena
 for b in reversed(blocks):
     libc.free(b)
