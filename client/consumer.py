@@ -66,9 +66,10 @@ from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
 from rocketstore.storage.config import recorded_geometry
-from rocketstore.storage.errors import CorruptRecordError, StoreClosedError
+from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message_view import MessageView
-from rocketstore.storage.read_path import BULK_VIEWS_MIN, GetMessageResult, check_unit_views, offset_status
+from rocketstore.storage.read_path import (
+    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, bulk_result, offset_status)
 from rocketstore.storage.status import GetMessageStatus
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
@@ -76,7 +77,6 @@ from rocketstore.storage import file_modes
 
 OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
-BULK_READ_MIN = 16   # fewer messages to take are read unit by unit: cheaper then
 MAX_POLL_MESSAGES = 1 << 20        # a poll's count is the caller's max_msgs; this bounds it
 DEFAULT_MAX_POLL_BYTES = 64 << 20   # records one poll copies, about (one larger still comes)
 
@@ -201,27 +201,13 @@ class Consumer:
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset, most, max_bytes, dispatched,
                 joined=take >= BULK_VIEWS_MIN, min_commit_log_offset=min_phy)
-            if got.status is GetMessageStatus.FOUND:
-                try:
-                    return GetMessageResult(GetMessageStatus.FOUND,
-                                            self._views(got, queue_id),
-                                            got.next_begin_offset, got.min_offset,
-                                            got.max_offset), got.nbytes
-                except CorruptRecordError:
-                    pass
-            elif got.status is not GetMessageStatus.OFFSET_FOUND_NULL:
-                return GetMessageResult(got.status, [], got.next_begin_offset,
-                                        got.min_offset, got.max_offset), 0
+            found = bulk_result(got, self.topic, queue_id)
+            if found is not None:
+                return found
         # unit by unit: the config's limits are this consumer's, max_poll_bytes per read
         r = self.reader.get_message(self.topic, queue_id, offset, max_msgs, dispatched,
                                     tags=self.tags, min_commit_log_offset=min_phy)
         return r, sum(m.store_size for m in r.messages)
-
-    def _views(self, got, queue_id: int) -> list[MessageView]:
-        """The checked messages of ``read_queue_records``' units and records (a piece
-        holds the records of one or more units back to back)."""
-        return check_unit_views(got.units, got.data, self.topic, queue_id, got.first,
-                                got.starts)
 
     def _place_new_queues(self, dispatched: int) -> None:
         """A position for each assigned queue without one: the group's committed

@@ -200,6 +200,19 @@ class ConsumeQueue:
         pos = offset % self.mapped_file_size
         return (mf, pos, mf.read_position) if pos < mf.read_position else None
 
+    def read_units(self, first: int, max_units: int, hi: int) -> bytes:
+        """The raw units from ``first``: at most ``max_units``, never at or past ``hi``
+        nor past the end of the file holding ``first``; empty when that file went."""
+        per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+        count = min(max_units, hi - first, per_file - first % per_file)
+        if count <= 0:
+            return b""
+        found = self.get_index_buffer(first)
+        if found is None:
+            return b""
+        mf, pos, _ = found
+        return bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
+
     def get_unit(self, index: int) -> tuple[int, int, int] | None:
         found = self.get_index_buffer(index)
         if found is None:
@@ -612,19 +625,6 @@ class ConsumeQueueView(ConsumeQueue):
         return len(mfq.mapped_files) < before
 
     # ------------------------------------------------------------------ reads within bounds
-    def read_units(self, first: int, max_units: int, hi: int) -> bytes:
-        """The raw units from ``first``: at most ``max_units``, never at or past ``hi``
-        nor past the end of the file holding ``first``; empty when that file went."""
-        per_file = self.units_per_file
-        count = min(max_units, hi - first, per_file - first % per_file)
-        if count <= 0:
-            return b""
-        found = self.get_index_buffer(first)
-        if found is None:
-            return b""
-        mf, pos, _ = found
-        return bytes(mf.buf[pos:pos + count * CQ_STORE_UNIT_SIZE])
-
     def first_offset_stored_since(self, timestamp_ms: int, lo: int, hi: int,
                                   pickup_store_timestamp) -> int:
         """The first offset in ``[lo, hi)`` whose message was stored at or after

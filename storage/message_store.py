@@ -48,9 +48,13 @@ from rocketstore.storage.errors import StoreClosedError, StoreConfigError, Store
 from rocketstore.storage.index_service import IndexService
 from rocketstore.storage.mapped_file import now_ms
 from rocketstore.storage.message import Message, MessageExt
+from rocketstore.storage.message_view import view_at
+from rocketstore.storage.bulk_read import QueueUnits, read_records
+from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
 from rocketstore.storage.read_path import (
-    GetMessageResult, QueryMessageResult, check_unit_record, get_from_queue, look_message_by_id,
-    memory_limit_bytes, query_messages)
+    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, QueryMessageResult, bulk_result,
+    check_unit_record, get_from_queue, look_message_by_id, memory_limit_bytes, query_messages,
+    subscription_tags)
 from rocketstore.storage import recovery_plan as plan
 from rocketstore.storage.record import SCHEDULE_TOPIC
 from rocketstore.storage.reput import ArrivingListener, ReputMessageService
@@ -552,13 +556,17 @@ class MessageStore:
     # ================================================================== reads
     def get_message(self, group: str, topic: str, queue_id: int, offset: int,
                     max_msgs: int = 32, tags: Iterable[str] | str | None = None) -> GetMessageResult:
-        """Pull up to ``max_msgs`` messages of one queue from logical ``offset``.
+        """Pull up to ``max_msgs`` messages of one queue from logical ``offset``, under
+        RocketMQ's pull limits (``max_transfer_count_on_message_in_memory`` and its
+        bytes; fewer for data far behind the CommitLog end, read unit by unit).
 
         ``tags`` (optional) keeps only messages whose tag is one of them ("*" or "":
         every message, as a RocketMQ subscription; a message without tags matches
-        only those). Raises
-        ``CorruptRecordError`` if a consume queue unit points at a record that is not
-        the message it should be.
+        only those). The messages are ``MessageView``s: every ``MessageExt`` field by
+        name, decoded when first read (``to_ext()`` for the whole object). Without a tag
+        filter, ``BULK_READ_MIN`` messages or more are read as a ``Consumer`` reads them
+        (``read_path.bulk_result``). Raises ``CorruptRecordError`` if a consume queue
+        unit points at a record that is not the message it should be.
         """
         with self._mutex:
             self._check_running()
@@ -566,18 +574,42 @@ class MessageStore:
             cq = self.find_consume_queue(topic, queue_id, create=False)
             if cq is None:
                 return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+            lo, hi = cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue()
+            wanted = [tags] if isinstance(tags, str) else tags
+            most = min(max_msgs, self.config.max_transfer_count_on_message_in_memory)
+            if lo <= offset and min(hi - offset, most) >= BULK_READ_MIN \
+                    and not subscription_tags(wanted):
+                found = self._bulk_get(cq, offset, most, lo, hi)
+                if found is not None:
+                    return found
 
             def read_unit(index: int, phy: int, size: int, where: tuple[str, int]):
                 data = self.commit_log.get_message(phy, size)
                 return None if data is None else \
-                    check_unit_record(data, topic, queue_id, index, phy, size, where)
+                    check_unit_record(data, topic, queue_id, index, phy, size, where,
+                                      decode=view_at)
 
             return get_from_queue(
-                cq, offset, max_msgs, [tags] if isinstance(tags, str) else tags,
-                cq.get_min_offset_in_queue(), cq.get_max_offset_in_queue(), read_unit,
+                cq, offset, max_msgs, wanted, lo, hi, read_unit,
                 config=self.config, max_phy=self.commit_log.get_max_offset(),
                 memory_limit=memory_limit_bytes(self.config),
                 roll_next_file=self.commit_log.roll_next_file)
+
+    def _bulk_get(self, cq: ConsumeQueue, offset: int, most: int, lo: int,
+                  hi: int) -> GetMessageResult | None:
+        """Up to ``most`` messages from ``offset`` (``lo <= offset < hi``) in one read of
+        their units and one copy per CommitLog span, within the in-memory byte limit;
+        None when they must be read unit by unit (``read_path.bulk_result``)."""
+        units = cq.read_units(offset, most, hi)
+        if not units:
+            return None
+        count = len(units) // CQ_STORE_UNIT_SIZE
+        got = read_records(QueueUnits(units, offset, count, lo, hi),
+                           self.config.max_transfer_bytes_on_message_in_memory, True,
+                           self.config.mapped_file_size_commit_log, self.commit_log.get_message,
+                           joined=count >= BULK_VIEWS_MIN)
+        found = bulk_result(got, cq.topic, cq.queue_id)
+        return None if found is None else found[0]
 
     def look_message_by_offset(self, commit_log_offset: int) -> MessageExt | None:
         with self._mutex:

@@ -12,7 +12,12 @@ queries with the same functions, taking what they read from as arguments:
   position;
 * ``query_messages``: index candidates re-read and verified (topic, key or UNIQ_KEY, store
   time), so a hash collision never returns a wrong message;
-* ``look_message_by_id``: an offset msgId back to its message.
+* ``look_message_by_id``: an offset msgId back to its message;
+* ``bulk_result``: a bulk read (``bulk_read.read_records``: spans of the CommitLog, one
+  copy each) checked against its units with numpy and answered as a pull, lazy
+  ``MessageView``s; ``MessageStore.get_message`` and a ``Consumer``'s poll take it for
+  ``BULK_READ_MIN`` messages or more without a tag filter, and ``get_from_queue`` for the
+  rest and for anything unusual.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from rocketstore.storage import record
+from rocketstore.storage.bulk_read import QueueRecords
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.consume_queue import (
     BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE, ConsumeQueue)
@@ -146,6 +152,27 @@ def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int
 
 
 BULK_VIEWS_MIN = 96     # fewer records are checked one by one: numpy's fixed cost is more
+BULK_READ_MIN = 16      # fewer messages to take are read unit by unit: cheaper then
+
+
+def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessageResult, int] | None:
+    """A bulk read of one queue answered as a pull, with the bytes of its records: FOUND
+    with each record checked against its unit (``check_unit_views``), or the status the
+    read found instead. None when the caller must read unit by unit (``get_from_queue``
+    knows every such case): the consume queue file or the first records went while being
+    read (OFFSET_FOUND_NULL), or a record is not its unit's message (a unit being
+    rewritten; a corrupt one is reported by the unit-by-unit read)."""
+    if got.status is GetMessageStatus.OFFSET_FOUND_NULL:
+        return None
+    if got.status is not GetMessageStatus.FOUND:
+        return GetMessageResult(got.status, [], got.next_begin_offset, got.min_offset,
+                                got.max_offset), 0
+    try:
+        views = check_unit_views(got.units, got.data, topic, queue_id, got.first, got.starts)
+    except CorruptRecordError:
+        return None
+    return GetMessageResult(GetMessageStatus.FOUND, views, got.next_begin_offset,
+                            got.min_offset, got.max_offset), got.nbytes
 
 
 def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
