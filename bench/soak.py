@@ -18,12 +18,15 @@ At the end, once every delayed message is due and dispatched: every acknowledged
 message is read back exactly once (delayed ones in their real topic), the consumers saw
 no message twice within a process life, and ``rocketstore check`` is clean. The table:
 messages acknowledged, kills and restarts per process, throughput, the longest pause
-between acknowledgements, and every anomaly found.
+between acknowledgements (overall, and per killed process: for each kill, the gap between
+a producer's last acknowledgement before it and its first after it; the querier's answers
+for the reader, the consumer's messages for the dispatcher), and every anomaly found.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import multiprocessing
 import os
@@ -55,9 +58,11 @@ def _message(worker: int, n: int, rng: random.Random) -> Message:
 
 
 def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> None:
-    """Send for ``seconds``; report every acknowledged body and the longest wait."""
+    """Send for ``seconds``; report every acknowledged body, the longest wait and when
+    each answered send was acknowledged (``time.monotonic``, the same clock in every
+    process)."""
     rng = random.Random(seed)
-    acked, longest, n = [], 0.0, 0
+    acked, longest, n, times = [], 0.0, 0, []
     deadline = time.monotonic() + seconds
     with Producer(store_dir, idempotent=worker == 0, timeout_ms=10_000) as p:
         last = time.monotonic()
@@ -74,28 +79,34 @@ def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> Non
                     acked.append(m.body[:12])
                     longest = max(longest, now - last)
                     last = now
-    out.put(("producer", worker, acked, longest))
+            if any(r.ok for r in results):
+                times.append(now)
+    out.put(("producer", worker, acked, longest, times))
 
 
 def consumer(store_dir: str, seconds: float, out) -> None:
     """Read the topic as a group for ``seconds``, committing; report duplicates seen."""
-    seen, twice = set(), 0
+    seen, twice, times = set(), 0, []
     deadline = time.monotonic() + seconds
     with Consumer(store_dir, "soak-readers", TOPIC) as c:
         while time.monotonic() < deadline:
             try:
-                for m in c.poll(256, timeout_ms=200):
+                got = c.poll(256, timeout_ms=200)
+                for m in got:
                     key = m.body[:12]
                     twice += key in seen
                     seen.add(key)
+                if got:
+                    times.append(time.monotonic())
                 c.commit()
             except Exception:  # noqa: BLE001 - a store process restarting: read on
                 time.sleep(0.1)
-    out.put(("consumer", 0, len(seen), twice))
+    out.put(("consumer", 0, len(seen), twice, times))
 
 
 def querier(store_dir: str, seconds: float, out) -> None:
     asked = found = 0
+    times = []
     deadline = time.monotonic() + seconds
     rng = random.Random(7)
     with ReaderClient(store_dir, timeout_ms=5000) as r:
@@ -103,10 +114,34 @@ def querier(store_dir: str, seconds: float, out) -> None:
             try:
                 asked += 1
                 found += bool(r.query_by_key(TOPIC, f"w1-{rng.randrange(2000)}"))
+                times.append(time.monotonic())
             except (RequestTimeout, ClientError):
                 pass
             time.sleep(0.05)
-    out.put(("querier", 0, asked, found))
+    out.put(("querier", 0, asked, found, times))
+
+
+def pause_around(times: list[float], at: float) -> float | None:
+    """The gap between the last time in ``times`` before ``at`` and the first after it
+    (None when ``at`` is not between two of them)."""
+    i = bisect.bisect_left(times, at)
+    return times[i] - times[i - 1] if 0 < i < len(times) else None
+
+
+def pauses_per_process(kill_times: list[tuple[str, float]], reports: list) -> dict:
+    """For each killed process, the longest pause it caused: a producer's gap around a
+    kill of any process (the writer is the one a producer waits for), the querier's
+    around the reader's kills, the consumer's around the dispatcher's."""
+    series = [r[-1] for r in reports if r[0] == "producer"]
+    watched = {"reader": [r[-1] for r in reports if r[0] == "querier"],
+               "dispatcher": [r[-1] for r in reports if r[0] == "consumer"]}
+    longest: dict[str, float] = {}
+    for victim, at in kill_times:
+        for times in series + watched.get(victim, []):
+            gap = pause_around(times, at)
+            if gap is not None:
+                longest[victim] = round(max(longest.get(victim, 0.0), gap), 2)
+    return longest
 
 
 def run(minutes: float, seed: int) -> dict:
@@ -124,6 +159,7 @@ def run(minutes: float, seed: int) -> dict:
     for w in workers:
         w.start()
     kills = {name: 0 for name in PROCESS_NAMES}
+    kill_times: list[tuple[str, float]] = []
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(rng.uniform(2, 5))
@@ -133,6 +169,7 @@ def run(minutes: float, seed: int) -> dict:
             try:
                 os.kill(pid, signal.SIGKILL)
                 kills[victim] += 1
+                kill_times.append((victim, time.monotonic()))
             except ProcessLookupError:
                 pass
     reports = [out.get(timeout=120) for _ in workers]
@@ -171,6 +208,7 @@ def run(minutes: float, seed: int) -> dict:
         "minutes": round(elapsed / 60, 2), "acknowledged": len(acked),
         "stored": sum(stored.values()), "acks_per_s": round(len(acked) / elapsed),
         "longest_ack_pause_s": round(max(r[3] for r in reports if r[0] == "producer"), 2),
+        "longest_pause_s_per_killed_process": pauses_per_process(kill_times, reports),
         "kills": kills, "restarts": restarts,
         "consumer_seen": consumer_report[2], "consumer_duplicates": consumer_report[3],
         "queries": querier_report[2], "queries_found": querier_report[3],
