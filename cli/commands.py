@@ -2,7 +2,9 @@
 query.
 
 They share the exit codes of ``cli.main``: 0 success, 1 a step failed, 2 bad usage,
-3 the store cannot be reached or opened.
+3 the store cannot be reached or opened, 4 a topic or consumer group named does not
+exist in the store (``client.topics``: "no topic T in this store (topics: ...; did you
+mean X?)").
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from rocketstore.procs.cleaner import clean_now_path
 from rocketstore.client import Consumer, Producer, ReaderClient
 from rocketstore.wire import endpoints
 from rocketstore.client import group_offsets
-from rocketstore.client.consumer import check_names
+from rocketstore.client.consumer import check_group, check_names
+from rocketstore.client.topics import require_topic
 from rocketstore.procs.service import configure_logging
 from rocketstore.procs.status import store_status
 from rocketstore.procs.supervisor import Supervisor, load_process_configs
@@ -28,7 +31,7 @@ from rocketstore.shm.positions import PositionTable, PositionTableAccessError, P
 from rocketstore.storage import Message, StoreConfig
 from rocketstore.storage.validation import check_topic
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + offset
 
 
@@ -162,14 +165,19 @@ def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
 # ------------------------------------------------------------------------------ consume
 def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     """Print messages of a topic for a consumer group, committing as it goes; with
-    ``--follow`` keep waiting for new ones until Ctrl-C."""
+    ``--follow`` keep waiting for new ones until Ctrl-C, and for the topic to appear
+    when it does not exist yet (without: ``TopicNotExistError``, exit 4)."""
     try:
         check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "consume", str(e))
     count, outcome = 0, EXIT_OK
     with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
-                  from_where=args.from_where, tags=args.tags) as consumer:
+                  from_where=args.from_where, tags=args.tags,
+                  wait_for_topic=args.follow) as consumer:
+        if consumer.topic_missing is not None:
+            print(f"rocketstore consume: {consumer.topic_missing}; waiting for it to "
+                  "appear (Ctrl-C stops)", file=sys.stderr, flush=True)
         try:
             while args.max is None or count < args.max:
                 want = 256 if args.max is None else min(256, args.max - count)
@@ -208,9 +216,6 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
         return usage_error(args, "offsets", str(e))
     store = config.store_path_root_dir
     rows = group_offsets.describe(store, args.group, args.topic, target, args.queue)
-    if not rows:
-        return say_failure(args, EXIT_FAILED, f"topic {args.topic!r} has no queues in this "
-                           "store", error="NoQueues", command="offsets")
     write = target is not None and not args.dry_run
     try:
         if write:
@@ -282,9 +287,20 @@ def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
     for m in found:
         print(json.dumps(m.to_dict()) if args.json else _one_line(m))
     if not found:
+        if args.key is not None:
+            _require_topic(config, args.topic)      # TopicNotExistError: exit 4
         return say_failure(args, EXIT_FAILED, "no message found", error="NotFound",
                            command="query")
     return EXIT_OK
+
+
+def _require_topic(config: StoreConfig, topic: str) -> None:
+    """Raise ``TopicNotExistError`` when the running store has no ``topic``."""
+    table = PositionTable.attach(config.store_path_root_dir)
+    try:
+        require_topic(config.consume_queue_dir, table, topic)
+    finally:
+        table.close()
 
 
 def _one_line(m) -> str:
@@ -351,7 +367,8 @@ def add_parsers(sub, common) -> None:
     co = sub.add_parser("consume", parents=[common], help="read a topic as a consumer group")
     co.add_argument("--group", required=True)
     co.add_argument("--topic", required=True)
-    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+    co.add_argument("--follow", action="store_true",
+                    help="keep waiting for new messages (and for the topic to appear)")
     co.add_argument("--max", type=positive_int, help="stop after N messages")
     co.add_argument("--tags", help="only messages with this tag")
     co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",

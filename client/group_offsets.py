@@ -30,7 +30,8 @@ import datetime
 import re
 
 from rocketstore.client import consumer
-from rocketstore.client.consumer import check_names, read_offsets, store_config
+from rocketstore.client.consumer import check_group, check_names, read_offsets, store_config
+from rocketstore.client.topics import GroupNotExistError, require_topic
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.store_reader import StoreReader
 
@@ -78,13 +79,15 @@ def describe(store_dir: str, group: str, topic: str,
     """Per queue of ``topic`` (or of ``queues``): ``queue``, ``committed`` (None when
     never), ``min_offset``, ``max_offset``, ``lag`` (None when never committed), and with
     ``target`` the ``new`` offset a reset would commit. Raises ``PositionTableError``
-    when the store is not running, ``ValueError`` for a queue the topic does not have."""
+    when the store is not running, ``TopicNotExistError`` for a topic it does not have,
+    ``ValueError`` for a queue the topic does not have."""
     check_names(group, topic)
     config = store_config(store_dir)
     committed = read_offsets(config.config_dir).get(f"{topic}@{group}")
     committed = committed if isinstance(committed, dict) else {}
     table = PositionTable.attach(store_dir)
     try:
+        require_topic(config.consume_queue_dir, table, topic)
         dispatched = table.get(Slot.DISPATCHED)
         with StoreReader(config) as reader:
             known = reader.topics().get(topic, [])

@@ -488,7 +488,7 @@ def test_offsets_shows_the_lag_and_a_reset_moves_where_the_group_reads_next(tmp_
         assert offsets("--reset-to", "yesterday").returncode == 2
         assert offsets("--queue", "7").returncode == 1
         r = run("offsets", "--config", rs.config_path, "--group", "billing", "--topic", "Nope")
-        assert r.returncode == 1 and "no queues" in r.stderr
+        assert r.returncode == 4 and "no topic Nope in this store (topics: Orders)" in r.stderr
 
 
 @pytest.mark.parametrize("text, target", [

@@ -1,0 +1,176 @@
+"""Topics and consumer groups a store does not have, deleting a group, and what ``send``
+prints: against one real store (``rocketstore up``) and the real command line.
+
+Every test uses topics and groups of its own on the module's store. A topic exists once
+a message of it is dispatched (``client.topics``); every command that names one the
+store does not have says so alike ("no topic T in this store (topics: ...)") with exit 4,
+and records nothing of a group for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from rocketstore.client import ClientError, Consumer, Producer, ReaderClient, group_offsets
+from rocketstore.client.consumer import read_offsets
+from rocketstore.client.topics import GroupNotExistError, TopicNotExistError, require_topic
+from rocketstore.shm.positions import PositionTable, Slot
+from rocketstore.storage import Message
+from store_processes import ROOT, WORK_DIR, RunningStore, cli, wait_for
+
+EXIT_NOT_FOUND = 4
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A running store holding Orders (3 queues) and Payments (1 queue)."""
+    with RunningStore(tmp_path_factory.mktemp("names")) as rs:
+        with Producer(rs.store_dir) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message("Orders", b"o%d" % i, queue_id=i % 3) for i in range(9)]
+                + [Message("Payments", b"p%d" % i, queue_id=0) for i in range(4)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        yield rs
+
+
+def run(store: RunningStore, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return cli(*args, "--config", store.config_path, timeout=timeout)
+
+
+def offset_keys(store: RunningStore) -> set[str]:
+    return set(read_offsets(os.path.join(store.store_dir, "config")))
+
+
+def test_the_errors_name_what_there_is_and_guess_a_misspelling():
+    assert str(TopicNotExistError("orders", ["Orders", "Payments"])) == \
+        "no topic orders in this store (topics: Orders, Payments; did you mean Orders?)"
+    assert str(TopicNotExistError("Nothing", [])) == \
+        "no topic Nothing in this store (it has no topics yet)"
+    many = [f"T{i:02d}" for i in range(12)]
+    assert str(TopicNotExistError("T5", many)) == (
+        "no topic T5 in this store (topics: T00, T01, T02, T03, T04, T05, T06, T07, T08, T09 "
+        "and 2 more; did you mean T05?)")
+    assert str(GroupNotExistError("biling", None, ["billing", "audit"])) == \
+        "no consumer group biling in this store (groups: billing, audit; did you mean billing?)"
+    assert str(GroupNotExistError("g", "T", [])) == \
+        "no consumer group g of topic T in this store (it has no groups of T)"
+
+
+def test_every_command_names_a_topic_the_store_does_not_have_alike(store):
+    """consume (was: "consumed 0", exit 0, and 8 queues of NoSuchTopic@g1 in status for
+    good), offsets (was: "has no queues", exit 1) and query (was: "no message found")
+    now all say the same, exit 4, and record nothing of the group."""
+    said = "no topic NoSuchTopic in this store (topics: Orders, Payments)"
+    for args in (("consume", "--group", "g1", "--topic", "NoSuchTopic"),
+                 ("offsets", "--group", "g1", "--topic", "NoSuchTopic"),
+                 ("offsets", "--group", "g1", "--topic", "NoSuchTopic", "--reset-to", "earliest"),
+                 ("query", "--topic", "NoSuchTopic", "--key", "k")):
+        r = run(store, *args)
+        assert r.returncode == EXIT_NOT_FOUND, (args, r.stderr)
+        assert r.stderr.strip() == f"rocketstore {args[0]}: {said}", args
+        assert r.stdout == ""
+    for command in ("consume", "offsets"):
+        r = run(store, command, "--group", "g1", "--topic", "NoSuchTopic", "--json")
+        assert r.returncode == EXIT_NOT_FOUND
+        assert json.loads(r.stdout) == {"error": "TopicNotExistError", "message": said,
+                                        "exit": EXIT_NOT_FOUND}
+    r = run(store, "consume", "--group", "g1", "--topic", "Oders")
+    assert r.stderr.strip() == ("rocketstore consume: no topic Oders in this store (topics: "
+                                "Orders, Payments; did you mean Orders?)")
+    assert not {k for k in offset_keys(store) if k.startswith(("NoSuchTopic@", "Oders@"))}
+    assert not os.path.exists(os.path.join(store.store_dir, "groups", "g1", "NoSuchTopic"))
+    st = json.loads(run(store, "status", "--json").stdout)
+    assert not [k for k in st["consumer_groups"] if k.startswith("NoSuchTopic@")]
+    r = run(store, "query", "--topic", "Orders", "--key", "no-such-key")
+    assert r.returncode == 1 and "no message found" in r.stderr    # the topic is there
+
+
+def test_a_consumer_of_a_topic_the_store_does_not_have(store):
+    """The Python Consumer raises TopicNotExistError at once, leaving nothing behind;
+    with wait_for_topic it subscribes ahead, records nothing until the topic appears,
+    then reads it from its first message even from "latest"; the reader's COMMIT
+    refuses offsets of a topic the store does not have."""
+    with pytest.raises(TopicNotExistError) as raised:
+        Consumer(store.store_dir, "early", "Later")
+    assert (raised.value.topic, raised.value.topics) == ("Later", ["Orders", "Payments"])
+    assert not os.path.exists(os.path.join(store.store_dir, "groups", "early"))
+    with Consumer(store.store_dir, "early", "Later", from_where="latest",
+                  wait_for_topic=True) as c:
+        assert str(c.topic_missing) == str(raised.value)
+        assert c.poll(8, 100) == []
+        c.commit()
+        assert "Later@early" not in offset_keys(store)
+        with Producer(store.store_dir) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message("Later", b"l%d" % i, queue_id=0) for i in range(3)]))
+        got = []
+        while len(got) < 3:
+            batch = c.poll(8, 5000)
+            assert batch, f"the waiting consumer read {len(got)} of 3"
+            got += batch
+        assert [m.body for m in got] == [b"l0", b"l1", b"l2"]
+    assert read_offsets(os.path.join(store.store_dir, "config"))["Later@early"]["0"] == 3
+    with ReaderClient(store.store_dir) as rc:
+        with pytest.raises(ClientError, match="no topic Nowhere in this store"):
+            rc.commit_offsets("remote", "Nowhere", {0: 0})
+    assert "Nowhere@remote" not in offset_keys(store)
+
+
+def test_a_topic_sent_to_before_the_look_is_found_though_dispatch_lags(store):
+    """With the dispatcher stopped, an acknowledged send's topic has no consume queue
+    yet: the look waits for dispatch (bounded) instead of calling the topic missing."""
+    dispatcher = store.child_pid("dispatcher")
+    os.kill(dispatcher, signal.SIGSTOP)
+    try:
+        with Producer(store.store_dir) as p:
+            assert p.send("Fresh", b"f0").ok
+        table = PositionTable.attach(store.store_dir)
+        try:
+            cq_dir = os.path.join(store.store_dir, "consumequeue")
+            with pytest.raises(TopicNotExistError):
+                require_topic(cq_dir, table, "Fresh", wait_ms=200)   # dispatch never came
+        finally:
+            table.close()
+        resume = threading.Timer(0.5, os.kill, (dispatcher, signal.SIGCONT))
+        resume.start()
+        with Consumer(store.store_dir, "fresh", "Fresh") as c:   # waits for dispatch
+            assert [m.body for m in c.poll(8, 5000)] == [b"f0"]
+    finally:
+        os.kill(dispatcher, signal.SIGCONT)
+
+
+def test_consume_follow_waits_for_the_topic_and_says_so(store):
+    """``consume --follow`` of a topic not there yet says it waits for it, then reads
+    it when it appears (before: it waited without a word, for a typo as well)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocketstore.cli", "consume", "--config", store.config_path,
+         "--group", "follower", "--topic", "Announced", "--follow", "--max", "2", "--json"],
+        cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        assert sel.select(timeout=30), "consume --follow said nothing"
+        line = proc.stderr.readline()
+        assert line.startswith("rocketstore consume: no topic Announced in this store (topics: ")
+        assert line.endswith("; waiting for it to appear (Ctrl-C stops)\n")
+        with Producer(store.store_dir) as p:
+            assert all(r.ok for r in p.send_batch(
+                [Message("Announced", b"a%d" % i, queue_id=0) for i in range(2)]))
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert [json.loads(x)["body"] for x in out.splitlines()] == ["a0", "a1"]
+
+
