@@ -1,5 +1,5 @@
 """``rocketstore`` commands for a running store: up, status, send, consume, offsets,
-query.
+delete-group, clean, query.
 
 They share the exit codes of ``cli.main``: 0 success, 1 a step failed, 2 bad usage,
 3 the store cannot be reached or opened, 4 a topic or consumer group named does not
@@ -248,6 +248,30 @@ def _print_offsets(rows: list[dict], with_new: bool) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
 
 
+# ------------------------------------------------------------------------------ delete-group
+def cmd_delete_group(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Forget a consumer group, of one topic or of all (``group_offsets.delete_group``;
+    RocketMQ's ``mqadmin deleteSubGroup``): refused while a consumer of it is live."""
+    try:
+        if args.topic is None:
+            check_group(args.group)
+        else:
+            check_names(args.group, args.topic)
+    except ValueError as e:
+        return usage_error(args, "delete-group", str(e))
+    try:
+        topics = group_offsets.delete_group(config.store_path_root_dir, args.group, args.topic)
+    except group_offsets.GroupActiveError as e:
+        return say_failure(args, EXIT_FAILED, str(e), error="GroupActive",
+                           command="delete-group")
+    if args.json:
+        print(json.dumps({"group": args.group, "deleted": [f"{t}@{args.group}" for t in topics]}))
+    else:
+        print(f"deleted consumer group {args.group} of {', '.join(topics)} (its offsets and "
+              "membership)")
+    return EXIT_OK
+
+
 def _check_running(store_dir: str) -> None:
     """Raise ``PositionTableError`` at once when the store is not running (a request
     to it would wait its whole timeout and then call its outcome unknown)."""
@@ -386,6 +410,11 @@ def add_parsers(sub, common) -> None:
                          "must have no live consumer of the topic")
     of.add_argument("--dry-run", action="store_true", help="show the new offsets, write nothing")
     of.set_defaults(running="offsets")
+    dg = sub.add_parser("delete-group", parents=[common],
+                        help="forget a consumer group: its offsets and membership")
+    dg.add_argument("--group", required=True)
+    dg.add_argument("--topic", help="only of this topic (default: of every topic)")
+    dg.set_defaults(running="delete_group")
     cl = sub.add_parser("clean", parents=[common], help="ask a running store to delete expired files now")
     cl.set_defaults(running="clean")
     q = sub.add_parser("query", parents=[common], help="find messages in a running store")

@@ -5,6 +5,7 @@
     rocketstore send    --topic T --body B [--count N] ...    send to a running store
     rocketstore consume --group G --topic T [--follow]        read from a running store
     rocketstore offsets --group G --topic T [--reset-to X]    a group's lag; move its offsets
+    rocketstore delete-group --group G [--topic T]            forget a consumer group
     rocketstore query   (--key K --topic T | --msg-id ID | --offset N)
     rocketstore demo    [--count N] [--embedded] [--json]     the main job, end to end
     rocketstore pipeline demo [--count N] [--endpoint E]      a Spark job over the store

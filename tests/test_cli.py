@@ -279,7 +279,11 @@ def test_demo_runs_the_multiprocess_store_end_to_end(tmp_path):
         assert set(s["status"]["processes"]) == {"flusher", "writer", "dispatcher", "cleaner",
                                                  "scheduler", "reader"}
         assert [m["queue_offset"] for m in s["query_by_key"]][-1] == 249 + 250 * run_no
+        assert s["group"] in {g["group"] for g in s["status"]["consumer_groups"].values()}
     assert not os.path.exists(os.path.join(d, "abort"))
+    # each run deleted its group: none shows the next run's messages as lag for ever
+    assert json.load(open(os.path.join(d, "config", "consumerOffset.json")))["offsetTable"] == {}
+    assert not os.listdir(os.path.join(d, "groups"))
 
 
 # ------------------------------------------------------------------ usage

@@ -174,3 +174,62 @@ def test_consume_follow_waits_for_the_topic_and_says_so(store):
     assert [json.loads(x)["body"] for x in out.splitlines()] == ["a0", "a1"]
 
 
+def test_delete_group(store):
+    """``delete-group`` (RocketMQ's deleteSubGroup): refuses a group it does not have
+    (exit 4) and one with a live consumer (exit 1, nothing deleted); otherwise its
+    offsets and membership go, status no longer lists it, the other groups stay, and a
+    consumer of it starts afresh."""
+    for group, topic in (("gone", "Orders"), ("gone", "Payments"), ("kept", "Orders")):
+        with Consumer(store.store_dir, group, topic) as c:
+            c.poll(16, 0)                          # the first poll commits where it starts
+    assert {"Orders@gone", "Payments@gone", "Orders@kept"} <= offset_keys(store)
+
+    r = run(store, "delete-group", "--group", "gones")
+    assert r.returncode == EXIT_NOT_FOUND
+    assert r.stderr.startswith("rocketstore delete-group: no consumer group gones in this "
+                               "store (groups: ") and r.stderr.endswith("did you mean gone?)\n")
+    r = run(store, "delete-group", "--group", "kept", "--topic", "Payments", "--json")
+    assert r.returncode == EXIT_NOT_FOUND
+    assert json.loads(r.stdout)["message"] == ("no consumer group kept of topic Payments in "
+                                               "this store (groups of Payments: gone)")
+
+    with Consumer(store.store_dir, "gone", "Orders"):
+        r = run(store, "delete-group", "--group", "gone")
+        assert r.returncode == 1, r.stderr
+        assert "group 'gone' has live consumers (1 of Orders)" in r.stderr
+        assert "stop them first" in r.stderr
+        assert {"Orders@gone", "Payments@gone"} <= offset_keys(store)
+
+    r = run(store, "delete-group", "--group", "gone", "--topic", "Payments", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"group": "gone", "deleted": ["Payments@gone"]}
+    assert "Orders@gone" in offset_keys(store) and "Payments@gone" not in offset_keys(store)
+    r = run(store, "delete-group", "--group", "gone")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "deleted consumer group gone of Orders (its offsets and membership)\n"
+    assert not {k for k in offset_keys(store) if k.endswith("@gone")}
+    assert "Orders@kept" in offset_keys(store)
+    assert not os.path.exists(os.path.join(store.store_dir, "groups", "gone"))
+    st = json.loads(run(store, "status", "--json").stdout)["consumer_groups"]
+    assert "Orders@kept" in st and not [k for k in st if k.endswith("@gone")]
+    with Consumer(store.store_dir, "gone", "Orders") as c:       # afresh: from earliest
+        got = []
+        while len(got) < 9:
+            batch = c.poll(16, 5000)
+            assert batch, f"the new member of the deleted group read {len(got)} of 9"
+            got += batch
+    with pytest.raises(GroupNotExistError):
+        group_offsets.delete_group(store.store_dir, "never")
+
+
+def test_delete_group_forgets_offsets_of_a_topic_the_store_does_not_have(store):
+    """What an earlier version recorded (NoSuchTopic@g1 with 8 queues, for good) can
+    be deleted: the group's offsets exist though the topic does not."""
+    config_dir = os.path.join(store.store_dir, "config")
+    from rocketstore.client.consumer import update_offsets
+    update_offsets(config_dir, "NoSuchTopic@old", {str(q): 0 for q in range(8)})
+    r = run(store, "delete-group", "--group", "old", "--topic", "NoSuchTopic")
+    assert r.returncode == 0, r.stderr
+    assert "NoSuchTopic@old" not in offset_keys(store)
+
+
