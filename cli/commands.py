@@ -150,12 +150,17 @@ def cmd_send(args: argparse.Namespace, config: StoreConfig) -> int:
 
 def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
           failed: int) -> tuple[int, int]:
-    for r in producer.send_batch(batch):
+    """Send ``batch``; one line per message on stdout (``--json``: an object each), a
+    refused one's reason on stderr too."""
+    for m, r in zip(batch, producer.send_batch(batch)):
         if as_json:
-            print(json.dumps({"status": r.status.name, "msg_id": r.msg_id,
+            print(json.dumps({"status": r.status.name, "msg_id": r.msg_id, "topic": m.topic,
                               "queue_id": r.queue_id, "queue_offset": r.queue_offset,
                               "commit_log_offset": r.commit_log_offset, "reason": r.reason}))
-        elif not r.ok:
+        elif r.ok:
+            print(f"{r.status.name} msgId={r.msg_id} {m.topic}/{r.queue_id}#{r.queue_offset} "
+                  f"@{r.commit_log_offset}")
+        else:
             print(f"{r.status.name}: {r.reason}", file=sys.stderr)
         sent += r.ok
         failed += not r.ok

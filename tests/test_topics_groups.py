@@ -233,3 +233,23 @@ def test_delete_group_forgets_offsets_of_a_topic_the_store_does_not_have(store):
     assert "NoSuchTopic@old" not in offset_keys(store)
 
 
+def test_send_prints_each_message_id_queue_and_offset_on_stdout(store):
+    r = run(store, "send", "--topic", "Sent", "--body", "hello", "--count", "2",
+            "--queue-id", "1", "--keys", "sent-key")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["PUT_OK", "PUT_OK"]
+    assert [line.split()[2].split("@")[0] for line in lines] == ["Sent/1#0", "Sent/1#1"]
+    assert r.stderr == "sent 2 message(s), 0 refused\n"
+    msg_ids = [line.split()[1].removeprefix("msgId=") for line in lines]
+    with ReaderClient(store.store_dir) as rc:
+        found = sorted(rc.query_by_key("Sent", "sent-key"), key=lambda m: m.queue_offset)
+    assert [m.msg_id for m in found] == msg_ids
+    assert [f"@{m.commit_log_offset}" for m in found] == [line.split()[3] for line in lines]
+    r = run(store, "send", "--topic", "Sent", "--body", "again", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "PUT_OK" and doc["topic"] == "Sent" and doc["msg_id"]
+    assert isinstance(doc["queue_id"], int) and isinstance(doc["queue_offset"], int)
+
+
