@@ -253,3 +253,27 @@ def test_send_prints_each_message_id_queue_and_offset_on_stdout(store):
     assert isinstance(doc["queue_id"], int) and isinstance(doc["queue_offset"], int)
 
 
+def test_producer_refuses_what_is_not_a_message_at_once(store):
+    """A body where a batch goes (bytes iterate as ints: an AttributeError deep in the
+    encoder, before), a single Message, a list holding something else: a TypeError
+    naming what is expected, and nothing sent."""
+    written = store.slot(Slot.WRITTEN)
+    with Producer(store.store_dir) as p:
+        cases = [(p.send_async, b"payload", "send_async takes a list of Messages, not bytes"),
+                 (p.send_batch, "text", "send_batch takes a list of Messages, not str"),
+                 (p.send_async, Message("Typed", b"x"),
+                  "send_async takes a list of Messages, not one Message: pass [message]"),
+                 (p.send_batch, [Message("Typed", b"x"), b"y"],
+                  "send_batch and send_async take a list of Messages; item 1 is bytes"),
+                 (p.send_async, [Message("Typed", b"x"), 3],
+                  "send_batch and send_async take a list of Messages; item 1 is int"),
+                 (p.send_async, 7, "send_async takes a list of Messages, not int")]
+        for call, arg, said in cases:
+            with pytest.raises(TypeError) as raised:
+                call(arg)
+            assert str(raised.value).startswith(said), raised.value
+        with pytest.raises(TypeError, match=r"takes the body as bytes, not str"):
+            p.send("Typed", "text")
+        assert store.slot(Slot.WRITTEN) == written
+        r = p.send_batch(iter([Message("Typed", b"x", queue_id=0)]))[0]  # any iterable
+        assert r.ok and r.queue_offset == 0
