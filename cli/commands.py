@@ -76,8 +76,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         print(json.dumps(st))
         return EXIT_OK
     pos = st["positions"]
-    print(f"store      {st['store']}  {st['state']}  "
-          f"{'writeable' if st['writeable'] else 'NOT WRITEABLE'}  (supervisor {st['supervisor_pid']})")
+    why = ", ".join(NOT_WRITEABLE_WORDS.get(w, w) for w in st["not_writeable"])
+    print(f"store      {st['store']}  {st['state']}  {st['role']}  "
+          f"{'writeable' if st['writeable'] else f'NOT WRITEABLE ({why})'}  "
+          f"(supervisor {st['supervisor_pid']})")
     print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
           f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
     print(f"disk       {st['disk']['used_ratio']:.1%} used")
@@ -100,6 +102,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
             lag = "-" if v["lag"] is None else v["lag"]
             print(f"    queue {q:<4} committed {committed:<10} max {v['max_offset']:<10} lag {lag}")
     return EXIT_OK
+
+
+NOT_WRITEABLE_WORDS = {"SLAVE": "a slave takes only its master's bytes",
+                       "flush_error": "a flush failed", "disk_full": "disk full"}
 
 
 def _print_replication(ha: dict) -> None:
