@@ -88,7 +88,7 @@ def consumer(store_dir: str, seconds: float, out) -> None:
     """Read the topic as a group for ``seconds``, committing; report duplicates seen."""
     seen, twice, times = set(), 0, []
     deadline = time.monotonic() + seconds
-    with Consumer(store_dir, "soak-readers", TOPIC) as c:
+    with Consumer(store_dir, "soak-readers", TOPIC, wait_for_topic=True) as c:
         while time.monotonic() < deadline:
             try:
                 got = c.poll(256, timeout_ms=200)

@@ -128,7 +128,8 @@ def _latency_consumer(store_dir: str, topic: str, expected, seconds: float, star
     error = ""
     try:
         with Consumer(store_dir, "bench-latency", topic, from_where="latest",
-                      config=_consumer_config(store_dir, True)) as c:
+                      config=_consumer_config(store_dir, True),
+                      wait_for_topic=True) as c:     # subscribed before the first send
             c.poll(1, 0)  # pins every queue's starting point before anything is sent
             start.ready()
             deadline = time.monotonic() + seconds + 10

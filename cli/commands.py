@@ -1,8 +1,10 @@
 """``rocketstore`` commands for a running store: up, status, send, consume, offsets,
-query.
+delete-group, clean, query.
 
 They share the exit codes of ``cli.main``: 0 success, 1 a step failed, 2 bad usage,
-3 the store cannot be reached or opened.
+3 the store cannot be reached or opened, 4 a topic or consumer group named does not
+exist in the store (``client.topics``: "no topic T in this store (topics: ...; did you
+mean X?)").
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from rocketstore.procs.cleaner import clean_now_path
 from rocketstore.client import Consumer, Producer, ReaderClient
 from rocketstore.wire import endpoints
 from rocketstore.client import group_offsets
-from rocketstore.client.consumer import check_names
+from rocketstore.client.consumer import check_group, check_names
+from rocketstore.client.topics import require_topic
 from rocketstore.procs.service import configure_logging
 from rocketstore.procs.status import store_status
 from rocketstore.procs.supervisor import Supervisor, load_process_configs
@@ -28,7 +31,7 @@ from rocketstore.shm.positions import PositionTable, PositionTableAccessError, P
 from rocketstore.storage import Message, StoreConfig
 from rocketstore.storage.validation import check_topic
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + offset
 
 
@@ -73,8 +76,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         print(json.dumps(st))
         return EXIT_OK
     pos = st["positions"]
-    print(f"store      {st['store']}  {st['state']}  "
-          f"{'writeable' if st['writeable'] else 'NOT WRITEABLE'}  (supervisor {st['supervisor_pid']})")
+    why = ", ".join(NOT_WRITEABLE_WORDS.get(w, w) for w in st["not_writeable"])
+    print(f"store      {st['store']}  {st['state']}  {st['role']}  "
+          f"{'writeable' if st['writeable'] else f'NOT WRITEABLE ({why})'}  "
+          f"(supervisor {st['supervisor_pid']})")
     print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
           f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
     print(f"disk       {st['disk']['used_ratio']:.1%} used")
@@ -97,6 +102,10 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
             lag = "-" if v["lag"] is None else v["lag"]
             print(f"    queue {q:<4} committed {committed:<10} max {v['max_offset']:<10} lag {lag}")
     return EXIT_OK
+
+
+NOT_WRITEABLE_WORDS = {"SLAVE": "a slave takes only its master's bytes",
+                       "flush_error": "a flush failed", "disk_full": "disk full"}
 
 
 def _print_replication(ha: dict) -> None:
@@ -147,12 +156,17 @@ def cmd_send(args: argparse.Namespace, config: StoreConfig) -> int:
 
 def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
           failed: int) -> tuple[int, int]:
-    for r in producer.send_batch(batch):
+    """Send ``batch``; one line per message on stdout (``--json``: an object each), a
+    refused one's reason on stderr too."""
+    for m, r in zip(batch, producer.send_batch(batch)):
         if as_json:
-            print(json.dumps({"status": r.status.name, "msg_id": r.msg_id,
+            print(json.dumps({"status": r.status.name, "msg_id": r.msg_id, "topic": m.topic,
                               "queue_id": r.queue_id, "queue_offset": r.queue_offset,
                               "commit_log_offset": r.commit_log_offset, "reason": r.reason}))
-        elif not r.ok:
+        elif r.ok:
+            print(f"{r.status.name} msgId={r.msg_id} {m.topic}/{r.queue_id}#{r.queue_offset} "
+                  f"@{r.commit_log_offset}")
+        else:
             print(f"{r.status.name}: {r.reason}", file=sys.stderr)
         sent += r.ok
         failed += not r.ok
@@ -162,14 +176,19 @@ def _send(producer: Producer, batch: list[Message], as_json: bool, sent: int,
 # ------------------------------------------------------------------------------ consume
 def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     """Print messages of a topic for a consumer group, committing as it goes; with
-    ``--follow`` keep waiting for new ones until Ctrl-C."""
+    ``--follow`` keep waiting for new ones until Ctrl-C, and for the topic to appear
+    when it does not exist yet (without: ``TopicNotExistError``, exit 4)."""
     try:
         check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "consume", str(e))
     count, outcome = 0, EXIT_OK
     with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
-                  from_where=args.from_where, tags=args.tags) as consumer:
+                  from_where=args.from_where, tags=args.tags,
+                  wait_for_topic=args.follow) as consumer:
+        if consumer.topic_missing is not None:
+            print(f"rocketstore consume: {consumer.topic_missing}; waiting for it to "
+                  "appear (Ctrl-C stops)", file=sys.stderr, flush=True)
         try:
             while args.max is None or count < args.max:
                 want = 256 if args.max is None else min(256, args.max - count)
@@ -208,9 +227,6 @@ def cmd_offsets(args: argparse.Namespace, config: StoreConfig) -> int:
         return usage_error(args, "offsets", str(e))
     store = config.store_path_root_dir
     rows = group_offsets.describe(store, args.group, args.topic, target, args.queue)
-    if not rows:
-        return say_failure(args, EXIT_FAILED, f"topic {args.topic!r} has no queues in this "
-                           "store", error="NoQueues", command="offsets")
     write = target is not None and not args.dry_run
     try:
         if write:
@@ -241,6 +257,30 @@ def _print_offsets(rows: list[dict], with_new: bool) -> None:
     widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
     for line in [names] + cells:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+
+
+# ------------------------------------------------------------------------------ delete-group
+def cmd_delete_group(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Forget a consumer group, of one topic or of all (``group_offsets.delete_group``;
+    RocketMQ's ``mqadmin deleteSubGroup``): refused while a consumer of it is live."""
+    try:
+        if args.topic is None:
+            check_group(args.group)
+        else:
+            check_names(args.group, args.topic)
+    except ValueError as e:
+        return usage_error(args, "delete-group", str(e))
+    try:
+        topics = group_offsets.delete_group(config.store_path_root_dir, args.group, args.topic)
+    except group_offsets.GroupActiveError as e:
+        return say_failure(args, EXIT_FAILED, str(e), error="GroupActive",
+                           command="delete-group")
+    if args.json:
+        print(json.dumps({"group": args.group, "deleted": [f"{t}@{args.group}" for t in topics]}))
+    else:
+        print(f"deleted consumer group {args.group} of {', '.join(topics)} (its offsets and "
+              "membership)")
+    return EXIT_OK
 
 
 def _check_running(store_dir: str) -> None:
@@ -282,9 +322,20 @@ def cmd_query(args: argparse.Namespace, config: StoreConfig) -> int:
     for m in found:
         print(json.dumps(m.to_dict()) if args.json else _one_line(m))
     if not found:
+        if args.key is not None:
+            _require_topic(config, args.topic)      # TopicNotExistError: exit 4
         return say_failure(args, EXIT_FAILED, "no message found", error="NotFound",
                            command="query")
     return EXIT_OK
+
+
+def _require_topic(config: StoreConfig, topic: str) -> None:
+    """Raise ``TopicNotExistError`` when the running store has no ``topic``."""
+    table = PositionTable.attach(config.store_path_root_dir)
+    try:
+        require_topic(config.consume_queue_dir, table, topic)
+    finally:
+        table.close()
 
 
 def _one_line(m) -> str:
@@ -351,7 +402,8 @@ def add_parsers(sub, common) -> None:
     co = sub.add_parser("consume", parents=[common], help="read a topic as a consumer group")
     co.add_argument("--group", required=True)
     co.add_argument("--topic", required=True)
-    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+    co.add_argument("--follow", action="store_true",
+                    help="keep waiting for new messages (and for the topic to appear)")
     co.add_argument("--max", type=positive_int, help="stop after N messages")
     co.add_argument("--tags", help="only messages with this tag")
     co.add_argument("--from-where", choices=("earliest", "latest"), default="earliest",
@@ -369,6 +421,11 @@ def add_parsers(sub, common) -> None:
                          "must have no live consumer of the topic")
     of.add_argument("--dry-run", action="store_true", help="show the new offsets, write nothing")
     of.set_defaults(running="offsets")
+    dg = sub.add_parser("delete-group", parents=[common],
+                        help="forget a consumer group: its offsets and membership")
+    dg.add_argument("--group", required=True)
+    dg.add_argument("--topic", help="only of this topic (default: of every topic)")
+    dg.set_defaults(running="delete_group")
     cl = sub.add_parser("clean", parents=[common], help="ask a running store to delete expired files now")
     cl.set_defaults(running="clean")
     q = sub.add_parser("query", parents=[common], help="find messages in a running store")

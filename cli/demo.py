@@ -3,7 +3,9 @@
 By default it runs the multiprocess store: it starts ``rocketstore up`` as a child
 process, sends a few thousand messages through a Producer (pipelined batches), consumes
 every one of them with a Consumer reading the mapped files, looks one up by key through
-the reader socket, prints the store's status, and stops the store cleanly.
+the reader socket, prints the store's status, deletes its consumer group (each run
+reads as a group of its own, from what it sends: left behind, each would show the
+next run's messages as lag for ever), and stops the store cleanly.
 ``--embedded`` does the same in one process with ``storage.MessageStore``.
 
 Both create the store with 64 MiB CommitLog files (not RocketMQ's 1 GiB) when it does
@@ -18,7 +20,7 @@ import os
 import signal
 import time
 
-from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.client import Consumer, Producer, ReaderClient, group_offsets
 from rocketstore.procs.launch import create_store, start_up
 from rocketstore.procs.status import store_status
 from rocketstore.storage import Message, MessageStore, StoreConfig, StoreError
@@ -59,8 +61,10 @@ def run_pipeline(args: argparse.Namespace, cfg: StoreConfig) -> int:
 
 
 def _exchange(store_dir: str, count: int) -> dict:
-    with Consumer(store_dir, f"demo-{os.getpid()}", TOPIC, from_where="latest") as consumer, \
-            Producer(store_dir) as producer:
+    group = f"demo-{os.getpid()}"
+    # the first run subscribes before the topic's first message: it waits for the topic
+    with Consumer(store_dir, group, TOPIC, from_where="latest",
+                  wait_for_topic=True) as consumer, Producer(store_dir) as producer:
         consumer.poll(1, 0)  # pins each queue's starting point before anything is sent
         t = time.perf_counter()
         pending = [producer.send_async(batch) for batch in _chunks(demo_messages(count), 256)]
@@ -76,7 +80,9 @@ def _exchange(store_dir: str, count: int) -> dict:
     with ReaderClient(store_dir) as reader:
         by_key = reader.query_by_key(TOPIC, f"order-{count - 1}")
     status = store_status(store_dir)
+    group_offsets.delete_group(store_dir, group)
     return {"store": os.path.abspath(store_dir), "sent": sent, "consumed": len(got),
+            "group": group,
             "in_order": _in_order(got), "send_per_s": round(sent / send_s) if send_s else None,
             "consume_per_s": round(len(got) / consume_s) if consume_s > 0 else None,
             "query_by_key": [m.to_dict() for m in by_key], "status": status}
@@ -99,7 +105,8 @@ def _print_pipeline(s: dict, log_path: str) -> None:
     print(f"store       {s['store']}  (processes' log: {log_path})")
     print(f"sent        {s['sent']} messages to {TOPIC} (4 queues), {s['send_per_s']}/s")
     print(f"consumed    {s['consumed']} of them from the mapped files, "
-          f"{'each queue in order' if s['in_order'] else 'OUT OF ORDER'}, {s['consume_per_s']}/s")
+          f"{'each queue in order' if s['in_order'] else 'OUT OF ORDER'}, {s['consume_per_s']}/s"
+          f" (group {s['group']}, deleted when done)")
     for m in s["query_by_key"]:
         print(f"by key      {m['keys']} -> {m['msg_id']} queue {m['queue_id']} "
               f"offset {m['queue_offset']}: {m.get('body')!r}")

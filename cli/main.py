@@ -5,6 +5,7 @@
     rocketstore send    --topic T --body B [--count N] ...    send to a running store
     rocketstore consume --group G --topic T [--follow]        read from a running store
     rocketstore offsets --group G --topic T [--reset-to X]    a group's lag; move its offsets
+    rocketstore delete-group --group G [--topic T]            forget a consumer group
     rocketstore query   (--key K --topic T | --msg-id ID | --offset N)
     rocketstore demo    [--count N] [--embedded] [--json]     the main job, end to end
     rocketstore pipeline demo [--count N] [--endpoint E]      a Spark job over the store
@@ -20,8 +21,9 @@ existing store is opened with the file sizes it was created with.
 
 Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
 2 bad usage; 3 the store cannot be opened or is not running (locked, corrupt,
-misconfigured). With ``--json`` a failure is also ``{"error", "message", "exit"}`` on
-stdout.
+misconfigured); 4 a topic or consumer group named does not exist in the store
+(``TopicNotExistError``, ``GroupNotExistError``). With ``--json`` a failure is also
+``{"error", "message", "exit"}`` on stdout.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from rocketstore.wire import curve
 from rocketstore.cli import demo, promote, commands as running_commands
 from rocketstore.procs.status import quarantine_usage
 from rocketstore.client import ClientError
+from rocketstore.client.topics import NotInStoreError
 from rocketstore.shm.positions import PositionTableError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 
 def embedded_config_path() -> str:
@@ -281,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return cmd_running(args) if getattr(args, "running", None) else args.func(args)
+    except NotInStoreError as e:
+        command = getattr(args, "running", None) or args.command
+        return running_commands.say_failure(args, EXIT_NOT_FOUND, str(e),
+                                            error=type(e).__name__,
+                                            command=command.replace("_", "-"))
     except (StoreError, PositionTableError, ClientError) as e:
         return _failed(args, e, f"{type(e).__name__}: {e}", EXIT_STORE)
     except BrokenPipeError:

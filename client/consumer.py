@@ -40,6 +40,15 @@ this process, so a broker's per-pull limits (``max_transfer_count_on_message_in_
 response, do not apply. The reader socket's PULL (``ReaderClient.pull``) keeps them, as
 a broker does.
 
+A topic that does not exist (no message of it dispatched yet: ``client.topics``) makes
+the constructor raise ``TopicNotExistError`` naming the topics there are (RocketMQ's
+clients get "topic route not exist"), before anything of the group is written. With
+``wait_for_topic=True`` a consumer subscribes ahead of the topic's first message
+instead: ``topic_missing`` holds the error it would have raised, ``poll`` returns
+nothing and ``commit`` records nothing until the topic appears, and then it reads the
+topic from its first message whatever ``from_where`` says (every message of a topic
+that appeared after the consumer subscribed is new to it).
+
 Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
 COMMIT takes no other): both become directory names, so anything else raises
 ``ValueError`` before anything is opened. After ``close`` (idempotent) every call but
@@ -74,6 +83,7 @@ from rocketstore.storage.status import GetMessageStatus
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
 from rocketstore.storage import file_modes
+from rocketstore.client.topics import TopicNotExistError, has_topic, require_topic
 
 OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
@@ -85,7 +95,7 @@ class Consumer:
     def __init__(self, store_dir: str, group: str, topic: str, *,
                  config: StoreConfig | None = None, from_where: str = "earliest",
                  tags: list[str] | str | None = None, rebalance_interval_ms: int = 1000,
-                 max_poll_bytes: int = DEFAULT_MAX_POLL_BYTES):
+                 max_poll_bytes: int = DEFAULT_MAX_POLL_BYTES, wait_for_topic: bool = False):
         if from_where not in ("earliest", "latest"):
             raise ValueError("from_where is 'earliest' or 'latest'")
         if max_poll_bytes < 1:
@@ -102,8 +112,11 @@ class Consumer:
         self._lock = threading.RLock()       # one call at a time over the views and offsets
         self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
         self.reader = self.context = self._wakeups = self._member = None
+        self.topic_missing: TopicNotExistError | None = None
         self.table = PositionTable.attach(store_dir)
         try:
+            self.topic_missing = _missing(self.config.consume_queue_dir, self.table, topic,
+                                          wait_for_topic)
             self.reader = StoreReader(self.config)
             self.context = zmq.Context()
             self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
@@ -112,6 +125,7 @@ class Consumer:
         except BaseException:
             self._release()     # a context left open would hang the garbage collector
             raise
+        self._topic_here = self.topic_missing is None   # never False again once True
         self._offsets: dict[int, int] = {}
         self._caught_up: dict[int, int] = {}   # queue -> the DISPATCHED it was read up to
         self._assigned: list[int] = []
@@ -145,6 +159,8 @@ class Consumer:
         DISPATCHED moves, for any topic, every queue is looked at again)."""
         dispatched = self.table.get(Slot.DISPATCHED)
         self.reader.drop_expired(self.table.get(Slot.MIN_OFFSET))   # space comes back
+        if not self._topic_exists():
+            return []
         self._place_new_queues(dispatched)
         out: list[MessageView] = []
         queues = self._assigned[self._turn:] + self._assigned[:self._turn]
@@ -225,8 +241,9 @@ class Consumer:
             self._offsets[q] = int(committed[str(q)])
 
     def _start(self, queue_id: int, dispatched: int) -> int:
-        """Where ``from_where`` puts a queue the group has no offset for."""
-        if self.from_where == "latest":
+        """Where ``from_where`` puts a queue the group has no offset for (a topic that
+        appeared after this consumer subscribed is read from its first message)."""
+        if self.from_where == "latest" and self.topic_missing is None:
             return self.reader.get_max_offset_in_queue(self.topic, queue_id, dispatched)
         return max(0, self.reader.get_min_offset_in_queue(self.topic, queue_id, dispatched))
 
@@ -275,8 +292,15 @@ class Consumer:
             self._check_open()
             self._rebalance_if_due(now=True)
             mine = {str(q): self._offsets[q] for q in self._assigned if q in self._offsets}
-            if mine:
+            if mine and self._topic_exists():
                 update_offsets(self.config.config_dir, self._key, mine)
+
+    def _topic_exists(self) -> bool:
+        """Whether the topic exists, looked at until it does (a topic never goes away):
+        nothing of the group is recorded for a topic that does not."""
+        if not self._topic_here:
+            self._topic_here = has_topic(self.config.consume_queue_dir, self.topic)
+        return self._topic_here
 
     @property
     def _key(self) -> str:
@@ -312,7 +336,7 @@ class Consumer:
     def _hand_over(self, positions: dict[int, int]) -> None:
         """Commit the positions of queues another member now owns, each unless the
         group's committed offset is past it already (the new owner's commit)."""
-        if positions:
+        if positions and self._topic_exists():
             self._merge_committed(lambda held: {
                 str(q): p for q, p in positions.items() if p > int(held.get(str(q), -1))})
 
@@ -392,11 +416,29 @@ def local_read_limits(config: StoreConfig, max_poll_bytes: int) -> StoreConfig:
 def check_names(group: str, topic: str) -> None:
     """Raise ``ValueError`` for a group or topic that is not a name (both become
     directory names)."""
-    if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
-        raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
+    check_group(group)
     bad_topic = check_topic(topic, internal=True)
     if bad_topic:
         raise ValueError(bad_topic)
+
+
+def check_group(group: str) -> None:
+    """Raise ``ValueError`` for a group that is not a name."""
+    if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+        raise ValueError(f"group {group!r} must match [A-Za-z0-9_%|-]{{1,255}}")
+
+
+def _missing(consume_queue_dir: str, table: PositionTable, topic: str,
+             wait_for_topic: bool) -> TopicNotExistError | None:
+    """None when ``topic`` exists; the ``TopicNotExistError`` that says it does not,
+    raised unless ``wait_for_topic``."""
+    try:
+        require_topic(consume_queue_dir, table, topic)
+    except TopicNotExistError as e:
+        if not wait_for_topic:
+            raise
+        return e
+    return None
 
 
 def store_config(store_dir: str) -> StoreConfig:
@@ -428,6 +470,18 @@ def merge_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
     table = doc.setdefault("offsetTable", {})
     table.setdefault(key, {}).update(offsets)
     json_file.persist(path, doc)
+
+
+def remove_offsets(config_dir: str, keys: list[str]) -> None:
+    """Remove the ``topic@group`` ``keys`` from ``consumerOffset.json`` (hold
+    ``offsets_locked``)."""
+    path = os.path.join(config_dir, OFFSET_FILE)
+    doc = json_file.load(path) or {}
+    table = doc.get("offsetTable", {})
+    if any(key in table for key in keys):
+        for key in keys:
+            table.pop(key, None)
+        json_file.persist(path, doc)
 
 
 def read_offsets(config_dir: str) -> dict[str, dict[str, int]]:

@@ -20,17 +20,29 @@ keeps its offsets in memory and its next commit writes them over the reset. So
 after writing: a member that joined meanwhile may have read the old offsets, which the
 error then says.
 
-Needs the store running (the position table bounds every queue at DISPATCHED, as a
-consumer sees it).
+``describe`` and ``reset`` need the store running (the position table bounds every
+queue at DISPATCHED, as a consumer sees it), and raise ``TopicNotExistError`` for a
+topic the store does not have (``client.topics``).
+
+``delete_group`` forgets a group (RocketMQ's ``mqadmin deleteSubGroup`` with its
+offsets): its ``topic@group`` offsets leave ``consumerOffset.json`` and its membership
+directories go, so ``rocketstore status`` no longer lists it and a consumer that joins
+under its name later starts afresh (at ``from_where``). It refuses a group with live
+consumers, as ``reset`` does (their next commit would record the group again), and
+needs no running store. A remote client committing through the reader's COMMIT is
+nobody's member: its next commit records the group again.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import os
 import re
 
 from rocketstore.client import consumer
-from rocketstore.client.consumer import check_names, read_offsets, store_config
+from rocketstore.client.consumer import check_group, check_names, read_offsets, store_config
+from rocketstore.client.topics import GroupNotExistError, require_topic
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.store_reader import StoreReader
 
@@ -78,13 +90,15 @@ def describe(store_dir: str, group: str, topic: str,
     """Per queue of ``topic`` (or of ``queues``): ``queue``, ``committed`` (None when
     never), ``min_offset``, ``max_offset``, ``lag`` (None when never committed), and with
     ``target`` the ``new`` offset a reset would commit. Raises ``PositionTableError``
-    when the store is not running, ``ValueError`` for a queue the topic does not have."""
+    when the store is not running, ``TopicNotExistError`` for a topic it does not have,
+    ``ValueError`` for a queue the topic does not have."""
     check_names(group, topic)
     config = store_config(store_dir)
     committed = read_offsets(config.config_dir).get(f"{topic}@{group}")
     committed = committed if isinstance(committed, dict) else {}
     table = PositionTable.attach(store_dir)
     try:
+        require_topic(config.consume_queue_dir, table, topic)
         dispatched = table.get(Slot.DISPATCHED)
         with StoreReader(config) as reader:
             known = reader.topics().get(topic, [])
@@ -147,3 +161,90 @@ def reset(store_dir: str, group: str, topic: str, rows: list[dict]) -> None:
                                f"{topic!r} joined group {group!r} meanwhile and may "
                                "commit the old ones over them: stop them and reset again",
                                written=True)
+
+
+def delete_group(store_dir: str, group: str, topic: str | None = None) -> list[str]:
+    """Forget consumer ``group`` of ``topic`` (None: of every topic): its offsets and
+    its membership directories. Returns the topics it was forgotten for, sorted.
+
+    Raises ``GroupNotExistError`` when the group has neither offsets nor a membership
+    directory here (of ``topic``), ``GroupActiveError`` when a consumer of it is live:
+    nothing is deleted then (``written`` False). The commits' lock is held throughout,
+    so no commit of the group lands meanwhile; a consumer that joins meanwhile keeps its
+    member file, and the error then says the offsets are gone (``written`` True) but it
+    reads on (its commits record the group again)."""
+    if topic is None:
+        check_group(group)
+    else:
+        check_names(group, topic)
+    config_dir = store_config(store_dir).config_dir
+    with consumer.offsets_locked(config_dir):
+        topics = _topics_of(store_dir, config_dir, group, topic)
+        if not topics:
+            raise GroupNotExistError(group, topic, groups_of(store_dir, topic))
+        live = {t: n for t in topics if (n := len(live_members(store_dir, group, t)))}
+        if live:
+            raise GroupActiveError(f"group {group!r} has live consumers ({_counted(live)});"
+                                   " stop them first (their commits would record it again)")
+        consumer.remove_offsets(config_dir, [f"{t}@{group}" for t in topics])
+        joined = [t for t in topics if not _remove_members_dir(store_dir, group, t)]
+    if joined:
+        raise GroupActiveError(f"offsets of group {group!r} deleted, but consumers of "
+                               f"{', '.join(joined)} joined it meanwhile: their commits "
+                               "record the group again (stop them and delete it again)",
+                               written=True)
+    return topics
+
+
+def _topics_of(store_dir: str, config_dir: str, group: str, topic: str | None) -> list[str]:
+    """The topics ``group`` has offsets or a membership directory of (only ``topic``,
+    when given)."""
+    keyed = {t for t, g in _keys(read_offsets(config_dir)) if g == group}
+    joined = set(_list_dirs(os.path.join(store_dir, consumer.GROUPS_DIR, group)))
+    found = keyed | joined
+    return sorted(found & {topic} if topic is not None else found)
+
+
+def groups_of(store_dir: str, topic: str | None = None) -> list[str]:
+    """Every consumer group the store has (of ``topic``, when given), sorted: those with
+    offsets in consumerOffset.json and those with a membership directory."""
+    config_dir = store_config(store_dir).config_dir
+    groups = {g for t, g in _keys(read_offsets(config_dir)) if topic in (None, t)}
+    root = os.path.join(store_dir, consumer.GROUPS_DIR)
+    groups |= {g for g in _list_dirs(root)
+               if topic is None or os.path.isdir(os.path.join(root, g, topic))}
+    return sorted(groups)
+
+
+def _keys(table: dict) -> list[tuple[str, str]]:
+    """``(topic, group)`` of each ``topic@group`` key."""
+    return [(t, g) for t, _, g in (k.partition("@") for k in table) if g]
+
+
+def _list_dirs(path: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n))]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _counted(live: dict[str, int]) -> str:
+    return ", ".join(f"{n} of {t}" for t, n in sorted(live.items()))
+
+
+def _remove_members_dir(store_dir: str, group: str, topic: str) -> bool:
+    """Remove ``groups/{group}/{topic}`` (dead members' files first), and ``groups/{group}``
+    when that empties it. False when a member file is there (a consumer joined after the
+    look for live ones): it stays, and so does the directory."""
+    directory = consumer.members_dir(store_dir, group, topic)
+    consumer.live_members(directory)       # removes the files of dead members
+    for path in (directory, os.path.dirname(directory)):
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise
+            return path != directory        # the group's directory has other topics
+    return True

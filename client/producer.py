@@ -6,6 +6,10 @@
         r.status.name, r.msg_id, r.queue_id, r.queue_offset, r.commit_log_offset
         pending = p.send_async([Message("Orders", b"..."), ...])   # .result() waits
 
+``send`` takes a topic and a body (bytes); ``send_batch`` and ``send_async`` take a list
+(any iterable) of ``Message`` objects, one frame for all of them. Anything else raises
+``TypeError`` at once, before anything is sent.
+
 Where: a store directory, or ``ipc://`` naming a store or its socket directory
 (``wire.endpoints``), finds the ingest socket. A ``tcp://host:port`` (or an
 ``ipc://...sock``) address is the socket's own: the store's ``listen_port``.
@@ -120,17 +124,26 @@ class Producer:
     def send(self, topic: str, body: bytes, tags: str | None = None,
              keys: Sequence[str] | None = None, properties: dict[str, str] | None = None,
              queue_id: int | None = None, delay_level: int = 0) -> protocol.SendResult:
-        """Send one message and wait for its result."""
+        """Send one message and wait for its result. Raises ``TypeError`` for a body
+        that is not bytes (bytearray, memoryview)."""
+        if not isinstance(body, BODY_TYPES):
+            raise TypeError(f"send(topic, body) takes the body as bytes, not "
+                            f"{type(body).__name__} (a Message goes to send_batch([message]))")
         msg = Message(topic=topic, body=body, tags=tags, keys=list(keys) if keys else None,
                       properties=dict(properties or {}), queue_id=queue_id,
                       delay_level=delay_level)
-        return self.send_batch([msg])[0]
+        return self._send_batch([msg], None)[0]
 
-    def send_batch(self, messages: Sequence[Message],
+    def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
-        """Send messages in one frame; one result each, in order. A message's
-        ``queue_id`` is honoured; set it to None to let the store choose."""
-        pending = self.send_async(messages, first_sequence)
+        """Send a list of ``Message`` in one frame; one result each, in order. A
+        message's ``queue_id`` is honoured; set it to None to let the store choose.
+        Raises ``TypeError`` for anything but an iterable of ``Message``."""
+        return self._send_batch(message_list(messages, "send_batch"), first_sequence)
+
+    def _send_batch(self, messages: list[Message],
+                    first_sequence: int | None) -> list[protocol.SendResult]:
+        pending = self._send_async(messages, first_sequence)
         results = pending.result()
         if self.producer_id:
             self._take_back(pending.first_sequence, results)
@@ -146,18 +159,21 @@ class Producer:
                 self._next_sequence = first + i
                 return
 
-    def send_async(self, messages: Sequence[Message],
+    def send_async(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> "PendingSend":
-        """Send without waiting; at most ``window`` batches stay unanswered (older
-        ones are waited for first). ``result()`` on the returned handle waits.
+        """Send a list of ``Message`` in one frame without waiting; at most ``window``
+        batches stay unanswered (older ones are waited for first). ``result()`` on the
+        returned handle waits.
 
         An idempotent producer numbers the messages from ``first_sequence`` (a resend),
         by default from ``next_sequence``; ``next_sequence`` then becomes at least one
-        past the last. Raises ``ValueError`` for ``first_sequence`` without a producer
-        id, or for a message that does not fit the wire (nothing is sent, no sequence
-        is taken).
+        past the last. Raises ``TypeError`` for anything but an iterable of
+        ``Message``, ``ValueError`` for ``first_sequence`` without a producer id, or for
+        a message that does not fit the wire (nothing is sent, no sequence is taken).
         """
-        messages = list(messages)
+        return self._send_async(message_list(messages, "send_async"), first_sequence)
+
+    def _send_async(self, messages: list[Message], first_sequence: int | None) -> "PendingSend":
         seq = 0
         if self.producer_id:
             seq = self._next_sequence if first_sequence is None else first_sequence
@@ -183,7 +199,9 @@ class Producer:
         as they are. A SEND frame (field by field) when ``wire="messages"``, unless a
         message carries a field SEND cannot (``reconsume_times``,
         ``prepared_transaction_offset``), and when a message cannot be laid out as a
-        record at all (the store then answers it with the status it earns)."""
+        record at all (the store then answers it with the status it earns). An item
+        that is no ``Message`` fails both: ``TypeError`` naming it (looked for only
+        then, so a batch of Messages pays nothing for the look)."""
         if self.wire == "records" or any(_beyond_send(m) for m in messages):
             try:
                 data, offsets = record_batch.encode_records(messages, now_ms(),
@@ -192,7 +210,11 @@ class Producer:
                                                     self.producer_id, seq)
             except _UNENCODABLE:
                 pass
-        return protocol.encode_send(request_id, messages, self.producer_id, seq)
+        try:
+            return protocol.encode_send(request_id, messages, self.producer_id, seq)
+        except Exception:
+            _refuse_other_items(messages)
+            raise
 
     def _settle(self, request_id: int) -> None:
         """Wait for one batch and keep its outcome for its handle's ``result()``."""
@@ -248,6 +270,35 @@ class PendingSend:
         if self._results is None:
             self._results = self._producer._result(self.request_id)
         return self._results
+
+
+BODY_TYPES = (bytes, bytearray, memoryview)
+_NOT_A_BATCH = (Message, *BODY_TYPES, str)
+
+
+def message_list(messages: Iterable[Message], call: str) -> list[Message]:
+    """``messages`` as a list; ``TypeError`` naming what ``call`` expects when it is
+    no iterable, or one Message, or a body (bytes and str are iterables too, of the
+    wrong things: a body given where a batch goes). One ``isinstance``: the items are
+    looked at only if the batch cannot be encoded (``Producer._encode``)."""
+    if isinstance(messages, _NOT_A_BATCH):
+        what = "one Message: pass [message]" if isinstance(messages, Message) else \
+            f"{type(messages).__name__}: a body goes in Message(topic, body), or to " \
+            "send(topic, body)"
+        raise TypeError(f"{call} takes a list of Messages, not {what}")
+    try:
+        return list(messages)
+    except TypeError:
+        raise TypeError(f"{call} takes a list of Messages, not "
+                        f"{type(messages).__name__}") from None
+
+
+def _refuse_other_items(messages: list) -> None:
+    """``TypeError`` naming the first item of a batch that is no ``Message``."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, Message):
+            raise TypeError(f"send_batch and send_async take a list of Messages; item {i} "
+                            f"is {type(m).__name__}")
 
 
 def message_batches(messages: Iterable[Message], size: int) -> Iterable[list[Message]]:

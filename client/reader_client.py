@@ -137,8 +137,9 @@ class ReaderClient:
         nothing.
 
         Raises ``ClientError`` (BAD_REQUEST) for a group or topic name outside
-        ``[A-Za-z0-9_%|-]{1,255}``, a negative queue id or offset, or an offset past the
-        queue's max offset.
+        ``[A-Za-z0-9_%|-]{1,255}``, a topic the store does not have ("no topic T in this
+        store ..."), a negative queue id or offset, or an offset past the queue's max
+        offset.
         """
         rid = self._dealer.next_id()
         protocol.decode_commit_reply(self._ask(

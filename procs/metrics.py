@@ -89,7 +89,8 @@ def _status_metrics(st: dict):
     for s in StoreState:
         state.add_metric([s.name], 1.0 if st["state"] == s.name else 0.0)
     yield state
-    yield _gauge("writeable", "1 while puts are accepted (no flush error, disk not full).",
+    yield _gauge("writeable",
+                 "1 while puts are accepted (not a slave, no flush error, disk not full).",
                  1.0 if st["writeable"] else 0.0)
     positions = GaugeMetricFamily(PREFIX + "position_bytes",
                                   "CommitLog positions from the position table.",

@@ -20,8 +20,8 @@ bytes; the client decodes them.
   their group's offsets are merged in through ``client.consumer.update_offsets`` (the
   same flock and RocketMQ shape local ``Consumer``s use), so a remote group's progress
   sits where a local one's does. It is the one file this process writes; a commit past
-  a queue's max offset, or a bad group or topic name, is refused (BAD_REQUEST) and
-  nothing of it is written.
+  a queue's max offset, of a topic the store does not have (``client.topics``), or with
+  a bad group or topic name, is refused (BAD_REQUEST) and nothing of it is written.
 
 Long polling: a PULL that finds nothing new and carries ``timeout_ms`` > 0 is parked;
 every ARRIVAL of its topic the dispatcher announces (the reader listens to the topics
@@ -47,6 +47,7 @@ import zmq
 
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.client.consumer import update_offsets
+from rocketstore.client.topics import TopicNotExistError, user_topics
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot
@@ -293,6 +294,9 @@ class ReaderService(Service):
         if not TOPIC_PATTERN.fullmatch(req.group):
             _refuse_if(f"group {req.group!r} must match [A-Za-z0-9_%|-]{{1,255}}", rid)
         _refuse_if(check_topic(req.topic, internal=True), rid)
+        if req.offsets and not self.reader.queue_ids(req.topic):
+            _refuse_if(str(TopicNotExistError(req.topic,
+                                              user_topics(self.config.consume_queue_dir))), rid)
         dispatched = self.table.get(Slot.DISPATCHED)
         merged: dict[str, int] = {}
         for queue_id, offset in req.offsets:

@@ -42,7 +42,9 @@ def store_status(store_dir: str) -> dict:
         return {
             "store": os.path.abspath(store_dir),
             "state": StoreState(snap["state"]).name,
-            "writeable": not snap["flush_error"] and not snap["disk_full"],
+            "role": BROKER_ROLES[snap["role"]],
+            "writeable": not not_writeable(snap),
+            "not_writeable": not_writeable(snap),
             "positions": positions,
             "transient_pool_buffers": snap["transient_pool"],
             "dispatch_lag_bytes": written - snap["dispatched"],
@@ -60,6 +62,17 @@ def store_status(store_dir: str) -> dict:
         }
     finally:
         table.close()
+
+
+def not_writeable(snap: dict) -> list[str]:
+    """Why the store takes no sends now, empty when it takes them: ``"SLAVE"`` (a slave
+    takes only its master's bytes), ``"flush_error"``, ``"disk_full"``."""
+    why = ["SLAVE"] if BROKER_ROLES[snap["role"]] == "SLAVE" else []
+    if snap["flush_error"]:
+        why.append("flush_error")
+    if snap["disk_full"]:
+        why.append("disk_full")
+    return why
 
 
 def quarantine_usage(store_dir: str) -> dict:

@@ -24,7 +24,8 @@ processes and their supervisor), ``spark`` and ``cli`` (the ``rocketstore`` comm
 """
 
 from rocketstore.client import (
-    ClientError, Consumer, PendingSend, Producer, ReaderClient, RequestTimeout)
+    ClientError, Consumer, GroupNotExistError, PendingSend, Producer, ReaderClient,
+    RequestTimeout, TopicNotExistError)
 from rocketstore.storage import (
     ASYNC_FLUSH, SYNC_FLUSH, AppendMessageStatus, CleanResult, CorruptRecordError,
     GetMessageResult, GetMessageStatus, Message, MessageExt, MessageStore, PutMessageResult,
@@ -35,9 +36,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ASYNC_FLUSH", "SYNC_FLUSH", "AppendMessageStatus", "CleanResult", "ClientError",
-    "Consumer", "CorruptRecordError", "GetMessageResult", "GetMessageStatus", "Message",
-    "MessageExt", "MessageStore", "PendingSend", "Producer", "PutMessageResult",
-    "PutMessageStatus", "QueryMessageResult", "ReaderClient", "RequestTimeout",
-    "StoreClosedError", "StoreConfig", "StoreConfigError", "StoreError", "StoreFileError",
-    "StoreLockedError",
+    "Consumer", "CorruptRecordError", "GetMessageResult", "GetMessageStatus",
+    "GroupNotExistError", "Message", "MessageExt", "MessageStore", "PendingSend", "Producer",
+    "PutMessageResult", "PutMessageStatus", "QueryMessageResult", "ReaderClient",
+    "RequestTimeout", "StoreClosedError", "StoreConfig", "StoreConfigError", "StoreError",
+    "StoreFileError", "StoreLockedError", "TopicNotExistError",
 ]

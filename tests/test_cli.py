@@ -279,7 +279,11 @@ def test_demo_runs_the_multiprocess_store_end_to_end(tmp_path):
         assert set(s["status"]["processes"]) == {"flusher", "writer", "dispatcher", "cleaner",
                                                  "scheduler", "reader"}
         assert [m["queue_offset"] for m in s["query_by_key"]][-1] == 249 + 250 * run_no
+        assert s["group"] in {g["group"] for g in s["status"]["consumer_groups"].values()}
     assert not os.path.exists(os.path.join(d, "abort"))
+    # each run deleted its group: none shows the next run's messages as lag for ever
+    assert json.load(open(os.path.join(d, "config", "consumerOffset.json")))["offsetTable"] == {}
+    assert not os.listdir(os.path.join(d, "groups"))
 
 
 # ------------------------------------------------------------------ usage
@@ -488,7 +492,7 @@ def test_offsets_shows_the_lag_and_a_reset_moves_where_the_group_reads_next(tmp_
         assert offsets("--reset-to", "yesterday").returncode == 2
         assert offsets("--queue", "7").returncode == 1
         r = run("offsets", "--config", rs.config_path, "--group", "billing", "--topic", "Nope")
-        assert r.returncode == 1 and "no queues" in r.stderr
+        assert r.returncode == 4 and "no topic Nope in this store (topics: Orders)" in r.stderr
 
 
 @pytest.mark.parametrize("text, target", [

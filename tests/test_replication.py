@@ -583,6 +583,25 @@ def test_a_slave_pointed_at_a_socket_that_is_no_ha_port_says_so_and_waits(tmp_pa
         router.close()
 
 
+def test_a_slave_is_not_writeable_in_status_and_says_why(tmp_path):
+    """A SLAVE refuses every send (SERVICE_NOT_AVAILABLE): ``status`` said
+    ``writeable: true`` of it. It now says false, with the role and the reason, and
+    the metrics gauge follows it."""
+    (tmp_path / "slave").mkdir()
+    slave = RunningStore(tmp_path / "slave", broker_role="SLAVE", listen_port=free_port(),
+                         ha_master_address=f"127.0.0.1:{free_port()}", **HA_TIMERS)
+    with slave:
+        r = cli("status", "--config", slave.config_path, "--json")
+        assert r.returncode == 0, r.stderr
+        st = json.loads(r.stdout)
+        assert (st["role"], st["writeable"], st["not_writeable"]) == ("SLAVE", False, ["SLAVE"])
+        first = cli("status", "--config", slave.config_path).stdout.splitlines()[0]
+        assert "  RUNNING  SLAVE  NOT WRITEABLE (a slave takes only its master's bytes)  " \
+            in first, first
+        with Producer(slave.store_dir, timeout_ms=5000) as p:
+            assert p.send("T", b"x").status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+
+
 def test_status_of_replication_shows_each_slave_its_own_ack_and_an_unknown_lag_as_unknown(
         tmp_path):
     """A new, empty slave of a master whose earlier slave acked everything is not

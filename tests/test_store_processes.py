@@ -202,6 +202,9 @@ def test_a_consumer_takes_only_names_and_is_done_after_close(tmp_path):
             with pytest.raises(ValueError):
                 Consumer(rs.store_dir, group, topic)
         assert not os.path.exists(groups) or os.listdir(groups) == []
+        with Producer(rs.store_dir) as p:           # both topics exist
+            assert all(r.ok for r in p.send_batch([Message("Blocked", b"b"),
+                                                   Message(TOPIC, b"t")]))
         os.makedirs(os.path.join(groups, "g"))
         open(os.path.join(groups, "g", "Blocked"), "w").close()    # where its dir must go
         run = subprocess.run([sys.executable, "-c", FAILED_START, rs.store_dir, "Blocked"],
@@ -289,7 +292,8 @@ def test_delayed_message_is_delivered_by_the_scheduler(tmp_path):
         with Producer(rs.store_dir) as p:
             r = p.send(TOPIC, b"later", delay_level=1, queue_id=2)
             assert r.ok
-        with Consumer(rs.store_dir, "g", TOPIC) as c:
+        # the topic's first message is not delivered yet: the topic appears with it
+        with Consumer(rs.store_dir, "g", TOPIC, wait_for_topic=True) as c:
             start = time.monotonic()
             got = []
             while not got and time.monotonic() - start < 30:
