@@ -63,7 +63,7 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         state = "UNKNOWN" if isinstance(e, PositionTableAccessError) else "NOT_RUNNING"
         store = config.store_path_root_dir
         there = os.path.isdir(store)
-        detail = str(e) if there else f"no directory {store}"
+        detail = str(e)      # positions.not_running: no directory, no store, or not running
         if args.json:
             error = type(e).__name__ if there else "NoStore"    # as check names it
             print(json.dumps({"store": store, "state": state, "detail": detail,

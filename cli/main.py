@@ -46,7 +46,7 @@ from rocketstore.cli import demo, promote, commands as running_commands
 from rocketstore.procs.status import quarantine_usage
 from rocketstore.client import ClientError
 from rocketstore.client.topics import NotInStoreError
-from rocketstore.shm.positions import PositionTableError
+from rocketstore.shm.positions import PositionTableError, directory_fault
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -144,10 +144,10 @@ def _format_item(item: dict) -> str:
 # ------------------------------------------------------------------------------ check
 def cmd_check(args: argparse.Namespace) -> int:
     cfg = load_config(args)
-    if not os.path.isdir(cfg.store_path_root_dir) or not _holds_a_store(cfg.store_path_root_dir):
-        return running_commands.say_failure(args, EXIT_STORE,
-                                            f"no store at {cfg.store_path_root_dir}",
-                                            error="NoStore", command="check")
+    fault = directory_fault(cfg.store_path_root_dir)
+    if fault:
+        return running_commands.say_failure(args, EXIT_STORE, fault, error="NoStore",
+                                            command="check")
     with MessageStore(dataclasses.replace(cfg, transient_store_pool_enable=False)) as store:
         problems = store.check()
         status = store.status()
@@ -164,13 +164,6 @@ def cmd_check(args: argparse.Namespace) -> int:
                   "CommitLog, not in any queue (inspect with rocketstore dump; remove "
                   "when done)")
     return EXIT_OK if not problems else EXIT_FAILED
-
-
-def _holds_a_store(path: str) -> bool:
-    """Whether ``path`` holds anything of a store (an empty directory, or one with only
-    ``run/``, does not: opening it would create a store there)."""
-    return any(os.path.exists(os.path.join(path, name))
-               for name in ("commitlog", "checkpoint", "consumequeue", "config"))
 
 
 # Commands whose code lives in a room the command line does not import: the Spark demo

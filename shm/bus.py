@@ -56,19 +56,23 @@ _ARRIVAL_QUEUE = struct.Struct(">iq")
 _MAX_IPC_PATH = 100  # sun_path holds 108 bytes on Linux
 
 
-def run_dir(store_dir: str) -> str:
+def run_dir(store_dir: str, create: bool = True) -> str:
     """Where the store's sockets live: ``{store}/run`` (mode 0700), or a short private
-    directory under /tmp when that path is too long for a Unix socket name."""
+    directory under /tmp when that path is too long for a Unix socket name. Made when
+    missing unless ``create`` is false (a client's lookup, which leaves nothing behind
+    where no store is)."""
     path = os.path.join(os.path.realpath(store_dir), "run")
     if len(path) + 24 > _MAX_IPC_PATH:
         digest = hashlib.sha1(path.encode()).hexdigest()[:16]
         path = f"/tmp/rocketstore-{digest}"
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    if create:
+        os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 
 
-def endpoint(store_dir: str, name: str) -> str:
-    return f"ipc://{run_dir(store_dir)}/{name}.sock"
+def endpoint(store_dir: str, name: str, create: bool = True) -> str:
+    """The address of the store's socket ``name``; ``create``: as ``run_dir``'s."""
+    return f"ipc://{run_dir(store_dir, create)}/{name}.sock"
 
 
 def encode_offset(offset: int) -> bytes:

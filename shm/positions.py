@@ -127,6 +127,7 @@ import posix_ipc
 from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
 from rocketstore.storage.recovery_plan import TableState
 from rocketstore.storage import file_modes
+from rocketstore.storage.config import holds_store
 
 SEGMENT_SIZE = 4096
 MAGIC_VALUE = 0x52534D50_4F530001
@@ -308,6 +309,29 @@ class PositionTableAccessError(PositionTableError):
     """The segment is there, but this user may not open it."""
 
 
+def not_running(store_dir: str, detail: str, up_does: str) -> str:
+    """Why no store runs at ``store_dir``, as every command and client says it: the
+    directory does not exist, holds no store, or holds one that is not running
+    (``detail``: how that shows), with the command that ``up_does`` it."""
+    return directory_fault(store_dir) or (
+        f"no store running at {store_dir}: {detail}; "
+        f"`rocketstore up --store {store_dir}` {up_does} it")
+
+
+def directory_fault(store_dir: str) -> str | None:
+    """What keeps ``store_dir`` from being a store's directory (it does not exist, is
+    a file, or holds no store), with the command that makes a store there; None when
+    it holds one."""
+    up = f"`rocketstore up --store {store_dir}` makes one there"
+    if not os.path.exists(store_dir):
+        return f"no store at {store_dir}: the directory does not exist ({up})"
+    if not os.path.isdir(store_dir):
+        return f"no store at {store_dir}: it is not a directory"
+    if not holds_store(store_dir):
+        return f"no store at {store_dir}: the directory holds no store ({up})"
+    return None
+
+
 class SlotWriteError(Exception):
     """A slot write the table's rules refuse; nothing was stored."""
 
@@ -386,8 +410,9 @@ class PositionTable:
         try:
             memory = posix_ipc.SharedMemory(name, read_only=process is None)
         except posix_ipc.ExistentialError:
-            raise PositionTableError(f"no running store at {store_dir} "
-                                     f"(shared memory {name} does not exist)") from None
+            raise PositionTableError(not_running(
+                store_dir, f"no supervisor runs it (shared memory {name} does not exist)",
+                "starts")) from None
         except posix_ipc.PermissionsError:
             raise PositionTableAccessError(f"cannot open the position table of {store_dir} "
                                      f"(shared memory {name}): permission denied; it is "
@@ -399,9 +424,9 @@ class PositionTable:
         pid = table.get(Slot.SUPERVISOR_PID)
         if not left_behind and not supervisor_alive(pid, table.get(Slot.SUPERVISOR_START)):
             table.close()
-            raise PositionTableError(f"no running store at {store_dir}: its supervisor "
-                                     f"(pid {pid}) is gone and left its table behind; "
-                                     "`rocketstore up` recovers the store")
+            raise PositionTableError(not_running(
+                store_dir, f"its supervisor (pid {pid}) is gone and left its table behind",
+                "recovers"))
         return table
 
     def close(self) -> None:

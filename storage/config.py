@@ -362,6 +362,16 @@ class StoreConfig:
         return os.path.join(self.config_dir, GEOMETRY_FILE)
 
 
+STORE_PARTS = ("commitlog", "checkpoint", "consumequeue", "config")
+
+
+def holds_store(root_dir: str) -> bool:
+    """Whether ``root_dir`` holds anything of a store (one of ``STORE_PARTS``): an empty
+    directory, or one with only ``run/``, does not, and opening it would make a store
+    there."""
+    return any(os.path.exists(os.path.join(root_dir, name)) for name in STORE_PARTS)
+
+
 def recorded_geometry(root_dir: str) -> dict[str, int] | None:
     """The file sizes a store at ``root_dir`` was created with (None if unrecorded)."""
     from rocketstore.storage import json_file

@@ -314,7 +314,8 @@ def test_bad_arguments_exit_2_and_say_why_in_json_too(tmp_path):
     out = json.loads(r.stdout)
     assert r.returncode == 3 and out["exit"] == 3 and out["state"] == "NOT_RUNNING"
     assert out["error"] == "NoStore" and out["message"] == out["detail"] == \
-        f"no directory {store}"
+        f"no store at {store}: the directory does not exist (`rocketstore up --store " \
+        f"{store}` makes one there)"
     r = run("status", "--config", str(tmp_path / "missing.toml"), "--json")
     assert r.returncode == 3 and "cannot read the settings file" in r.stderr
     assert json.loads(r.stdout)["error"] == "StoreConfigError"
@@ -354,14 +355,24 @@ def test_check_of_an_empty_directory_finds_no_store_and_makes_none(tmp_path):
 
 
 def test_send_and_query_to_a_store_not_running_say_so_and_leave_nothing(tmp_path):
-    """Not the whole request timeout and "its outcome is unknown": nothing was sent."""
+    """Not the whole request timeout and "its outcome is unknown": nothing was sent.
+    A missing directory is told from one holding a store that is not running, and
+    each says what `rocketstore up` would do, as the clients say it."""
     missing = tmp_path / "no-such-store"
+    stopped = tmp_path / "stopped"
+    (stopped / "commitlog").mkdir(parents=True)
     for args in (("send", "--topic", "T", "--body", "x"), ("query", "--topic", "T",
-                                                            "--key", "k")):
+                                                            "--key", "k"), ("status",)):
         r = run(*args, "--store", str(missing))
-        assert r.returncode == 3 and "no running store" in r.stderr, (args, r.stderr)
+        assert r.returncode == 3, (args, r.stderr)
+        assert f"no store at {missing}: the directory does not exist (`rocketstore up " \
+            f"--store {missing}` makes one there)" in r.stderr, (args, r.stderr)
         assert "unknown" not in r.stderr
-    assert not missing.exists()
+        r = run(*args, "--store", str(stopped))
+        assert r.returncode == 3, (args, r.stderr)
+        assert f"no store running at {stopped}: no supervisor runs it" in r.stderr, r.stderr
+        assert f"`rocketstore up --store {stopped}` starts it" in r.stderr, r.stderr
+    assert not missing.exists() and os.listdir(stopped) == ["commitlog"]
 
 
 def test_check_says_what_quarantine_holds_after_recovery_cut_records(tmp_path, small_toml):
@@ -578,7 +589,8 @@ def test_a_store_whose_supervisor_was_killed_is_not_running_to_every_command(tmp
     r = run("status", "--config", rs.config_path)
     assert r.returncode == 3 and "not running" in r.stderr
     assert run("clean", "--config", rs.config_path).returncode == 3
-    with pytest.raises(PositionTableError, match="rocketstore up. recovers"):
+    with pytest.raises(PositionTableError, match="is gone and left its table behind; "
+                       "`rocketstore up --store .*` recovers it"):
         Consumer(rs.store_dir, "g", "Gone")
     rs.kill_all()
     with rs:                                                    # up recovers it

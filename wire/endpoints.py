@@ -20,6 +20,7 @@ may would show its IPv4 peers as ``::ffff:a.b.c.d``, so it is set only where nee
 from __future__ import annotations
 
 import os
+import re
 from typing import NamedTuple
 
 import zmq
@@ -37,8 +38,9 @@ def resolve(endpoint: str) -> Endpoints:
     an address of another form."""
     if endpoint.startswith("ipc://"):
         path = endpoint[len("ipc://"):].rstrip("/") or "/"
-        if _is_store_dir(path):
-            return Endpoints(bus.endpoint(path, "ingest"), bus.endpoint(path, "reader"))
+        if is_store_dir(path):
+            return Endpoints(bus.endpoint(path, "ingest", create=False),
+                             bus.endpoint(path, "reader", create=False))
         return Endpoints(f"ipc://{path}/ingest.sock", f"ipc://{path}/reader.sock")
     if endpoint.startswith("tcp://"):
         host, sep, port = endpoint[len("tcp://"):].rpartition(":")
@@ -46,8 +48,19 @@ def resolve(endpoint: str) -> Endpoints:
             raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port with a port "
                              "below 65535 (the reader listens on port + 1)")
         return Endpoints(f"tcp://{host}:{port}", f"tcp://{host}:{int(port) + 1}")
+    meant = tcp_meant(endpoint)
     raise ValueError(f"endpoint {endpoint!r}: expected ipc://DIR (a store or its socket "
-                     "directory) or tcp://host:port")
+                     "directory) or tcp://host:port"
+                     + (f"; did you mean {meant}?" if meant else ""))
+
+
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
+
+
+def tcp_meant(text: str) -> str | None:
+    """``tcp://host:port`` for a ``host:port`` written without its scheme (ZeroMQ
+    takes no address without one); None for anything else."""
+    return f"tcp://{text}" if _HOST_PORT.fullmatch(text) else None
 
 
 def tcp_address(host: str, port: int) -> str:
@@ -74,5 +87,6 @@ def bind_addresses(store_dir: str, name: str, tcp_listen_address: str,
     return addresses
 
 
-def _is_store_dir(path: str) -> bool:
+def is_store_dir(path: str) -> bool:
+    """Whether ``path`` is a store's directory rather than a socket directory."""
     return any(os.path.isdir(os.path.join(path, sub)) for sub in ("config", "commitlog"))
