@@ -51,8 +51,10 @@ that appeared after the consumer subscribed is new to it).
 
 Names and life. A group is named as a topic is, ``[A-Za-z0-9_%|-]{1,255}`` (the reader's
 COMMIT takes no other): both become directory names, so anything else raises
-``ValueError`` before anything is opened. After ``close`` (idempotent) every call but
-``close`` raises ``StoreClosedError``. One consumer may be used from several threads:
+``ValueError`` before anything is opened; a ``store_dir`` where no store runs raises
+``NoStoreError`` (a ``ClientError``) at once, saying whether the directory is missing,
+holds no store, or holds one not running (``client.reach``). After ``close``
+(idempotent) every call but ``close`` raises ``StoreClosedError``. One consumer may be used from several threads:
 its calls take turns, a ``poll`` waiting for messages lets the others in meanwhile, and
 a ``close`` from another thread ends a waiting ``poll`` (which returns nothing) within
 200 ms.
@@ -71,6 +73,7 @@ import uuid
 
 import zmq
 
+from rocketstore.client.reach import running_table
 from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
@@ -113,7 +116,7 @@ class Consumer:
         self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
         self.reader = self.context = self._wakeups = self._member = None
         self.topic_missing: TopicNotExistError | None = None
-        self.table = PositionTable.attach(store_dir)
+        self.table = running_table(store_dir)
         try:
             self.topic_missing = _missing(self.config.consume_queue_dir, self.table, topic,
                                           wait_for_topic)

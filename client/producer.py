@@ -12,7 +12,9 @@
 
 Where: a store directory, or ``ipc://`` naming a store or its socket directory
 (``wire.endpoints``), finds the ingest socket. A ``tcp://host:port`` (or an
-``ipc://...sock``) address is the socket's own: the store's ``listen_port``.
+``ipc://...sock``) address is the socket's own: the store's ``listen_port``. Nothing is
+made there, and a place where no store can be reached is named at once
+(``client.reach``).
 
 A Producer owns its ZeroMQ context and socket and must be used from one thread. A
 request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
@@ -32,7 +34,8 @@ import secrets
 import struct
 from typing import Iterable, Sequence
 
-from rocketstore.client.dealer import ClientError, Dealer, raise_if_error, socket_address
+from rocketstore.client.dealer import ClientError, Dealer, raise_if_error
+from rocketstore.client.reach import locate
 from rocketstore.storage import record_batch
 from rocketstore.storage.message import Message, now_ms
 from rocketstore.wire import protocol
@@ -80,7 +83,14 @@ class Producer:
     A store that serves TCP with CURVE (wire.curve) lets in only authorized clients:
     pass ``curve_server_key`` (the store's public certificate file) and
     ``curve_client_key`` (this client's secret certificate file); a client it refuses
-    sees its requests time out (``RequestTimeout``), and the store logs the refusal.
+    gets ``HandshakeRefusedError`` at its first request, and the store logs the refusal.
+
+    Aimed where no store can be reached, a Producer raises a ``StoreUnreachableError``
+    at once instead of timing out (``client.reach``): ``NoStoreError`` when made, for
+    a directory where no store runs; ``BadAddressError`` for ``host:port`` without
+    ``tcp://``; ``NoListenerError`` or ``HandshakeRefusedError`` at the first
+    request. Nothing it sent reached a store then, and every later call raises the
+    same error.
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
@@ -94,7 +104,7 @@ class Producer:
             raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
         if wire not in WIRE_FORMATS:
             raise ValueError(f"wire {wire!r} is not one of {', '.join(WIRE_FORMATS)}")
-        self._dealer = Dealer(socket_address(store_dir_or_endpoint, "ingest"), timeout_ms,
+        self._dealer = Dealer(locate(store_dir_or_endpoint, "ingest"), timeout_ms,
                                curve_server_key, curve_client_key)
         self.wire = wire
         self.window = window

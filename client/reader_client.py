@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from rocketstore.client.dealer import ClientError, Dealer, raise_if_error, socket_address
+from rocketstore.client.dealer import ClientError, Dealer, raise_if_error
+from rocketstore.client.reach import locate
 from rocketstore.storage.read_path import subscription_tags
 from rocketstore.wire import protocol
 
@@ -30,12 +31,15 @@ class ReaderClient:
 
     Over TCP to a store with CURVE, ``curve_server_key`` (its public certificate) and
     ``curve_client_key`` (this client's secret one) are needed, as for ``Producer``.
+    Where no store can be reached it raises a ``StoreUnreachableError`` at once, as a
+    ``Producer`` does (``client.reach``).
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
                  curve_server_key: str | None = None, curve_client_key: str | None = None):
-        self.address = socket_address(store_dir_or_endpoint, "reader")
-        self._dealer = Dealer(self.address, timeout_ms, curve_server_key, curve_client_key)
+        target = locate(store_dir_or_endpoint, "reader")
+        self.address = target.address
+        self._dealer = Dealer(target, timeout_ms, curve_server_key, curve_client_key)
         self.dispatched: int | None = None
         self.generation: int | None = None
 

@@ -37,9 +37,10 @@ import pyarrow.compute as pc
 from rocketstore.spark.arrow_codec import records_to_batch
 from rocketstore.spark.offsets import DataLossError, QueueBounds, QueueRange
 from rocketstore.wire import endpoints
-from rocketstore.client import ReaderClient
+from rocketstore.client import BadAddressError, ReaderClient
 from rocketstore.client.consumer import store_config, update_offsets
-from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
+from rocketstore.client.reach import running_table
+from rocketstore.shm.positions import Slot
 from rocketstore.storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES
 from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE
 from rocketstore.storage.status import GetMessageStatus
@@ -60,6 +61,19 @@ def open_store(store: str | None, endpoint: str | None, timeout_ms: int = 30_000
     CURVE key files, wire.curve)."""
     return LocalStore(store) if store is not None else RemoteStore(endpoint, timeout_ms,
                                                                     curve)
+
+
+def socket_of(endpoint: str, name: str) -> str:
+    """What a client is given for the ``ingest`` or ``reader`` socket of the
+    ``endpoint`` option (``wire.endpoints``): an ``ipc://`` store or socket directory
+    as it is (the client finds the socket, and for a store directory tells a store not
+    running by its table), a ``tcp://`` one's socket. Raises ``BadAddressError`` (a
+    ``ValueError``) for an endpoint of another form."""
+    try:
+        address = getattr(endpoints.resolve(endpoint), name)
+    except ValueError as e:
+        raise BadAddressError(str(e)) from None
+    return endpoint if endpoint.startswith("ipc://") else address
 
 
 def _loss(problem: str, fail: bool) -> None:
@@ -98,11 +112,7 @@ class LocalStore:
 
     def __init__(self, store_dir: str):
         self.store_dir = store_dir
-        try:
-            self.table = PositionTable.attach(store_dir)
-        except PositionTableError as e:
-            raise PositionTableError(f"the store at {store_dir} is not running (start it "
-                                     f"with `rocketstore up --store {store_dir}`): {e}") from None
+        self.table = running_table(store_dir)      # NoStoreError: says why, and what to run
         self.config = store_config(store_dir)
         self.reader = StoreReader(self.config)
         self.units_per_file = self.config.mapped_file_size_consume_queue // CQ_UNITS.itemsize
@@ -205,8 +215,11 @@ class RemoteStore:
 
     def __init__(self, endpoint: str, timeout_ms: int = 30_000,
                  curve: tuple[str | None, str | None] = (None, None)):
+        """Raises ``BadAddressError`` for an endpoint of another form, and, at its first
+        request, the ``StoreUnreachableError`` its reader socket shows
+        (``client.reach``) rather than waiting ``timeout_ms``."""
         self.endpoint = endpoint
-        self.client = ReaderClient(endpoints.resolve(endpoint).reader, timeout_ms=timeout_ms,
+        self.client = ReaderClient(socket_of(endpoint, "reader"), timeout_ms=timeout_ms,
                                    curve_server_key=curve[0], curve_client_key=curve[1])
 
     def bounds(self, topics: list[str] | None = None,

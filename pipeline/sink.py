@@ -31,6 +31,9 @@ behind it) or not answered in time makes the task wait for everything in flight 
 send again from the first unacknowledged row, with back-off, until ``timeoutMs``; the
 writer drops what it already holds. A row the store refuses for good (MESSAGE_ILLEGAL,
 PROPERTIES_SIZE_EXCEEDED) fails the task with the row's index and the store's reason.
+A task aimed where no store can be reached (no store running at the directory, nothing
+listening at the endpoint, a CURVE handshake refused) fails at once with the client's
+``StoreUnreachableError`` (``client.reach``), as nothing it sent got in.
 
 What a failed job leaves: the rows of tasks that finished stay stored (a message store
 cannot take them back), as with Kafka.
@@ -52,9 +55,8 @@ from pyspark.sql.types import (
     ArrayType, BinaryType, IntegerType, LongType, MapType, ShortType, StringType, StructType)
 
 from rocketstore.spark.options import Options
-from rocketstore.wire import endpoints
+from rocketstore.spark.access import socket_of
 from rocketstore.client import ClientError, Producer, RequestTimeout
-from rocketstore.shm import bus
 from rocketstore.storage.message import Message
 from rocketstore.storage.status import PutMessageStatus
 
@@ -114,9 +116,11 @@ def producer_id_for(*parts: object) -> int:
 
 
 def ingest_address(opts: Options) -> str:
+    """Where a task's Producer sends: the store directory (the Producer finds its
+    ingest socket, or says no store runs there), or the endpoint's ingest socket."""
     if opts.store is not None:
-        return bus.endpoint(opts.store, "ingest")
-    return endpoints.resolve(opts.endpoint).ingest
+        return opts.store
+    return socket_of(opts.endpoint, "ingest")
 
 
 # ------------------------------------------------------------------------------ rows

@@ -1,20 +1,22 @@
 """CURVE on the store's TCP sockets: real key files, a real store, real clients.
 
 A store serving TCP with CURVE lets in clients whose public key it lists and no one
-else: an unlisted key and a plain (NULL mechanism) client get nothing, the refusal is
-in the store's log, and the store goes on serving everyone else. Unix sockets stay
-plain.
+else: an unlisted key and a plain (NULL mechanism) client get nothing, and learn so at
+once from their own side of the failed handshake (HandshakeRefusedError, not a
+timeout); the refusal is in the store's log, and the store goes on serving everyone
+else. Unix sockets stay plain.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 
 from rocketstore.spark.access import RemoteStore
-from rocketstore.client import Producer, ReaderClient, RequestTimeout
+from rocketstore.client import ClientError, HandshakeRefusedError, Producer, ReaderClient
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import StoreConfig
 from rocketstore.storage.errors import StoreConfigError
@@ -56,22 +58,51 @@ def test_only_listed_keys_get_in(tmp_path, keys):
             assert p.send("Safe", b"from this host").status is PutMessageStatus.PUT_OK
         mallory = dict(curve_server_key=k("server.key"),
                        curve_client_key=k("mallory.key_secret"))
-        with Producer(tcp, timeout_ms=1500, **mallory) as p, pytest.raises(RequestTimeout):
-            p.send("Safe", b"from mallory")
-        with Producer(tcp, timeout_ms=1500) as p, pytest.raises(RequestTimeout):
-            p.send("Safe", b"plain")
+        reader = f"tcp://127.0.0.1:{port + 1}"
+        refused = f"the store at {tcp} refused this client's key"
+        requires = "requires CURVE: give curve_server_key"
+        for make, ask, words in (
+                (lambda: Producer(tcp, **mallory), _send, refused),
+                (lambda: Producer(tcp), _send, f"the store at {tcp} {requires}"),
+                (lambda: ReaderClient(reader), _offsets, f"the store at {reader} {requires}"),
+                (lambda: RemoteStore(tcp, 30_000), _bounds, f"the store at {reader} {requires}"),
+                (lambda: Producer(tcp, curve_server_key=k("mallory.key"),    # not the store's
+                                  curve_client_key=k("alice.key_secret")), _send,
+                 "is curve_server_key that store's public certificate?")):
+            error, took = _refused(make, ask)
+            assert isinstance(error, HandshakeRefusedError) and words in str(error), error
+            assert took < 3, (took, error)            # the timeout is 10 s (Spark's 30 s)
         wait_for(lambda: "not in curve_authorized_keys" in store.log()
                  and "handshake on tcp://127.0.0.1" in store.log(), 10,
                  what="both refusals in the log")
-        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", **alice) as rc:
+        with ReaderClient(reader, **alice) as rc:
             offsets = {q.queue_id: q.max_offset for q in rc.offsets(["Safe"])}
         assert sum(offsets.values()) == 2
         with RemoteStore(tcp, 5000, (alice["curve_server_key"], alice["curve_client_key"])) as rs:
             assert sum(b.max_offset for b in rs.bounds(["Safe"])) == 2
-        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", timeout_ms=1500) as rc, \
-                pytest.raises(RequestTimeout):
-            rc.offsets(["Safe"])
         assert store.restarts("writer") == store.restarts("reader") == 0
+
+
+def _send(p):
+    p.send("Safe", b"refused")
+
+
+def _offsets(rc):
+    rc.offsets(["Safe"])
+
+
+def _bounds(rs):
+    rs.bounds(["Safe"])
+
+
+def _refused(make, ask) -> tuple[ClientError, float]:
+    """The error a client made by ``make()`` meets at its first request ``ask``, and
+    the seconds from making it."""
+    start = time.monotonic()
+    with make() as client:
+        with pytest.raises(ClientError) as caught:
+            ask(client)
+    return caught.value, time.monotonic() - start
 
 
 def test_listening_beyond_loopback_needs_curve(keys):

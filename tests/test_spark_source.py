@@ -184,8 +184,18 @@ def test_bad_options_fail_with_a_named_reason(spark, running, options, words):
 
 
 def test_a_store_that_is_not_running_is_named(spark, tmp_path):
-    with pytest.raises(Exception, match="not running"):
+    with pytest.raises(Exception, match="no store at .*: the directory holds no store"):
         read(spark, store=str(tmp_path), topic=ORDERS).collect()
+
+
+def test_an_endpoint_where_nothing_listens_is_named_not_timed_out(spark):
+    """The reader's connection refused: named from the first request, where the
+    driver waited the whole timeoutMs (30 s) and said the outcome was unknown."""
+    port = free_port_pair()
+    with pytest.raises(Exception, match=f"nothing listening at tcp://127.0.0.1:{port + 1}"):
+        read(spark, endpoint=f"tcp://127.0.0.1:{port}", topic=ORDERS).collect()
+    with pytest.raises(Exception, match=f"did you mean tcp://127.0.0.1:{port}"):
+        read(spark, endpoint=f"127.0.0.1:{port}", topic=ORDERS).collect()
 
 
 # ------------------------------------------------------------------------------ streaming
