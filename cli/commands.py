@@ -43,8 +43,9 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
     configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 
-    tcp = (endpoints.tcp_address(config.tcp_listen_address, config.listen_port)
-           + " (ingest, reader on the next port); " if config.tcp_listen_address else "")
+    tcp = (f"TCP ingest {endpoints.tcp_address(config.tcp_listen_address, config.listen_port)}"
+           f", reader {endpoints.tcp_address(config.tcp_listen_address, config.reader_port)}; "
+           if config.tcp_listen_address else "")
 
     def ready() -> None:
         print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "

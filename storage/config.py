@@ -44,6 +44,9 @@ from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
 from rocketstore.storage.errors import StoreConfigError
 
 MIN_COMMIT_LOG_FILE_SIZE = 4096
+# The reader's TCP port, from listen_port: RocketMQ's fast (VIP) port, 10909 beside 10911
+# (ingest) and 10912 (RocketMQ's HA port, listen_port + 1).
+READER_PORT_OFFSET = -2
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
@@ -150,7 +153,8 @@ class StoreConfig:
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     # rocketstore's: also listen on TCP at this address (ingest on listen_port, reader on
-    # listen_port + 1); empty = Unix sockets only. Beyond loopback only with CURVE.
+    # listen_port - 2, RocketMQ's fast port); empty = Unix sockets only. Beyond loopback
+    # only with CURVE.
     tcp_listen_address: str = ""
     # rocketstore's: CURVE on every TCP socket (wire.curve; rocketstore keys makes the
     # files): this store's secret certificate, and the client public certificates (files
@@ -198,6 +202,13 @@ class StoreConfig:
     @property
     def index_file_size(self) -> int:
         return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
+
+    @property
+    def reader_port(self) -> int:
+        """The reader's TCP port (with ``tcp_listen_address``): RocketMQ's fast (VIP)
+        port, ``listen_port - 2``, leaving ``listen_port + 1`` to the HA socket as in
+        RocketMQ (10909, 10911 and 10912 by default)."""
+        return self.listen_port + READER_PORT_OFFSET
 
     @property
     def sync_flush(self) -> bool:
@@ -270,7 +281,7 @@ class StoreConfig:
         taken = {self.ha_listen_port: "the HA socket (ha_listen_port)"}
         if self.tcp_listen_address:
             taken[self.listen_port] = "ingest (listen_port)"
-            taken[self.listen_port + 1] = "the reader (listen_port + 1)"
+            taken[self.reader_port] = "the reader (listen_port - 2)"
         if self.metrics_port and self.metrics_port in taken:
             raise StoreConfigError(f"metrics_port {self.metrics_port} is taken by "
                                    f"{taken[self.metrics_port]}")
@@ -279,8 +290,9 @@ class StoreConfig:
         except ValueError:
             raise StoreConfigError(f"metrics_address {self.metrics_address!r} is not an IP "
                                    "address") from None
-        if not 0 < self.listen_port < 65535:
-            raise StoreConfigError("listen_port must be in 1..65534 (the reader uses port + 1)")
+        if not 1 - READER_PORT_OFFSET <= self.listen_port <= 65535:
+            raise StoreConfigError(f"listen_port must be in {1 - READER_PORT_OFFSET}..65535 "
+                                   "(the reader listens on listen_port - 2)")
         if self.max_index_num < 2:
             raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
         if not 0 < self.disk_max_used_space_ratio <= 100:
@@ -340,9 +352,9 @@ class StoreConfig:
         if not 0 <= self.ha_listen_port < 65536:
             raise StoreConfigError("ha_listen_port must be in 0..65535 (0: no HA socket)")
         if self.tcp_listen_address and self.ha_listen_port in (self.listen_port,
-                                                               self.listen_port + 1):
+                                                               self.reader_port):
             raise StoreConfigError(f"ha_listen_port {self.ha_listen_port} is taken by ingest "
-                                   "(listen_port) or the reader (listen_port + 1)")
+                                   "(listen_port) or the reader (listen_port - 2)")
         for name in ("ha_slave_fallbehind_max", "ha_send_heartbeat_interval",
                      "ha_housekeeping_interval", "ha_transfer_batch_size"):
             if getattr(self, name) <= 0:

@@ -212,13 +212,14 @@ def test_tcp_listening_is_loopback_only_until_curve_is_built():
         StoreConfig(tcp_listen_address="0.0.0.0")
     with pytest.raises(StoreConfigError, match="not an IP address"):
         StoreConfig(tcp_listen_address="db1")
-    with pytest.raises(StoreConfigError, match="listen_port"):
-        StoreConfig(listen_port=65535)
+    with pytest.raises(StoreConfigError, match="listen_port must be in 3..65535"):
+        StoreConfig(listen_port=2)      # the reader would listen on port 0
+    assert StoreConfig(listen_port=65535).reader_port == 65533
 
 
 @pytest.mark.parametrize("settings, owner", [
     (dict(tcp_listen_address="127.0.0.1", listen_port=10911), "ingest"),
-    (dict(tcp_listen_address="127.0.0.1", listen_port=10910), "the reader"),
+    (dict(tcp_listen_address="127.0.0.1", listen_port=10913), "the reader"),
     (dict(ha_listen_port=10911), "the HA socket"),
 ])
 def test_the_metrics_port_may_not_be_another_sockets(settings, owner):

@@ -19,7 +19,7 @@ from rocketstore.shm.positions import Slot
 from rocketstore.storage import StoreConfig
 from rocketstore.storage.errors import StoreConfigError
 from rocketstore.storage.status import PutMessageStatus
-from store_processes import RunningStore, cli, free_port, wait_for
+from store_processes import RunningStore, cli, free_ports, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_keys_are_private_files_never_overwritten(keys):
 
 
 def test_only_listed_keys_get_in(tmp_path, keys):
-    port = free_port()
+    port = free_ports(-2, 0)
     k = lambda name: os.path.join(keys, name)    # noqa: E731
     with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port,
                       curve_server_key=k("server.key_secret"),
@@ -63,12 +63,12 @@ def test_only_listed_keys_get_in(tmp_path, keys):
         wait_for(lambda: "not in curve_authorized_keys" in store.log()
                  and "handshake on tcp://127.0.0.1" in store.log(), 10,
                  what="both refusals in the log")
-        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", **alice) as rc:
+        with ReaderClient(f"tcp://127.0.0.1:{port - 2}", **alice) as rc:
             offsets = {q.queue_id: q.max_offset for q in rc.offsets(["Safe"])}
         assert sum(offsets.values()) == 2
         with RemoteStore(tcp, 5000, (alice["curve_server_key"], alice["curve_client_key"])) as rs:
             assert sum(b.max_offset for b in rs.bounds(["Safe"])) == 2
-        with ReaderClient(f"tcp://127.0.0.1:{port + 1}", timeout_ms=1500) as rc, \
+        with ReaderClient(f"tcp://127.0.0.1:{port - 2}", timeout_ms=1500) as rc, \
                 pytest.raises(RequestTimeout):
             rc.offsets(["Safe"])
         assert store.restarts("writer") == store.restarts("reader") == 0
@@ -105,10 +105,10 @@ def test_a_store_listens_on_ipv6_and_clients_find_every_socket(tmp_path):
         pytest.skip("this host has no IPv6 loopback: listening on ::1 not tried")
     from rocketstore.wire import endpoints
     from rocketstore.client import ClientError
-    port = free_port()
+    port = free_ports(-2, 0)
     with RunningStore(tmp_path, tcp_listen_address="::1", listen_port=port) as store:
         where = endpoints.resolve(f"tcp://[::1]:{port}")
-        assert where == (f"tcp://[::1]:{port}", f"tcp://[::1]:{port + 1}")
+        assert where == (f"tcp://[::1]:{port}", f"tcp://[::1]:{port - 2}")
         with Producer(where.ingest) as p:
             assert p.send("Six", b"over ::1").ok
         with Producer(f"ipc://{store.store_dir}") as p:            # a store's directory

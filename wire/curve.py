@@ -176,9 +176,9 @@ def bind_all(socket: zmq.Socket, addresses: list[str], guard: Guard | None) -> N
             else:
                 socket.bind(address)
         except zmq.ZMQError as e:
-            hint = ("check tcp_listen_address, listen_port (the reader takes the next "
-                    "port) and ha_listen_port" if address.startswith("tcp://") else
-                    "check the store's run directory")
+            hint = ("check tcp_listen_address, listen_port (the reader takes "
+                    "listen_port - 2) and ha_listen_port" if address.startswith("tcp://")
+                    else "check the store's run directory")
             raise ListenError(f"cannot listen on {address}: {e.strerror} ({hint})") from None
 
 
