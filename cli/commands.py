@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-import tomllib
 
 from rocketstore.procs.cleaner import clean_now_path
 from rocketstore.client import Consumer, Producer, ReaderClient
@@ -25,7 +24,7 @@ from rocketstore.client.consumer import check_group, check_names
 from rocketstore.client.topics import require_topic
 from rocketstore.procs.service import configure_logging
 from rocketstore.procs.status import store_status
-from rocketstore.procs.supervisor import Supervisor, load_process_configs
+from rocketstore.procs.supervisor import ProcessConfig, Supervisor
 from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTable, PositionTableAccessError, PositionTableError
 from rocketstore.storage import Message, StoreConfig
@@ -36,10 +35,9 @@ MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + 
 
 
 # ------------------------------------------------------------------------------ up
-def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> int:
+def cmd_up(args: argparse.Namespace, config: StoreConfig,
+           processes: dict[str, ProcessConfig]) -> int:
     """Run the store in the foreground until SIGTERM or Ctrl-C."""
-    with open(config_path, "rb") as f:
-        processes = load_process_configs(tomllib.load(f))
     configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 

@@ -16,8 +16,10 @@
     rocketstore keys    --dir DIR [--client NAME ...]         CURVE key pairs (0600 files)
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
-``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
-existing store is opened with the file sizes it was created with.
+``--store DIR`` (default: the config's store_path_root_dir). Every table and setting of
+the file must exist (``UnknownSettingError`` names the nearest known one), relative
+paths in it are read from its directory, and an existing store is opened with the file
+sizes it was created with unless the file sets others (``GeometryMismatchError``).
 
 Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
 2 bad usage; 3 the store cannot be opened or is not running (locked, corrupt,
@@ -40,10 +42,12 @@ from typing import Iterable
 
 from rocketstore.storage import MessageStore, StoreConfig, StoreConfigError, StoreError
 from rocketstore.storage import dump as dumping
-from rocketstore.storage.config import recorded_geometry, setting_mark
+from rocketstore.storage.config import setting_mark
 from rocketstore.wire import curve
 from rocketstore.cli import demo, promote, commands as running_commands
+from rocketstore.procs import supervisor
 from rocketstore.procs.status import quarantine_usage
+from rocketstore.procs.supervisor import ProcessConfig
 from rocketstore.client import ClientError
 from rocketstore.client.topics import NotInStoreError
 from rocketstore.shm.positions import PositionTableError
@@ -56,25 +60,31 @@ def embedded_config_path() -> str:
 
 
 def load_config(args: argparse.Namespace, **new_store_sizes) -> StoreConfig:
-    """The settings in force: ``--config`` (or the embedded file) and ``--store``.
+    """The store's settings in force (``load_settings``)."""
+    return load_settings(args, **new_store_sizes)[0]
 
-    Without ``--config``, a store that recorded its file sizes is opened with them, and
-    ``new_store_sizes`` apply only to a store being created.
+
+def load_settings(args: argparse.Namespace, **new_store_sizes
+                  ) -> tuple[StoreConfig, dict[str, ProcessConfig]]:
+    """The settings in force, the store's and its processes': ``--config`` (or the
+    embedded file) and ``--store`` (``procs.supervisor.load_settings``).
+
+    Every table and setting of the file must exist; its relative paths are read from
+    its directory. An existing store is opened with the file sizes it recorded unless
+    the file sets them; ``new_store_sizes`` apply to a store being created, where the
+    file sets none.
     """
     path = args.config or embedded_config_path()
     overrides = {"store_path_root_dir": args.store} if args.store else {}
     try:
-        cfg = StoreConfig.from_toml(path, **overrides)
+        cfg, processes = supervisor.load_settings(path, defaults=not args.config,
+                                                  new_store_sizes=new_store_sizes, **overrides)
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise StoreConfigError(f"cannot read the settings file {path}: {e}") from None
     root = cfg.store_path_root_dir
     if os.path.exists(root) and not os.path.isdir(root):
         raise StoreConfigError(f"the store directory {root} is not a directory")
-    if args.config:
-        return cfg
-    recorded = recorded_geometry(cfg.store_path_root_dir)
-    sizes = recorded if recorded else new_store_sizes
-    return dataclasses.replace(cfg, **sizes) if sizes else cfg
+    return cfg, processes
 
 
 def _emit(obj: dict, as_json: bool, text: str | None = None) -> None:
@@ -271,9 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_running(args: argparse.Namespace) -> int:
     """The commands of cli.commands (up, status, send, consume, query)."""
-    config = load_config(args)
+    config, processes = load_settings(args)
     if args.running == "up":
-        return running_commands.cmd_up(args, config, args.config or embedded_config_path())
+        return running_commands.cmd_up(args, config, processes)
     if args.running == "promote":
         return promote.cmd_promote(args, config, args.config)
     return getattr(running_commands, f"cmd_{args.running}")(args, config)

@@ -96,6 +96,7 @@ class RunningStore:
                                         processes, **store)
         self.log_path = str(tmp_path / "up.log")
         self.proc: subprocess.Popen | None = None
+        self.banner = ""            # the line ``up`` printed once every process ran
 
     def start(self, timeout: float = 60, preexec_fn=None) -> "RunningStore":
         """``preexec_fn`` runs in the supervisor's process before it starts."""
@@ -111,6 +112,7 @@ class RunningStore:
             if sel.select(timeout=0.5):
                 line = self.proc.stdout.readline()
                 if line.startswith("rocketstore up:"):
+                    self.banner = line.strip()
                     return self
                 if not line and self.proc.poll() is not None:
                     break
