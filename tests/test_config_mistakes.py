@@ -1,11 +1,11 @@
-"""What a newcomer's first mistakes in a settings file get from the ``rocketstore``
-command: each is answered at once with what to do, against real stores and real
-``rocketstore`` processes.
+"""What a newcomer's first mistakes get from the ``rocketstore`` command: each is answered
+at once with what to do, against real stores and real ``rocketstore`` processes.
 
 A misspelled table or setting stops every command (exit 3, ``UnknownSettingError``,
 the nearest known name); relative paths in a settings file are the file's directory's;
 a store opens with the file sizes it recorded unless the file sets others (then the
-refusal names the recorded ones).
+refusal names the recorded ones); a store directory another process holds is refused
+naming that process, ``demo`` included.
 """
 
 from __future__ import annotations
@@ -131,3 +131,42 @@ def test_a_demo_store_runs_under_a_settings_file_that_sets_no_file_size(tmp_path
     assert ("mapped_file_size_commit_log = 1073741824 is set, the store recorded 67108864"
             in r.stderr)
     assert f"remove mapped_file_size_commit_log from {sized} to open it" in r.stderr
+
+
+def test_a_store_directory_in_use_names_the_process_holding_it(tmp_path):
+    """A second store on a running store's directory (``up``, ``check``, ``demo``) was
+    refused naming only the lock file; ``demo`` said "did not start; see the log"."""
+    with RunningStore(tmp_path) as rs:
+        pid = rs.proc.pid
+        said = (f"store directory {rs.store_dir} is in use by pid {pid} ({sys.executable} -m "
+                f"rocketstore.cli up --config {rs.config_path}), which holds "
+                f"{os.path.join(rs.store_dir, 'lock')}: stop it first (kill {pid}: a clean "
+                "stop), or use another store directory")
+        for args in (("up", "--config", rs.config_path),
+                     ("check", "--config", rs.config_path),
+                     ("demo", "--store", rs.store_dir, "--count", "10"),
+                     ("demo", "--embedded", "--store", rs.store_dir, "--count", "10")):
+            started = time.monotonic()
+            r = cli(*args, timeout=60)
+            assert time.monotonic() - started < 10, args        # not after a wait
+            assert r.returncode == 3, (args, r.stdout, r.stderr)
+            assert r.stderr.strip() == f"rocketstore: StoreLockedError: {said}", args
+        assert not os.path.exists(os.path.join(rs.store_dir, "demo-up.log"))
+        assert rs.proc.poll() is None
+
+
+def test_a_demo_whose_store_does_not_start_says_why(tmp_path):
+    """Whatever stops ``up`` (here a store directory that is a file's place), ``demo``
+    repeats what ``up`` said, not only where its log is."""
+    store = tmp_path / "store"
+    r = cli("demo", "--embedded", "--store", str(store), "--count", "5")
+    assert r.returncode == 0, r.stderr
+    (store / "consumequeue").rename(store / "cq")
+    (store / "consumequeue").write_text("not a directory")
+    r = cli("demo", "--store", str(store), "--count", "5", timeout=180)
+    assert r.returncode == 3, r.stderr
+    log = os.path.join(store, "demo-up.log")
+    assert r.stderr.startswith("rocketstore: StoreError: the store did not start: "), r.stderr
+    assert r.stderr.rstrip().endswith(f"(see {log})")
+    last = [line for line in open(log).read().splitlines() if line.startswith("rocketstore")]
+    assert last and last[-1] in r.stderr
