@@ -41,17 +41,28 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig,
     configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 
-    tcp = (f"TCP ingest {endpoints.tcp_address(config.tcp_listen_address, config.listen_port)}"
-           f", reader {endpoints.tcp_address(config.tcp_listen_address, config.reader_port)}; "
-           if config.tcp_listen_address else "")
-
     def ready() -> None:
-        print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "
-              f"(supervisor pid {os.getpid()}); ingest {bus.endpoint(config.store_path_root_dir, 'ingest')}, "
-              f"reader {bus.endpoint(config.store_path_root_dir, 'reader')}; "
-              f"{tcp}Ctrl-C stops it", flush=True)
+        print(up_banner(config, os.getpid()), flush=True)
 
     return supervisor.run(ready=ready)
+
+
+def up_banner(config: StoreConfig, pid: int) -> str:
+    """The line ``up`` prints once every process runs: where the store is, where clients
+    find it, and how to stop it, whether it runs in the foreground or in the
+    background (``&``: Ctrl-C does not reach it, ``kill PID`` does)."""
+    store = config.store_path_root_dir
+    tcp = ""
+    if config.tcp_listen_address:
+        ingest = endpoints.tcp_address(config.tcp_listen_address, config.listen_port)
+        reader = endpoints.tcp_address(config.tcp_listen_address, config.reader_port)
+        tcp = f"; TCP ingest {ingest}, reader {reader} (clients name {ingest})"
+    if config.ha_listen_port and not config.slave:
+        tcp += "; HA " + endpoints.tcp_address(config.tcp_listen_address or "127.0.0.1",
+                                               config.ha_listen_port)
+    return (f"rocketstore up: store {os.path.abspath(store)} (supervisor pid {pid}); "
+            f"ingest {bus.endpoint(store, 'ingest')}, reader {bus.endpoint(store, 'reader')}"
+            f"{tcp}; stop it with Ctrl-C, or kill {pid} from any shell (a clean stop)")
 
 
 # ------------------------------------------------------------------------------ status

@@ -4,8 +4,10 @@ at once with what to do, against real stores and real ``rocketstore`` processes.
 A misspelled table or setting stops every command (exit 3, ``UnknownSettingError``,
 the nearest known name); relative paths in a settings file are the file's directory's;
 a store opens with the file sizes it recorded unless the file sets others (then the
-refusal names the recorded ones); a store directory another process holds is refused
-naming that process, ``demo`` included.
+refusal names the recorded ones); TCP ports follow RocketMQ's broker (ingest
+``listen_port``, reader ``listen_port - 2``, HA ``listen_port + 1``); a store directory
+another process holds is refused naming that process, ``demo`` included; and ``up``'s
+banner says how to stop it, which works.
 """
 
 from __future__ import annotations
@@ -131,6 +133,37 @@ def test_a_demo_store_runs_under_a_settings_file_that_sets_no_file_size(tmp_path
     assert ("mapped_file_size_commit_log = 1073741824 is set, the store recorded 67108864"
             in r.stderr)
     assert f"remove mapped_file_size_commit_log from {sized} to open it" in r.stderr
+
+
+def test_tcp_ports_are_rocketmqs_broker_ports_and_hold_ha_beside_the_reader(tmp_path):
+    """The reader took listen_port + 1, RocketMQ's HA port: a master with TCP and
+    ``ha_listen_port = listen_port + 1`` (RocketMQ's layout) was refused. The reader is
+    on RocketMQ's fast port, listen_port - 2, and the three listen together."""
+    port = free_ports(-2, 0, 1)
+    with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port,
+                      ha_listen_port=port + 1) as rs:
+        assert (f"TCP ingest tcp://127.0.0.1:{port}, reader tcp://127.0.0.1:{port - 2} "
+                f"(clients name tcp://127.0.0.1:{port}); HA tcp://127.0.0.1:{port + 1}"
+                in rs.banner)
+        with Producer(f"tcp://127.0.0.1:{port}") as p:
+            assert p.send("Ports", b"m", queue_id=1).ok
+        with ReaderClient(f"tcp://127.0.0.1:{port - 2}") as rc:
+            wait_for(lambda: [q.max_offset for q in rc.offsets(["Ports"])
+                              if q.queue_id == 1] == [1], what="the message dispatched")
+        status = json.loads(cli("status", "--config", rs.config_path, "--json").stdout)
+        assert status["ha"]["listen"] == f"tcp://127.0.0.1:{port + 1}"
+
+
+def test_the_banner_says_how_to_stop_the_store_and_that_way_stops_it(tmp_path):
+    """``up &`` (as the README runs it) is not reached by Ctrl-C: the banner names the
+    supervisor's pid to kill, and killing it is a clean stop."""
+    with RunningStore(tmp_path) as rs:
+        pid = rs.proc.pid
+        assert rs.banner.endswith(f"; stop it with Ctrl-C, or kill {pid} from any shell "
+                                  "(a clean stop)")
+        os.kill(pid, signal.SIGTERM)
+        assert rs.proc.wait(60) == 0
+    assert not os.path.exists(os.path.join(rs.store_dir, "abort"))
 
 
 def test_a_store_directory_in_use_names_the_process_holding_it(tmp_path):
