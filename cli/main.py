@@ -219,21 +219,29 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ keys
 def cmd_keys(args: argparse.Namespace) -> int:
-    """CURVE key pairs for a store and its clients (wire.curve)."""
+    """CURVE key pairs for a store and its clients (wire.curve), and the settings that
+    use them: the store's lets in every client made."""
+    clients = args.client or ["client"]
     try:
-        written = curve.make_keys(args.dir, args.client or ["client"])
+        written = curve.make_keys(args.dir, clients)
     except FileExistsError as e:
         print(f"rocketstore keys: {e}", file=sys.stderr)
         return EXIT_FAILED
+    settings = curve.key_settings(args.dir, clients)
     if args.json:
-        print(json.dumps({"files": written}))
+        print(json.dumps({"files": written, **settings}))
         return EXIT_OK
     for path in written:
         print(path)
-    d = args.dir
-    print(f"store:   curve_server_key = \"{d}/server.key_secret\"  curve_authorized_keys = "
-          f"\"{d}/{(args.client or ['client'])[0]}.key\" (a file or a directory of .key files)\n"
-          f"clients: curve_server_key=\"{d}/server.key\" curve_client_key=\"{d}/NAME.key_secret\"")
+    print("\n# the store's [store] table (every client above is let in):")
+    for name, value in settings["store"].items():
+        print(f'{name} = "{value}"')
+    d = os.path.abspath(args.dir)
+    print(f"# each client ({', '.join(clients)}) passes the store's public key and its own "
+          f'secret one:\n#   curve_server_key="{d}/server.key" '
+          f'curve_client_key="{d}/NAME.key_secret"\n#   (Producer and ReaderClient '
+          "arguments; Spark options curveServerKey, curveClientKey; a slave's [store]: "
+          "ha_master_server_key and curve_client_key)")
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ plain.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -40,6 +41,31 @@ def test_keys_are_private_files_never_overwritten(keys):
     r = cli("keys", "--dir", keys)
     assert r.returncode == 1 and "never overwritten" in r.stderr
     assert open(os.path.join(keys, "server.key_secret")).read() == before
+
+
+def test_the_settings_keys_prints_let_every_client_in(tmp_path):
+    """``keys --client slave --client app`` printed curve_authorized_keys naming the
+    first client only: the second was refused with nothing but a timeout. The store
+    lines it prints, pasted as they are, let in every client made."""
+    d = str(tmp_path / "keys")
+    r = cli("keys", "--dir", d, "--client", "slave", "--client", "app")
+    assert r.returncode == 0, r.stderr
+    pasted = dict(line.split(" = ", 1) for line in r.stdout.splitlines()
+                  if line.startswith(("curve_server_key = ", "curve_authorized_keys = ")))
+    assert set(pasted) == {"curve_server_key", "curve_authorized_keys"}
+    store = {k: v.strip('"') for k, v in pasted.items()}
+    assert store["curve_authorized_keys"] == f"{d}/slave.key,{d}/app.key"
+    as_json = cli("keys", "--dir", str(tmp_path / "more"), "--client", "a", "--json")
+    settings = json.loads(as_json.stdout)
+    assert settings["clients"]["a"] == {"curve_server_key": str(tmp_path / "more/server.key"),
+                                        "curve_client_key": str(tmp_path / "more/a.key_secret")}
+    port = free_ports(-2, 0)
+    with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port, **store):
+        for name in ("slave", "app"):
+            with Producer(f"tcp://127.0.0.1:{port}", timeout_ms=5000,
+                          curve_server_key=f"{d}/server.key",
+                          curve_client_key=f"{d}/{name}.key_secret") as p:
+                assert p.send("Both", name.encode()).ok, name
 
 
 def test_only_listed_keys_get_in(tmp_path, keys):

@@ -206,3 +206,19 @@ def make_keys(directory: str, clients: list[str]) -> list[str]:
     finally:
         os.umask(old)
     return written
+
+
+def key_settings(directory: str, clients: list[str]) -> dict:
+    """The settings that use the keys ``make_keys`` made in ``directory``, as absolute
+    paths (a settings file reads relative ones from its own directory): ``store``, the
+    store's ``curve_server_key`` and ``curve_authorized_keys`` naming every client's
+    public key; ``clients``, per client name, the ``curve_server_key`` and
+    ``curve_client_key`` it passes (Producer, ReaderClient; Spark's curveServerKey and
+    curveClientKey)."""
+    d = os.path.abspath(directory)
+    public = ",".join(os.path.join(d, f"{name}.key") for name in clients)
+    return {"store": {"curve_server_key": os.path.join(d, "server.key_secret"),
+                      "curve_authorized_keys": public},
+            "clients": {name: {"curve_server_key": os.path.join(d, "server.key"),
+                               "curve_client_key": os.path.join(d, f"{name}.key_secret")}
+                        for name in clients}}
