@@ -15,7 +15,6 @@ import os
 import re
 import sys
 import time
-import tomllib
 
 from rocketstore.procs.cleaner import clean_now_path
 from rocketstore.client import Consumer, Producer, ReaderClient
@@ -25,7 +24,7 @@ from rocketstore.client.consumer import check_group, check_names
 from rocketstore.client.topics import require_topic
 from rocketstore.procs.service import configure_logging
 from rocketstore.procs.status import store_status
-from rocketstore.procs.supervisor import Supervisor, load_process_configs
+from rocketstore.procs.supervisor import ProcessConfig, Supervisor
 from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTable, PositionTableAccessError, PositionTableError
 from rocketstore.storage import Message, StoreConfig
@@ -36,23 +35,34 @@ MSG_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")    # host (IPv4/IPv6) + 
 
 
 # ------------------------------------------------------------------------------ up
-def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> int:
+def cmd_up(args: argparse.Namespace, config: StoreConfig,
+           processes: dict[str, ProcessConfig]) -> int:
     """Run the store in the foreground until SIGTERM or Ctrl-C."""
-    with open(config_path, "rb") as f:
-        processes = load_process_configs(tomllib.load(f))
     configure_logging(config.store_path_root_dir, "supervisor")   # as its processes log
     supervisor = Supervisor(config, processes)
 
-    tcp = (endpoints.tcp_address(config.tcp_listen_address, config.listen_port)
-           + " (ingest, reader on the next port); " if config.tcp_listen_address else "")
-
     def ready() -> None:
-        print(f"rocketstore up: store {os.path.abspath(config.store_path_root_dir)} "
-              f"(supervisor pid {os.getpid()}); ingest {bus.endpoint(config.store_path_root_dir, 'ingest')}, "
-              f"reader {bus.endpoint(config.store_path_root_dir, 'reader')}; "
-              f"{tcp}Ctrl-C stops it", flush=True)
+        print(up_banner(config, os.getpid()), flush=True)
 
     return supervisor.run(ready=ready)
+
+
+def up_banner(config: StoreConfig, pid: int) -> str:
+    """The line ``up`` prints once every process runs: where the store is, where clients
+    find it, and how to stop it, whether it runs in the foreground or in the
+    background (``&``: Ctrl-C does not reach it, ``kill PID`` does)."""
+    store = config.store_path_root_dir
+    tcp = ""
+    if config.tcp_listen_address:
+        ingest = endpoints.tcp_address(config.tcp_listen_address, config.listen_port)
+        reader = endpoints.tcp_address(config.tcp_listen_address, config.reader_port)
+        tcp = f"; TCP ingest {ingest}, reader {reader} (clients name {ingest})"
+    if config.ha_listen_port and not config.slave:
+        tcp += "; HA " + endpoints.tcp_address(config.tcp_listen_address or "127.0.0.1",
+                                               config.ha_listen_port)
+    return (f"rocketstore up: store {os.path.abspath(store)} (supervisor pid {pid}); "
+            f"ingest {bus.endpoint(store, 'ingest')}, reader {bus.endpoint(store, 'reader')}"
+            f"{tcp}; stop it with Ctrl-C, or kill {pid} from any shell (a clean stop)")
 
 
 # ------------------------------------------------------------------------------ status

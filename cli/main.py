@@ -16,8 +16,10 @@
     rocketstore keys    --dir DIR [--client NAME ...]         CURVE key pairs (0600 files)
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
-``--store DIR`` (default: the config's store_path_root_dir). Without ``--config``, an
-existing store is opened with the file sizes it was created with.
+``--store DIR`` (default: the config's store_path_root_dir). Every table and setting of
+the file must exist (``UnknownSettingError`` names the nearest known one), relative
+paths in it are read from its directory, and an existing store is opened with the file
+sizes it was created with unless the file sets others (``GeometryMismatchError``).
 
 Exit codes: 0 success; 1 the store is inconsistent (``check``) or a step failed;
 2 bad usage; 3 the store cannot be opened or is not running (locked, corrupt,
@@ -40,10 +42,12 @@ from typing import Iterable
 
 from rocketstore.storage import MessageStore, StoreConfig, StoreConfigError, StoreError
 from rocketstore.storage import dump as dumping
-from rocketstore.storage.config import recorded_geometry, setting_mark
+from rocketstore.storage.config import setting_mark
 from rocketstore.wire import curve
 from rocketstore.cli import demo, promote, commands as running_commands
+from rocketstore.procs import supervisor
 from rocketstore.procs.status import quarantine_usage
+from rocketstore.procs.supervisor import ProcessConfig
 from rocketstore.client import ClientError
 from rocketstore.client.topics import NotInStoreError
 from rocketstore.shm.positions import PositionTableError, directory_fault
@@ -56,25 +60,31 @@ def embedded_config_path() -> str:
 
 
 def load_config(args: argparse.Namespace, **new_store_sizes) -> StoreConfig:
-    """The settings in force: ``--config`` (or the embedded file) and ``--store``.
+    """The store's settings in force (``load_settings``)."""
+    return load_settings(args, **new_store_sizes)[0]
 
-    Without ``--config``, a store that recorded its file sizes is opened with them, and
-    ``new_store_sizes`` apply only to a store being created.
+
+def load_settings(args: argparse.Namespace, **new_store_sizes
+                  ) -> tuple[StoreConfig, dict[str, ProcessConfig]]:
+    """The settings in force, the store's and its processes': ``--config`` (or the
+    embedded file) and ``--store`` (``procs.supervisor.load_settings``).
+
+    Every table and setting of the file must exist; its relative paths are read from
+    its directory. An existing store is opened with the file sizes it recorded unless
+    the file sets them; ``new_store_sizes`` apply to a store being created, where the
+    file sets none.
     """
     path = args.config or embedded_config_path()
     overrides = {"store_path_root_dir": args.store} if args.store else {}
     try:
-        cfg = StoreConfig.from_toml(path, **overrides)
+        cfg, processes = supervisor.load_settings(path, defaults=not args.config,
+                                                  new_store_sizes=new_store_sizes, **overrides)
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise StoreConfigError(f"cannot read the settings file {path}: {e}") from None
     root = cfg.store_path_root_dir
     if os.path.exists(root) and not os.path.isdir(root):
         raise StoreConfigError(f"the store directory {root} is not a directory")
-    if args.config:
-        return cfg
-    recorded = recorded_geometry(cfg.store_path_root_dir)
-    sizes = recorded if recorded else new_store_sizes
-    return dataclasses.replace(cfg, **sizes) if sizes else cfg
+    return cfg, processes
 
 
 def _emit(obj: dict, as_json: bool, text: str | None = None) -> None:
@@ -202,21 +212,29 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------ keys
 def cmd_keys(args: argparse.Namespace) -> int:
-    """CURVE key pairs for a store and its clients (wire.curve)."""
+    """CURVE key pairs for a store and its clients (wire.curve), and the settings that
+    use them: the store's lets in every client made."""
+    clients = args.client or ["client"]
     try:
-        written = curve.make_keys(args.dir, args.client or ["client"])
+        written = curve.make_keys(args.dir, clients)
     except FileExistsError as e:
         print(f"rocketstore keys: {e}", file=sys.stderr)
         return EXIT_FAILED
+    settings = curve.key_settings(args.dir, clients)
     if args.json:
-        print(json.dumps({"files": written}))
+        print(json.dumps({"files": written, **settings}))
         return EXIT_OK
     for path in written:
         print(path)
-    d = args.dir
-    print(f"store:   curve_server_key = \"{d}/server.key_secret\"  curve_authorized_keys = "
-          f"\"{d}/{(args.client or ['client'])[0]}.key\" (a file or a directory of .key files)\n"
-          f"clients: curve_server_key=\"{d}/server.key\" curve_client_key=\"{d}/NAME.key_secret\"")
+    print("\n# the store's [store] table (every client above is let in):")
+    for name, value in settings["store"].items():
+        print(f'{name} = "{value}"')
+    d = os.path.abspath(args.dir)
+    print(f"# each client ({', '.join(clients)}) passes the store's public key and its own "
+          f'secret one:\n#   curve_server_key="{d}/server.key" '
+          f'curve_client_key="{d}/NAME.key_secret"\n#   (Producer and ReaderClient '
+          "arguments; Spark options curveServerKey, curveClientKey; a slave's [store]: "
+          "ha_master_server_key and curve_client_key)")
     return EXIT_OK
 
 
@@ -264,9 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_running(args: argparse.Namespace) -> int:
     """The commands of cli.commands (up, status, send, consume, query)."""
-    config = load_config(args)
+    config, processes = load_settings(args)
     if args.running == "up":
-        return running_commands.cmd_up(args, config, args.config or embedded_config_path())
+        return running_commands.cmd_up(args, config, processes)
     if args.running == "promote":
         return promote.cmd_promote(args, config, args.config)
     return getattr(running_commands, f"cmd_{args.running}")(args, config)

@@ -294,7 +294,7 @@ def no_listener(address: str) -> NoListenerError:
                                "store running?")
     return NoListenerError(f"nothing listening at {address}: the connection was refused (or "
                            "the host name is unknown); is the store running there, and is "
-                           "that its port (listen_port for the ingest socket, listen_port + 1 "
+                           "that its port (listen_port for the ingest socket, listen_port - 2 "
                            "for the reader)?")
 
 

@@ -51,7 +51,7 @@ class ReaderClient:
         except ClientError as e:
             if "UNKNOWN_KIND" in str(e) and "expected SEND" in str(e):
                 raise ClientError(f"{self.address} is a store's ingest socket, not its "
-                                  "reader: the reader listens on the next port "
+                                  "reader: the reader listens two ports below it "
                                   "(wire.endpoints.resolve gives both)") from e
             raise
         return reply

@@ -6,7 +6,10 @@
                                         files (reads) and use its ingest socket (writes)
     endpoint               yes   yes    the store's sockets, for executors anywhere:
                                         ``ipc:///path/store/run`` or ``tcp://host:port``
-                                        (``wire.endpoints``); exactly one of store/endpoint
+                                        (the store's listen_port, with tcp_listen_address
+                                        set; the reader is on port - 2: both must be
+                                        reachable; ``wire.endpoints``); exactly one of
+                                        store/endpoint
     topic / topics         yes   yes    one topic / a comma list (write: the default topic
                                         of rows without a ``topic`` column value)
     topicPattern           yes          a regular expression matched against every topic

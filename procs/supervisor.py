@@ -2,7 +2,9 @@
 
 ``rocketstore up`` runs ``Supervisor(...).run()`` in the foreground:
 
-1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml);
+1. read the configuration (``[store]`` and ``[process.NAME]`` of supervisor.toml,
+   ``load_settings``: no unknown table or setting, relative paths from the file's
+   directory, the store's recorded file sizes unless the file sets them);
 2. raise the soft open-files limit to the hard one (``raise_open_files_limit``: every
    file mapped for writing holds two descriptors), take the store's ``lock`` (a second
    ``up`` on the same directory fails at once), recover the files (abnormal recovery
@@ -52,7 +54,6 @@ import os
 import resource
 import signal
 import time
-import tomllib
 from typing import Any
 
 import multiprocess
@@ -67,7 +68,9 @@ from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
     ProcessState, Slot, StoreState, now_ms)
 from rocketstore.storage import StoreConfig, replication
-from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.config import (
+    did_you_mean, read_settings_file, resolve_paths, with_recorded_geometry)
+from rocketstore.storage.errors import StoreConfigError, UnknownSettingError
 from rocketstore.storage.store_lock import remove_abort
 
 log = logging.getLogger(__name__)
@@ -110,21 +113,51 @@ def runs(name: str, config: StoreConfig) -> bool:
 MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
 
 
-def load_process_configs(doc: dict[str, Any]) -> dict[str, ProcessConfig]:
-    """``[process.NAME]`` tables over the defaults; unknown names or keys are errors."""
+def load_process_configs(doc: dict[str, Any], where: str = "") -> dict[str, ProcessConfig]:
+    """``[process.NAME]`` tables over the defaults. Raises ``UnknownSettingError`` for a
+    process or setting that does not exist, naming the nearest known one, and
+    ``StoreConfigError`` for a value the supervisor could not use; ``where`` (the
+    settings file) leads each message."""
     out = {name: dataclasses.replace(cfg) for name, cfg in DEFAULT_PROCESSES.items()}
-    known = {f.name for f in dataclasses.fields(ProcessConfig)}
+    known = [f.name for f in dataclasses.fields(ProcessConfig)]
+    lead = f"{where}: " if where else ""
     for name, table in doc.get("process", {}).items():
         if name not in out:
-            raise StoreConfigError(f"[process.{name}]: no such process "
-                                   f"(known: {', '.join(out)})")
-        unknown = set(table) - known
+            raise UnknownSettingError(
+                f"{lead}[process.{name}]: no such process"
+                f"{did_you_mean(name, list(out), '[process.{}]')} (known: {', '.join(out)})")
+        if not isinstance(table, dict):
+            raise StoreConfigError(f"{lead}process.{name} must be a table: [process.{name}]")
+        unknown = sorted(set(table) - set(known))
         if unknown:
-            raise StoreConfigError(f"[process.{name}]: unknown setting(s) {sorted(unknown)}")
+            raise UnknownSettingError(lead + "; ".join(
+                f"[process.{name}] {key}: no such setting{did_you_mean(key, known)}"
+                for key in unknown))
         for key, value in table.items():
             _check_process_setting(name, key, value)
         out[name] = dataclasses.replace(out[name], **table)
     return out
+
+
+def load_settings(path: str, *, defaults: bool = False, new_store_sizes: dict | None = None,
+                  **overrides: Any) -> tuple[StoreConfig, dict[str, ProcessConfig]]:
+    """The store's settings and its processes' from a settings file: every table and
+    setting checked (``storage.config.read_settings_file``, ``load_process_configs``),
+    relative paths read from the file's directory, and the file sizes the store
+    recorded wherever the file sets none (``with_recorded_geometry``;
+    ``new_store_sizes`` for a store not made yet). ``defaults``: the file is the
+    embedded one, RocketMQ's defaults written out: its paths are the working
+    directory's and it sets no file size.
+
+    Raises ``OSError``, ``tomllib.TOMLDecodeError`` and ``StoreConfigError``.
+    """
+    doc = read_settings_file(path)
+    processes = load_process_configs(doc, path)
+    table = doc.get("store", {})
+    config = StoreConfig.from_mapping(
+        resolve_paths(table, "" if defaults else os.path.dirname(path)), **overrides)
+    return (with_recorded_geometry(config, () if defaults else set(table), path,
+                                   new_store_sizes), processes)
 
 
 _PROCESS_TYPES = {f.name: f.type for f in dataclasses.fields(ProcessConfig)}
@@ -212,10 +245,8 @@ class Supervisor:
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> "Supervisor":
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-        return cls(StoreConfig.from_mapping(doc.get("store", {}), **overrides),
-                   load_process_configs(doc))
+        """A supervisor of the store a settings file describes (``load_settings``)."""
+        return cls(*load_settings(path, **overrides))
 
     # ------------------------------------------------------------------ run
     def run(self, ready=None) -> int:

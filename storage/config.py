@@ -30,20 +30,35 @@ The same settings load from the ``[store]`` table of ``supervisor.toml``
 (``StoreConfig.from_toml``); tests build tiny stores in Python
 (``StoreConfig(store_path_root_dir=d, mapped_file_size_commit_log=8192)``), the way
 RocketMQ's own tests use 8 KiB-10 MiB commitlog files.
+
+A settings file (``read_settings_file``) holds ``[store]`` and the supervisor's
+``[process.NAME]`` tables and nothing else: an unknown table or setting is refused
+(``UnknownSettingError``) with the nearest known name, since a misspelling would leave
+the default in force without a word. Relative paths in a file (``PATH_SETTINGS``) are
+read from the file's own directory (``resolve_paths``). A store keeps the file sizes it
+was created with (``GEOMETRY_FIELDS``, recorded in ``config/storeGeometry.json``):
+``with_recorded_geometry`` opens it with them unless the settings file sets another
+value, which is refused (``GeometryMismatchError``) naming the recorded one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
+import re
 import tomllib
-from typing import Any
+from typing import Any, Collection
 
 from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
-from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.errors import (
+    GeometryMismatchError, StoreConfigError, UnknownSettingError)
 
 MIN_COMMIT_LOG_FILE_SIZE = 4096
+# The reader's TCP port, from listen_port: RocketMQ's fast (VIP) port, 10909 beside 10911
+# (ingest) and 10912 (RocketMQ's HA port, listen_port + 1).
+READER_PORT_OFFSET = -2
 
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
@@ -150,7 +165,8 @@ class StoreConfig:
     broker_ip1: str = "127.0.0.1"
     listen_port: int = 10911
     # rocketstore's: also listen on TCP at this address (ingest on listen_port, reader on
-    # listen_port + 1); empty = Unix sockets only. Beyond loopback only with CURVE.
+    # listen_port - 2, RocketMQ's fast port); empty = Unix sockets only. Beyond loopback
+    # only with CURVE.
     tcp_listen_address: str = ""
     # rocketstore's: CURVE on every TCP socket (wire.curve; rocketstore keys makes the
     # files): this store's secret certificate, and the client public certificates (files
@@ -198,6 +214,13 @@ class StoreConfig:
     @property
     def index_file_size(self) -> int:
         return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
+
+    @property
+    def reader_port(self) -> int:
+        """The reader's TCP port (with ``tcp_listen_address``): RocketMQ's fast (VIP)
+        port, ``listen_port - 2``, leaving ``listen_port + 1`` to the HA socket as in
+        RocketMQ (10909, 10911 and 10912 by default)."""
+        return self.listen_port + READER_PORT_OFFSET
 
     @property
     def sync_flush(self) -> bool:
@@ -270,7 +293,7 @@ class StoreConfig:
         taken = {self.ha_listen_port: "the HA socket (ha_listen_port)"}
         if self.tcp_listen_address:
             taken[self.listen_port] = "ingest (listen_port)"
-            taken[self.listen_port + 1] = "the reader (listen_port + 1)"
+            taken[self.reader_port] = "the reader (listen_port - 2)"
         if self.metrics_port and self.metrics_port in taken:
             raise StoreConfigError(f"metrics_port {self.metrics_port} is taken by "
                                    f"{taken[self.metrics_port]}")
@@ -279,8 +302,9 @@ class StoreConfig:
         except ValueError:
             raise StoreConfigError(f"metrics_address {self.metrics_address!r} is not an IP "
                                    "address") from None
-        if not 0 < self.listen_port < 65535:
-            raise StoreConfigError("listen_port must be in 1..65534 (the reader uses port + 1)")
+        if not 1 - READER_PORT_OFFSET <= self.listen_port <= 65535:
+            raise StoreConfigError(f"listen_port must be in {1 - READER_PORT_OFFSET}..65535 "
+                                   "(the reader listens on listen_port - 2)")
         if self.max_index_num < 2:
             raise StoreConfigError("max_index_num must be at least 2 (entry 0 is never used)")
         if not 0 < self.disk_max_used_space_ratio <= 100:
@@ -297,21 +321,28 @@ class StoreConfig:
     @classmethod
     def from_mapping(cls, table: dict[str, Any], **overrides: Any) -> "StoreConfig":
         """Build from a ``[store]`` table; an unknown key is an error, not ignored."""
-        known = set(cls.field_names())
+        known = cls.field_names()
         merged = {**table, **{k: v for k, v in overrides.items() if v is not None}}
-        unknown = sorted(set(merged) - known)
+        unknown = sorted(set(merged) - set(known))
         if unknown:
-            raise StoreConfigError(f"unknown store setting(s): {', '.join(unknown)}")
+            raise UnknownSettingError("; ".join(f"[store] {name}: no such setting"
+                                                f"{did_you_mean(name, known)}"
+                                                for name in unknown))
         for name, value in merged.items():
             _check_type(name, value)
         return cls(**merged)
 
     @classmethod
-    def from_toml(cls, path: str, **overrides: Any) -> "StoreConfig":
-        """Load the ``[store]`` table of a supervisor.toml-style file."""
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-        return cls.from_mapping(doc.get("store", {}), **overrides)
+    def from_toml(cls, path: str, *, base_dir: str | None = None,
+                  **overrides: Any) -> "StoreConfig":
+        """Load the ``[store]`` table of a supervisor.toml-style file, its relative paths
+        read from ``base_dir`` (default: the file's own directory; ``""``: the working
+        directory). Raises ``OSError``, ``tomllib.TOMLDecodeError`` and
+        ``StoreConfigError`` (``UnknownSettingError`` for a table or setting that does
+        not exist)."""
+        doc = read_settings_file(path)
+        base = os.path.dirname(path) if base_dir is None else base_dir
+        return cls.from_mapping(resolve_paths(doc.get("store", {}), base), **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -340,9 +371,9 @@ class StoreConfig:
         if not 0 <= self.ha_listen_port < 65536:
             raise StoreConfigError("ha_listen_port must be in 0..65535 (0: no HA socket)")
         if self.tcp_listen_address and self.ha_listen_port in (self.listen_port,
-                                                               self.listen_port + 1):
+                                                               self.reader_port):
             raise StoreConfigError(f"ha_listen_port {self.ha_listen_port} is taken by ingest "
-                                   "(listen_port) or the reader (listen_port + 1)")
+                                   "(listen_port) or the reader (listen_port - 2)")
         for name in ("ha_slave_fallbehind_max", "ha_send_heartbeat_interval",
                      "ha_housekeeping_interval", "ha_transfer_batch_size"):
             if getattr(self, name) <= 0:
@@ -384,23 +415,134 @@ def recorded_geometry(root_dir: str) -> dict[str, int] | None:
 def check_geometry(config: StoreConfig) -> bool:
     """True when the store recorded its file sizes and they equal ``config``'s.
 
-    Raises ``StoreConfigError`` naming each setting that differs: opening a store with
-    other file sizes would make every file look damaged.
+    Raises ``GeometryMismatchError`` naming each setting that differs and the value the
+    store recorded: opening a store with other file sizes would make every file look
+    damaged.
     """
     recorded = recorded_geometry(config.store_path_root_dir)
     if recorded is None:
         return False
-    wrong = [f"{k}={v} (configured {getattr(config, k)})" for k, v in recorded.items()
+    wrong = [f"{k} = {v} (configured {getattr(config, k)})" for k, v in recorded.items()
              if getattr(config, k) != v]
     if wrong:
-        raise StoreConfigError(f"the store at {config.store_path_root_dir} was created with "
-                               + ", ".join(wrong) + "; configure those values to open it")
+        raise GeometryMismatchError(
+            f"the store at {config.store_path_root_dir} was created with "
+            + ", ".join(wrong) + "; a store keeps its file sizes for life: open it with "
+            f"the recorded ones ({os.path.join(config.config_dir, GEOMETRY_FILE)})")
     return True
 
 
 def record_geometry(config: StoreConfig) -> None:
     from rocketstore.storage import json_file
     json_file.persist(config.geometry_path(), config.geometry())
+
+
+# ------------------------------------------------------------------ settings files
+SECTIONS = ("store", "process")     # [store], and the supervisor's [process.NAME] tables
+
+# Settings that name files or directories: a relative one in a settings file is read
+# from the file's own directory. curve_authorized_keys is a comma-separated list of them.
+PATH_SETTINGS = ("store_path_root_dir", "store_path_commit_log", "curve_server_key",
+                 "curve_authorized_keys", "curve_client_key", "ha_master_server_key")
+
+
+def nearest_name(name: str, known: Collection[str]) -> str | None:
+    """The known name ``name`` most likely misspells, or None. RocketMQ's camelCase
+    spelling of a setting (``flushDiskType``) finds its snake_case one."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    if snake in known:
+        return snake
+    close = difflib.get_close_matches(snake, known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, known: Collection[str], form: str = "{}") -> str:
+    """`` (did you mean X?)`` for the nearest known name, ``form`` shaping it; empty
+    when none is near."""
+    near = nearest_name(name, known)
+    return f" (did you mean {form.format(near)}?)" if near else ""
+
+
+def read_settings_file(path: str) -> dict[str, Any]:
+    """The TOML document of a settings file whose tables and ``[store]`` settings all
+    exist (``[process.NAME]`` tables are the supervisor's to check).
+
+    Raises ``OSError``, ``tomllib.TOMLDecodeError``, and ``UnknownSettingError`` naming
+    the file, what it does not know, and the nearest known name.
+    """
+    with open(path, "rb") as f:
+        doc = tomllib.load(f)
+    fields = StoreConfig.field_names()
+    for name, value in doc.items():
+        if name in SECTIONS:
+            if not isinstance(value, dict):
+                raise StoreConfigError(f"{path}: {name} must be a table: [{name}]")
+            continue
+        if not isinstance(value, dict):
+            raise UnknownSettingError(f"{path}: {name} is above every table: "
+                                      + _outside_tables(name, fields))
+        sub = next(iter(value), None)     # [proces.writer] reads as {"proces": {"writer"...
+        tail = f".{sub}" if sub is not None and isinstance(value[sub], dict) else ""
+        hint = did_you_mean(name, SECTIONS, "[{}" + tail + "]")
+        raise UnknownSettingError(f"{path}: [{name}{tail}]: no such table{hint}; a settings "
+                                  "file holds [store] and [process.NAME] tables")
+    unknown = sorted(set(doc.get("store", {})) - set(fields))
+    if unknown:
+        raise UnknownSettingError(f"{path}: " + "; ".join(
+            f"[store] {name}: no such setting{did_you_mean(name, fields)}" for name in unknown))
+    return doc
+
+
+def _outside_tables(name: str, fields: Collection[str]) -> str:
+    """What to do with a setting written above every table."""
+    if name in fields:
+        return "it is a [store] setting: write it below a [store] line"
+    near = nearest_name(name, fields)
+    return (f"did you mean [store] {near}?" if near else
+            "settings go in [store] or [process.NAME] tables")
+
+
+def resolve_paths(table: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """``table`` (a ``[store]`` table) with every relative path of ``PATH_SETTINGS``
+    joined to ``base_dir`` (the settings file's directory; ``""`` leaves them relative
+    to the working directory). Values of other types are left for validation."""
+    out = dict(table)
+    for name in PATH_SETTINGS:
+        value = out.get(name)
+        if base_dir and isinstance(value, str) and value:
+            parts = [p.strip() for p in value.split(",")] if name == "curve_authorized_keys" \
+                else [value]
+            out[name] = ",".join(os.path.join(base_dir, p) if p else p for p in parts)
+    return out
+
+
+def with_recorded_geometry(config: StoreConfig, set_in_file: Collection[str] = (),
+                           settings_file: str = "", new_store_sizes: dict | None = None
+                           ) -> StoreConfig:
+    """``config`` with the file sizes the store at its root recorded when it was created,
+    for every one ``set_in_file`` (the ``[store]`` settings the settings file names)
+    does not name; a store not created yet takes ``new_store_sizes`` for those.
+
+    Raises ``GeometryMismatchError`` when the settings file sets a size other than the
+    recorded one, naming the recorded value and how to keep it.
+    """
+    recorded = recorded_geometry(config.store_path_root_dir)
+    if recorded is None:
+        sizes = {k: v for k, v in (new_store_sizes or {}).items() if k not in set_in_file}
+        return dataclasses.replace(config, **sizes) if sizes else config
+    adopted = dataclasses.replace(config, **{k: v for k, v in recorded.items()
+                                             if k not in set_in_file})
+    wrong = [k for k, v in recorded.items() if getattr(adopted, k) != v]
+    if not wrong:
+        return adopted
+    sets = "; ".join(f"{k} = {getattr(adopted, k)} is set, the store recorded {recorded[k]}"
+                     for k in wrong)
+    raise GeometryMismatchError(
+        f"the store at {config.store_path_root_dir} was created with other file sizes "
+        f"({sets} in {os.path.join(config.config_dir, GEOMETRY_FILE)}); a store keeps "
+        f"them for life: remove {' and '.join(wrong)} from {settings_file or 'the settings'}"
+        " to open it with the recorded ones, or set another store_path_root_dir for a new "
+        "store of these sizes")
 
 
 # ------------------------------------------------------------------ what each setting does

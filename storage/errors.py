@@ -10,6 +10,10 @@ Every message names the file and the offset.
     ├── CorruptRecordError(path, offset, detail)   bytes on disk fail a check
     ├── StoreFileError(path, detail)               a file is missing, mis-sized or unusable
     ├── StoreConfigError(detail)                   a setting is out of range
+    │   ├── UnknownSettingError                    a settings file names no such table or
+    │   │                                          setting (the nearest known name is said)
+    │   └── GeometryMismatchError                  a file size other than the one the store
+    │                                              was created with
     ├── StoreClosedError                           the store was used after close()
     └── MappedFilePositionError(path, detail)      a MappedFile's positions would break
                                                    their order (storage.mapped_file)
@@ -43,6 +47,16 @@ class StoreFileError(StoreError):
 
 class StoreConfigError(StoreError):
     """A configuration value is out of range or inconsistent."""
+
+
+class UnknownSettingError(StoreConfigError):
+    """A settings file names a table or a setting that does not exist (a misspelling
+    would otherwise leave the default in force without a word)."""
+
+
+class GeometryMismatchError(StoreConfigError):
+    """A file size (``GEOMETRY_FIELDS``) set to other than the store recorded when it
+    was created: its files would all look damaged."""
 
 
 class StoreClosedError(StoreError):

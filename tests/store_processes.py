@@ -58,6 +58,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(*offsets: int) -> int:
+    """A loopback TCP port p such that p + o is free now for every o of ``offsets``
+    (``free_ports(-2, 0, 1)``: a store's reader, ingest and HA ports, as RocketMQ lays
+    them out)."""
+    for _ in range(100):
+        port = free_port()
+        wanted = [port + o for o in offsets]
+        if not all(0 < p < 65536 for p in wanted):
+            continue
+        held = []
+        try:
+            for p in wanted:
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError(f"no free ports at offsets {offsets}")
+
+
 def cli(*args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rocketstore.cli", *args], cwd=WORK_DIR,
                           env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
@@ -72,6 +96,7 @@ class RunningStore:
                                         processes, **store)
         self.log_path = str(tmp_path / "up.log")
         self.proc: subprocess.Popen | None = None
+        self.banner = ""            # the line ``up`` printed once every process ran
 
     def start(self, timeout: float = 60, preexec_fn=None) -> "RunningStore":
         """``preexec_fn`` runs in the supervisor's process before it starts."""
@@ -87,6 +112,7 @@ class RunningStore:
             if sel.select(timeout=0.5):
                 line = self.proc.stdout.readline()
                 if line.startswith("rocketstore up:"):
+                    self.banner = line.strip()
                     return self
                 if not line and self.proc.poll() is not None:
                     break

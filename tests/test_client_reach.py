@@ -22,7 +22,7 @@ from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTableError, Slot
 from rocketstore.spark.access import RemoteStore
 from rocketstore.wire import curve
-from store_processes import RunningStore, free_port, wait_for
+from store_processes import RunningStore, free_port, free_ports, wait_for
 
 AT_ONCE_S = 3.0      # against the clients' 10 s (Spark's 30 s) timeout
 
@@ -116,9 +116,9 @@ def test_nothing_listening_at_a_tcp_port_is_named_at_the_first_request():
     """Refused at once; again at every later call; and what was queued never goes out:
     a socket bound there afterwards gets a raw DEALER's message that waited as the
     Producer's did, and not the Producer's."""
-    port = free_port()
+    port = free_ports(-2, 0)
     tcp = f"tcp://127.0.0.1:{port}"
-    reader = f"tcp://127.0.0.1:{port + 1}"    # Spark's endpoint: the reader's port
+    reader = f"tcp://127.0.0.1:{port - 2}"    # Spark's endpoint: the reader's port
     for make, calls, there in ((lambda: Producer(tcp), (send,), tcp),
                                (lambda: ReaderClient(tcp), (offsets,), tcp),
                                (lambda: RemoteStore(tcp, 30_000), (bounds,), reader)):
@@ -163,7 +163,7 @@ def test_a_running_store_still_answers_and_a_slow_one_still_times_out(tmp_path):
     while the writer restarts) is waited for, not called absent, and answers once the
     socket is back; a peer that takes the connection but never answers (a bare
     ROUTER) gets RequestTimeout."""
-    port = free_port()
+    port = free_ports(-2, 0)
     with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port) as store:
         for where in (store.store_dir, f"ipc://{store.store_dir}",
                       f"tcp://127.0.0.1:{port}"):
@@ -183,7 +183,7 @@ def test_a_running_store_still_answers_and_a_slow_one_still_times_out(tmp_path):
                 os.rename(ingest + ".away", ingest)
         wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
                  what="dispatch")
-        with ReaderClient(f"tcp://127.0.0.1:{port + 1}") as rc:
+        with ReaderClient(f"tcp://127.0.0.1:{port - 2}") as rc:
             assert sum(q.max_offset for q in rc.offsets(["T"])) == 5
         keys = str(tmp_path / "keys")
         curve.make_keys(keys, ["alice"])

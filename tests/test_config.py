@@ -56,7 +56,8 @@ def test_toml_store_table_holds_the_store_config_defaults(path):
 
 @pytest.mark.parametrize("path", TOML_FILES, ids=os.path.relpath)
 def test_from_toml_of_the_shipped_file_equals_the_defaults(path):
-    assert StoreConfig.from_toml(path) == StoreConfig()
+    """The embedded file's paths are the working directory's (``base_dir=""``)."""
+    assert StoreConfig.from_toml(path, base_dir="") == StoreConfig()
 
 
 def test_defaults_are_rocketmqs():
@@ -79,8 +80,8 @@ def test_defaults_are_rocketmqs():
 # ------------------------------------------------------------------ from_toml
 def test_from_toml_reads_the_table_and_applies_overrides(tmp_path):
     path = write_toml(tmp_path / "s.toml", """
-[other]
-ignored = 1
+[process.writer]
+priority = 30
 
 [store]
 store_path_root_dir = "/data/rs"
@@ -104,7 +105,7 @@ delete_when = "03;04"
 
 
 def test_from_toml_without_a_store_table_gives_the_defaults(tmp_path):
-    path = write_toml(tmp_path / "s.toml", "[other]\nx = 1\n")
+    path = write_toml(tmp_path / "s.toml", "[process.writer]\npriority = 3\n")
     assert StoreConfig.from_toml(path) == StoreConfig()
 
 
@@ -113,7 +114,7 @@ def test_store_path_commit_log_may_be_set(tmp_path):
                       '[store]\nstore_path_root_dir = "r"\nstore_path_commit_log = "/cl"\n')
     c = StoreConfig.from_toml(path)
     assert c.commit_log_dir == "/cl"
-    assert c.consume_queue_dir == os.path.join("r", "consumequeue")
+    assert c.consume_queue_dir == os.path.join(str(tmp_path), "r", "consumequeue")
 
 
 def test_unknown_key_raises_naming_it(tmp_path):
@@ -212,13 +213,14 @@ def test_tcp_listening_is_loopback_only_until_curve_is_built():
         StoreConfig(tcp_listen_address="0.0.0.0")
     with pytest.raises(StoreConfigError, match="not an IP address"):
         StoreConfig(tcp_listen_address="db1")
-    with pytest.raises(StoreConfigError, match="listen_port"):
-        StoreConfig(listen_port=65535)
+    with pytest.raises(StoreConfigError, match="listen_port must be in 3..65535"):
+        StoreConfig(listen_port=2)      # the reader would listen on port 0
+    assert StoreConfig(listen_port=65535).reader_port == 65533
 
 
 @pytest.mark.parametrize("settings, owner", [
     (dict(tcp_listen_address="127.0.0.1", listen_port=10911), "ingest"),
-    (dict(tcp_listen_address="127.0.0.1", listen_port=10910), "the reader"),
+    (dict(tcp_listen_address="127.0.0.1", listen_port=10913), "the reader"),
     (dict(ha_listen_port=10911), "the HA socket"),
 ])
 def test_the_metrics_port_may_not_be_another_sockets(settings, owner):
@@ -240,7 +242,7 @@ def test_the_metrics_port_may_not_be_another_sockets(settings, owner):
     ({"writer": {"backoff_s": float("inf")}}, "must be finite"),
     ({"reader": {"autorestart": "yes"}}, "must be true or false"),
     ({"nosuch": {}}, "no such process"),
-    ({"writer": {"restart": True}}, "unknown setting"),
+    ({"writer": {"restart": True}}, "restart: no such setting"),
 ])
 def test_process_tables_that_the_supervisor_could_not_use_are_refused(table, message):
     """``[process.NAME]`` values are checked when the file is read, as ``[store]``'s are:
@@ -271,3 +273,82 @@ def test_a_transient_store_pool_of_fewer_than_two_buffers_is_refused(size):
 def test_a_transient_store_pool_of_two_buffers_is_taken():
     assert StoreConfig(transient_store_pool_enable=True,
                        transient_store_pool_size=2).transient_store_pool_size == 2
+
+
+# ------------------------------------------------------------------ settings files
+@pytest.mark.parametrize("text, message", [
+    ('[stor]\nflush_disk_type = "SYNC_FLUSH"\n', r"\[stor\]: no such table \(did you mean \[store\]\?\)"),
+    ("[process.writr]\npriority = 3\n",
+     r"\[process.writr\]: no such process \(did you mean \[process.writer\]\?\)"),
+    ("[proces.writer]\npriority = 3\n",
+     r"\[proces.writer\]: no such table \(did you mean \[process.writer\]\?\)"),
+    ("[store]\nflushDiskType = 'SYNC_FLUSH'\n",
+     r"\[store\] flushDiskType: no such setting \(did you mean flush_disk_type\?\)"),
+    ("[store]\nfile_reserve_time = 1\n",
+     r"\[store\] file_reserve_time: no such setting \(did you mean file_reserved_time\?\)"),
+    ("[process.cleaner]\nstartsec = 1.0\n",
+     r"\[process.cleaner\] startsec: no such setting \(did you mean startsecs\?\)"),
+    ('flush_disk_type = "SYNC_FLUSH"\n[store]\n',
+     r"flush_disk_type is above every table: it is a \[store\] setting"),
+    ("[store]\n[nonsense]\nx = 1\n", r"\[nonsense\]: no such table; a settings file holds"),
+])
+def test_every_table_and_setting_of_a_settings_file_must_exist(tmp_path, text, message):
+    """A misspelled table was read as no table: the store ran on every default and said
+    nothing. Each unknown name is refused, naming the file and the nearest known one."""
+    from rocketstore.procs.supervisor import load_settings
+    from rocketstore.storage.errors import UnknownSettingError
+    path = write_toml(tmp_path / "s.toml", text)
+    with pytest.raises(UnknownSettingError, match=message) as e:
+        load_settings(path)
+    assert str(e.value).startswith(f"{path}: ")
+
+
+def test_relative_paths_in_a_settings_file_are_read_from_its_directory(tmp_path):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    path = write_toml(conf / "s.toml", """[store]
+store_path_root_dir = "data"
+store_path_commit_log = "/abs/commitlog"
+curve_server_key = "keys/server.key_secret"
+curve_authorized_keys = "keys/a.key, /abs/b.key,keys/more"
+""")
+    c = StoreConfig.from_toml(path)
+    assert c.store_path_root_dir == str(conf / "data")
+    assert c.store_path_commit_log == "/abs/commitlog"
+    assert c.curve_server_key == str(conf / "keys" / "server.key_secret")
+    assert c.curve_authorized_keys == ",".join([str(conf / "keys" / "a.key"), "/abs/b.key",
+                                                str(conf / "keys" / "more")])
+    assert StoreConfig.from_toml(path, base_dir="").store_path_root_dir == "data"
+    assert StoreConfig.from_toml(path, store_path_root_dir="here").store_path_root_dir == "here"
+
+
+def test_a_store_opens_with_its_recorded_sizes_unless_the_file_sets_others(tmp_path):
+    """A store made with 64 MiB files was refused under a settings file that set only
+    tcp_listen_address: the defaults (1 GiB) were taken for a choice."""
+    from rocketstore.storage import MessageStore
+    from rocketstore.storage.config import with_recorded_geometry
+    from rocketstore.storage.errors import GeometryMismatchError
+    root = str(tmp_path / "store")
+    made = dict(mapped_file_size_commit_log=65536, max_hash_slot_num=100, max_index_num=400)
+    assert with_recorded_geometry(StoreConfig(store_path_root_dir=root), (), "f",
+                                  made).mapped_file_size_commit_log == 65536   # a new store
+    with MessageStore(StoreConfig(store_path_root_dir=root, **made)):
+        pass
+    plain = StoreConfig(store_path_root_dir=root, tcp_listen_address="127.0.0.1")
+    opened = with_recorded_geometry(plain, {"tcp_listen_address"}, "f.toml")
+    assert opened.geometry() == {**StoreConfig().geometry(), **made}
+    assert opened.tcp_listen_address == "127.0.0.1"
+    same = dataclasses.replace(plain, max_index_num=400)
+    assert with_recorded_geometry(same, {"max_index_num"}, "f.toml").geometry() == \
+        opened.geometry()
+    with pytest.raises(GeometryMismatchError) as e:
+        with_recorded_geometry(plain, {"mapped_file_size_commit_log"}, "f.toml")
+    assert str(e.value) == (
+        f"the store at {root} was created with other file sizes "
+        "(mapped_file_size_commit_log = 1073741824 is set, the store recorded 65536 in "
+        f"{os.path.join(root, 'config', 'storeGeometry.json')}); a store keeps them for "
+        "life: remove mapped_file_size_commit_log from f.toml to open it with the recorded "
+        "ones, or set another store_path_root_dir for a new store of these sizes")
+    with pytest.raises(GeometryMismatchError, match=r"mapped_file_size_commit_log = 65536 "
+                                                    r"\(configured 1073741824\)"):
+        MessageStore(plain).load()

@@ -9,6 +9,7 @@ else. Unix sockets stay plain.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -21,7 +22,7 @@ from rocketstore.shm.positions import Slot
 from rocketstore.storage import StoreConfig
 from rocketstore.storage.errors import StoreConfigError
 from rocketstore.storage.status import PutMessageStatus
-from store_processes import RunningStore, cli, free_port, wait_for
+from store_processes import RunningStore, cli, free_ports, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,33 @@ def test_keys_are_private_files_never_overwritten(keys):
     assert open(os.path.join(keys, "server.key_secret")).read() == before
 
 
+def test_the_settings_keys_prints_let_every_client_in(tmp_path):
+    """``keys --client slave --client app`` printed curve_authorized_keys naming the
+    first client only: the second was refused with nothing but a timeout. The store
+    lines it prints, pasted as they are, let in every client made."""
+    d = str(tmp_path / "keys")
+    r = cli("keys", "--dir", d, "--client", "slave", "--client", "app")
+    assert r.returncode == 0, r.stderr
+    pasted = dict(line.split(" = ", 1) for line in r.stdout.splitlines()
+                  if line.startswith(("curve_server_key = ", "curve_authorized_keys = ")))
+    assert set(pasted) == {"curve_server_key", "curve_authorized_keys"}
+    store = {k: v.strip('"') for k, v in pasted.items()}
+    assert store["curve_authorized_keys"] == f"{d}/slave.key,{d}/app.key"
+    as_json = cli("keys", "--dir", str(tmp_path / "more"), "--client", "a", "--json")
+    settings = json.loads(as_json.stdout)
+    assert settings["clients"]["a"] == {"curve_server_key": str(tmp_path / "more/server.key"),
+                                        "curve_client_key": str(tmp_path / "more/a.key_secret")}
+    port = free_ports(-2, 0)
+    with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port, **store):
+        for name in ("slave", "app"):
+            with Producer(f"tcp://127.0.0.1:{port}", timeout_ms=5000,
+                          curve_server_key=f"{d}/server.key",
+                          curve_client_key=f"{d}/{name}.key_secret") as p:
+                assert p.send("Both", name.encode()).ok, name
+
+
 def test_only_listed_keys_get_in(tmp_path, keys):
-    port = free_port()
+    port = free_ports(-2, 0)
     k = lambda name: os.path.join(keys, name)    # noqa: E731
     with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port,
                       curve_server_key=k("server.key_secret"),
@@ -58,7 +84,7 @@ def test_only_listed_keys_get_in(tmp_path, keys):
             assert p.send("Safe", b"from this host").status is PutMessageStatus.PUT_OK
         mallory = dict(curve_server_key=k("server.key"),
                        curve_client_key=k("mallory.key_secret"))
-        reader = f"tcp://127.0.0.1:{port + 1}"
+        reader = f"tcp://127.0.0.1:{port - 2}"
         refused = f"the store at {tcp} refused this client's key"
         requires = "requires CURVE: give curve_server_key"
         for make, ask, words in (
@@ -136,10 +162,10 @@ def test_a_store_listens_on_ipv6_and_clients_find_every_socket(tmp_path):
         pytest.skip("this host has no IPv6 loopback: listening on ::1 not tried")
     from rocketstore.wire import endpoints
     from rocketstore.client import ClientError
-    port = free_port()
+    port = free_ports(-2, 0)
     with RunningStore(tmp_path, tcp_listen_address="::1", listen_port=port) as store:
         where = endpoints.resolve(f"tcp://[::1]:{port}")
-        assert where == (f"tcp://[::1]:{port}", f"tcp://[::1]:{port + 1}")
+        assert where == (f"tcp://[::1]:{port}", f"tcp://[::1]:{port - 2}")
         with Producer(where.ingest) as p:
             assert p.send("Six", b"over ::1").ok
         with Producer(f"ipc://{store.store_dir}") as p:            # a store's directory

@@ -116,8 +116,8 @@ def test_a_port_in_use_stops_the_start_at_once_naming_it(tmp_path):
     each time with a traceback, until the supervisor gave up without saying why. A
     socket that cannot listen is not retried: the start ends with the address named."""
     import socket
-    from store_processes import free_port
-    port = free_port()
+    from store_processes import free_ports
+    port = free_ports(-2, 0)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()

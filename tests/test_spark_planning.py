@@ -194,8 +194,10 @@ def test_endpoints_from_a_store_dir_a_socket_dir_and_tcp(tmp_path):
     assert e == (bus.endpoint(str(store), "ingest"), bus.endpoint(str(store), "reader"))
     assert endpoints.resolve("ipc:///x/run") == ("ipc:///x/run/ingest.sock",
                                                  "ipc:///x/run/reader.sock")
-    assert endpoints.resolve("tcp://db1:10911") == ("tcp://db1:10911", "tcp://db1:10912")
-    for bad in ("db1:10911", "tcp://db1", "tcp://:1", "tcp://h:65535", "http://h:1"):
+    assert endpoints.resolve("tcp://db1:10911") == ("tcp://db1:10911", "tcp://db1:10909")
+    assert endpoints.resolve("tcp://db1:65535").reader == "tcp://db1:65533"
+    for bad in ("db1:10911", "tcp://db1", "tcp://:1", "tcp://h:2", "tcp://h:65536",
+                "http://h:1"):
         with pytest.raises(ValueError, match="endpoint"):
             endpoints.resolve(bad)
 

@@ -15,7 +15,7 @@ from rocketstore.procs.status import store_status
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message
 from rocketstore.storage.config import StoreConfig
-from store_processes import RunningStore, wait_for
+from store_processes import RunningStore, free_ports, wait_for
 
 ORDERS, REFUNDS, TIMED = "Orders", "Refunds", "Timed"
 N_ORDERS = 3000
@@ -191,8 +191,8 @@ def test_a_store_that_is_not_running_is_named(spark, tmp_path):
 def test_an_endpoint_where_nothing_listens_is_named_not_timed_out(spark):
     """The reader's connection refused: named from the first request, where the
     driver waited the whole timeoutMs (30 s) and said the outcome was unknown."""
-    port = free_port_pair()
-    with pytest.raises(Exception, match=f"nothing listening at tcp://127.0.0.1:{port + 1}"):
+    port = free_ports(-2, 0)
+    with pytest.raises(Exception, match=f"nothing listening at tcp://127.0.0.1:{port - 2}"):
         read(spark, endpoint=f"tcp://127.0.0.1:{port}", topic=ORDERS).collect()
     with pytest.raises(Exception, match=f"did you mean tcp://127.0.0.1:{port}"):
         read(spark, endpoint=f"127.0.0.1:{port}", topic=ORDERS).collect()
@@ -277,26 +277,8 @@ def test_expired_offsets_are_an_error_unless_failOnDataLoss_is_false(spark, tmp_
         assert offsets == list(range(1500 - len(offsets), 1500))
 
 
-def free_port_pair() -> int:
-    """A port p such that p and p + 1 are free on loopback now."""
-    import socket
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65534:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise AssertionError("no free pair of ports")
-
-
 def test_a_tcp_endpoint_writes_and_reads_like_the_local_path(spark, tmp_path):
-    port = free_port_pair()
+    port = free_ports(-2, 0)
     with RunningStore(tmp_path, tcp_listen_address="127.0.0.1", listen_port=port) as rs:
         endpoint = f"tcp://127.0.0.1:{port}"
         df = spark.createDataFrame([(b"tcp %d" % i, f"t{i % 2}", i % 3) for i in range(300)],

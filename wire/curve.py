@@ -176,9 +176,9 @@ def bind_all(socket: zmq.Socket, addresses: list[str], guard: Guard | None) -> N
             else:
                 socket.bind(address)
         except zmq.ZMQError as e:
-            hint = ("check tcp_listen_address, listen_port (the reader takes the next "
-                    "port) and ha_listen_port" if address.startswith("tcp://") else
-                    "check the store's run directory")
+            hint = ("check tcp_listen_address, listen_port (the reader takes "
+                    "listen_port - 2) and ha_listen_port" if address.startswith("tcp://")
+                    else "check the store's run directory")
             raise ListenError(f"cannot listen on {address}: {e.strerror} ({hint})") from None
 
 
@@ -206,3 +206,19 @@ def make_keys(directory: str, clients: list[str]) -> list[str]:
     finally:
         os.umask(old)
     return written
+
+
+def key_settings(directory: str, clients: list[str]) -> dict:
+    """The settings that use the keys ``make_keys`` made in ``directory``, as absolute
+    paths (a settings file reads relative ones from its own directory): ``store``, the
+    store's ``curve_server_key`` and ``curve_authorized_keys`` naming every client's
+    public key; ``clients``, per client name, the ``curve_server_key`` and
+    ``curve_client_key`` it passes (Producer, ReaderClient; Spark's curveServerKey and
+    curveClientKey)."""
+    d = os.path.abspath(directory)
+    public = ",".join(os.path.join(d, f"{name}.key") for name in clients)
+    return {"store": {"curve_server_key": os.path.join(d, "server.key_secret"),
+                      "curve_authorized_keys": public},
+            "clients": {name: {"curve_server_key": os.path.join(d, "server.key"),
+                               "curve_client_key": os.path.join(d, f"{name}.key_secret")}
+                        for name in clients}}

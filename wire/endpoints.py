@@ -7,9 +7,12 @@
     ipc:///path/to/store/run       ipc:///path/to/store/run/       ipc:///path/to/store/run/
     (a directory holding the       ingest.sock                     reader.sock
     sockets)
-    tcp://host:port                tcp://host:port                 tcp://host:port+1
+    tcp://host:port                tcp://host:port                 tcp://host:port-2
 
-A store directory is told from a socket directory by its ``config`` or ``commitlog``
+A store's TCP ports follow RocketMQ's broker: ingest on ``listen_port`` (10911), the
+reader on RocketMQ's fast port ``listen_port - 2`` (10909), and a master's HA socket,
+when set, on RocketMQ's ``listen_port + 1`` (10912); a client names the ingest port
+alone. A store directory is told from a socket directory by its ``config`` or ``commitlog``
 subdirectory; ``shm.bus.run_dir`` decides where a store's sockets live (a short
 directory under /tmp when the store's path is too long for a Unix socket name). An
 IPv6 host is written in brackets (``tcp://[::1]:10911``); a socket binds or connects to
@@ -26,6 +29,7 @@ from typing import NamedTuple
 import zmq
 
 from rocketstore.shm import bus
+from rocketstore.storage.config import READER_PORT_OFFSET
 
 
 class Endpoints(NamedTuple):
@@ -44,10 +48,13 @@ def resolve(endpoint: str) -> Endpoints:
         return Endpoints(f"ipc://{path}/ingest.sock", f"ipc://{path}/reader.sock")
     if endpoint.startswith("tcp://"):
         host, sep, port = endpoint[len("tcp://"):].rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65535:
-            raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port with a port "
-                             "below 65535 (the reader listens on port + 1)")
-        return Endpoints(f"tcp://{host}:{port}", f"tcp://{host}:{int(port) + 1}")
+        if not sep or not host or not port.isdigit() or \
+                not 1 - READER_PORT_OFFSET <= int(port) <= 65535:
+            raise ValueError(f"endpoint {endpoint!r}: expected tcp://host:port, the store's "
+                             f"listen_port, in {1 - READER_PORT_OFFSET}..65535 (the reader "
+                             "listens on port - 2)")
+        return Endpoints(f"tcp://{host}:{port}",
+                         f"tcp://{host}:{int(port) + READER_PORT_OFFSET}")
     meant = tcp_meant(endpoint)
     raise ValueError(f"endpoint {endpoint!r}: expected ipc://DIR (a store or its socket "
                      "directory) or tcp://host:port"
@@ -79,10 +86,10 @@ def bind_addresses(store_dir: str, name: str, tcp_listen_address: str,
                    listen_port: int) -> list[str]:
     """Where the store's ``ingest`` or ``reader`` socket listens: its Unix socket, and
     ``tcp://{tcp_listen_address}:{port}`` too when that is set (``listen_port`` for
-    ingest, ``listen_port + 1`` for the reader), the addresses ``resolve`` gives."""
+    ingest, ``listen_port - 2`` for the reader), the addresses ``resolve`` gives."""
     addresses = [bus.endpoint(store_dir, name)]
     if tcp_listen_address:
-        port = listen_port + (1 if name == "reader" else 0)
+        port = listen_port + (READER_PORT_OFFSET if name == "reader" else 0)
         addresses.append(tcp_address(tcp_listen_address, port))
     return addresses
 
