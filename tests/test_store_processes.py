@@ -438,7 +438,7 @@ def test_one_consumer_shared_by_threads(tmp_path):
         check_exactly_once(acked, got)
         waiting = threading.Thread(target=lambda: got.append(c.poll(10, 30_000)))
         waiting.start()
-        time.sleep(0.3)
+        wait_for(c._wait_lock.locked, 10, "the poll to wait for messages")
         c.commit()                       # a poll that waits lets the other calls in:
         assert c.position(c.assignment()[0]) is not None
         assert waiting.is_alive()        # they came back while it still waits
