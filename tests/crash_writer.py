@@ -39,13 +39,15 @@ parent dies first, stdin reaches EOF and the child exits). Nothing here sleeps.
 ``--synced DIR`` keeps, for the power-loss cases, what a disk holds for sure: every
 ``fdatasync`` of a file under ROOT (through ``FILE_OPS``) copies the file as it was when
 the call began to the same path under DIR, and puts the copy in place only once the
-call has returned (a kill in between leaves the copy of the sync before).
+call has returned (a kill in between leaves the copy of the sync before), and only if
+no later copy of that file is in place already (two threads syncing one file).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import random
 import sys
@@ -106,6 +108,9 @@ def _record_syncs(root: str, synced: str) -> None:
     (the module docstring)."""
     real = FILE_OPS.fdatasync
     root = os.path.realpath(root)
+    lock = threading.Lock()
+    copies = itertools.count()
+    in_place: dict[str, int] = {}      # target -> the number of the copy there
 
     def fdatasync(fd: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
@@ -113,12 +118,19 @@ def _record_syncs(root: str, synced: str) -> None:
         if rel.startswith("..") or path.endswith(" (deleted)"):
             return real(fd)
         target = os.path.join(synced, rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
         pending = f"{target}.{threading.get_ident()}.pending"
-        with open(pending, "wb") as f:
-            f.write(os.pread(fd, os.fstat(fd).st_size, 0))
+        with lock:                     # copies numbered in the order they were taken
+            number = next(copies)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(pending, "wb") as f:
+                f.write(os.pread(fd, os.fstat(fd).st_size, 0))
         real(fd)
-        os.replace(pending, target)
+        with lock:
+            if number > in_place.get(target, -1):
+                os.replace(pending, target)
+                in_place[target] = number
+            else:
+                os.unlink(pending)
     FILE_OPS.fdatasync = fdatasync
 
 
