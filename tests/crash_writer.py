@@ -1,6 +1,7 @@
 """Child process of tests/test_crash_kill.py: put messages, report each ack, await SIGKILL.
 
     python tests/crash_writer.py ROOT SEED COUNT [--flush ASYNC_FLUSH|SYNC_FLUSH]
+                                 [--synced DIR]
                                  [--pause none|dispatch|close_dispatch|dispatch_index
                                           |close_before_checkpoint
                                           |close_after_checkpoint|close_after_abort_removed]
@@ -34,20 +35,29 @@ enters the named call and stops inside it, at a point drawn from SEED, writing
 
 Either way it then blocks reading stdin; the parent kills it with SIGKILL (and if the
 parent dies first, stdin reaches EOF and the child exits). Nothing here sleeps.
+
+``--synced DIR`` keeps, for the power-loss cases, what a disk holds for sure: every
+``fdatasync`` of a file under ROOT (through ``FILE_OPS``) copies the file as it was when
+the call began to the same path under DIR, and puts the copy in place only once the
+call has returned (a kill in between leaves the copy of the sync before), and only if
+no later copy of that file is in place already (two threads syncing one file).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import random
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from conftest import small_config  # noqa: E402
 from rocketstore.storage import message_store as message_store_module  # noqa: E402
+from rocketstore.storage.mapped_file import FILE_OPS  # noqa: E402
 from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig  # noqa: E402
 
 TOPICS = ("KillA", "KillB")
@@ -91,6 +101,37 @@ def _stop_here(where: str) -> None:
     _out(f"PAUSE {where}\n")
     sys.stdin.readline()        # blocks until SIGKILL (EOF: the parent is gone)
     os._exit(3)
+
+
+def _record_syncs(root: str, synced: str) -> None:
+    """Make every ``fdatasync`` of a file under ``root`` leave its copy under ``synced``
+    (the module docstring)."""
+    real = FILE_OPS.fdatasync
+    root = os.path.realpath(root)
+    lock = threading.Lock()
+    copies = itertools.count()
+    in_place: dict[str, int] = {}      # target -> the number of the copy there
+
+    def fdatasync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        rel = os.path.relpath(path, root)
+        if rel.startswith("..") or path.endswith(" (deleted)"):
+            return real(fd)
+        target = os.path.join(synced, rel)
+        pending = f"{target}.{threading.get_ident()}.pending"
+        with lock:                     # copies numbered in the order they were taken
+            number = next(copies)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(pending, "wb") as f:
+                f.write(os.pread(fd, os.fstat(fd).st_size, 0))
+        real(fd)
+        with lock:
+            if number > in_place.get(target, -1):
+                os.replace(pending, target)
+                in_place[target] = number
+            else:
+                os.unlink(pending)
+    FILE_OPS.fdatasync = fdatasync
 
 
 def _put_all(store: MessageStore, seed: int, count: int, dispatch_now_and_then: bool) -> None:
@@ -163,7 +204,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("count", type=int)
     ap.add_argument("--flush", default="ASYNC_FLUSH", choices=("ASYNC_FLUSH", "SYNC_FLUSH"))
     ap.add_argument("--pause", default="none", choices=("none",) + PAUSES)
+    ap.add_argument("--synced", default=None)
     args = ap.parse_args(argv)
+    if args.synced:
+        _record_syncs(args.root, args.synced)
     # a pause point needs dispatch driven by hand; without one the store's own service
     # threads run, as they do by default, and the kill lands anywhere among them
     store = MessageStore(writer_config(args.root, args.flush), background=args.pause == "none")

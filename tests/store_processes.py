@@ -2,7 +2,9 @@
 
 ``RunningStore`` writes a small configuration (8 KiB-64 KiB files, quick restarts),
 starts ``python -m cli.main up`` in its own process group, waits for its ready line,
-and stops it (SIGTERM, then SIGKILL of the whole group) however the test ends.
+and stops it (SIGTERM, then SIGKILL of the whole group) however the test ends. As a
+context manager it fails the test whose store does not stop cleanly: one that hangs
+past the timeout, or exits with a non-zero code.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from rocketstore.shm.positions import PID, RESTARTS, PositionTable, Slot
+from rocketstore.shm.positions import HEARTBEAT_MS, PID, RESTARTS, PositionTable, Slot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where every process a test starts runs: an empty directory of its own, so that no test
@@ -125,7 +127,9 @@ class RunningStore:
             return f.read()[-6000:]
 
     def stop(self, timeout: float = 60) -> int:
-        """SIGTERM the supervisor and wait; returns its exit code."""
+        """SIGTERM the supervisor and wait; returns its exit code (that of a supervisor
+        which had already exited, too). One that does not exit within ``timeout`` is
+        killed with its whole group, and ``AssertionError`` is raised."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -143,10 +147,7 @@ class RunningStore:
     def kill_all(self) -> None:
         """SIGKILL the supervisor and every process of its group."""
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(self.proc.pid)
             self.proc.wait()
             self.proc.stdout.close()
             self.proc = None
@@ -158,6 +159,14 @@ class RunningStore:
         t = self.table()
         try:
             return t.get_process(name, PID)
+        finally:
+            t.close()
+
+    def heartbeat_ms(self, name: str) -> int:
+        """When process ``name`` last ended a loop turn (ms since the epoch)."""
+        t = self.table()
+        try:
+            return t.get_process(name, HEARTBEAT_MS)
         finally:
             t.close()
 
@@ -191,16 +200,41 @@ class RunningStore:
     def __enter__(self) -> "RunningStore":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                self.stop()
-            except AssertionError:
-                pass
-        self.kill_all()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Stop the store the test leaves running and kill whatever is left of its
+        process group. A store that does not stop within the timeout, or stops with a
+        non-zero code (a process that did not stop cleanly, WRITTEN, FLUSHED and
+        DISPATCHED apart), fails the test, and so does a supervisor that exited by
+        itself with one and was not collected (``stop()``, ``kill_all()``) by the test.
+        When the test already failed, its own error goes on, with this one noted."""
+        if self.proc is None:
+            return
+        pid = self.proc.pid
+        try:
+            rc = self.stop()
+            failure = f"store stopped with code {rc}:\n{self.log()}" if rc else ""
+        except AssertionError as e:
+            failure = str(e)
+        finally:
+            _kill_group(pid)
+        if not failure:
+            return
+        if exc is None:
+            raise AssertionError(failure)
+        exc.add_note(failure)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group ``pgid`` (none is no error)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def wait_for(condition, timeout: float = 30, what: str = "condition", interval: float = 0.02):
+    """``condition()``'s first true value, asked every ``interval`` s; AssertionError
+    naming ``what`` when none came within ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -208,3 +242,10 @@ def wait_for(condition, timeout: float = 30, what: str = "condition", interval: 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_past_ms(stamp_ms: int) -> None:
+    """Wait until the wall clock reads past ``stamp_ms`` (a store time): a message
+    stored from now on has a later store time than every one stamped up to it."""
+    wait_for(lambda: time.time_ns() // 1_000_000 > stamp_ms, 5,
+             f"the clock past {stamp_ms}", interval=0.001)

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -24,7 +23,7 @@ from rocketstore.client import group_offsets
 from rocketstore.client import ClientError, Consumer, Producer, ReaderClient
 from rocketstore.shm.positions import PositionTableError
 from rocketstore.storage import Message, StoreConfig
-from store_processes import WORK_DIR, RunningStore, wait_for
+from store_processes import WORK_DIR, RunningStore, wait_for, wait_past_ms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -452,10 +451,12 @@ def test_offsets_shows_the_lag_and_a_reset_moves_where_the_group_reads_next(tmp_
         with Producer(rs.store_dir) as p:
             first = p.send_batch([Message(topic="Orders", body=b"a%d" % i, queue_id=i % 2)
                                   for i in range(10)])
-            time.sleep(0.05)
+            last_first = max(r.store_timestamp for r in first)
+            wait_past_ms(last_first)
             second = p.send_batch([Message(topic="Orders", body=b"b%d" % i, queue_id=i % 2)
                                    for i in range(10)])
         assert all(r.ok for r in first + second)
+        assert min(r.store_timestamp for r in second) > last_first
 
         def offsets(*extra: str) -> subprocess.CompletedProcess:
             return run("offsets", "--config", rs.config_path, "--group", "billing",
@@ -618,7 +619,8 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
                  "--group", "g", "--topic", "T", "--follow"], cwd=WORK_DIR, env=ENV,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             lines = [proc.stdout.readline() for _ in range(100 + 37 * attempt)]
-            time.sleep(0.3)                 # blocked on the full pipe, mid-batch
+            wait_for(lambda: _writing_to_a_full_pipe(proc.pid), 30,
+                     "consume blocked on the full pipe, mid-batch")
             proc.send_signal(signal.SIGINT)
             lines += proc.stdout.readlines()
             assert proc.wait(30) == 0
@@ -626,6 +628,13 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
                         if line.startswith("T/0#")}
             committed = read_offsets(os.path.join(rs.store_dir, "config"))["T@g"]["0"]
             assert 0 < committed <= 4000 and set(range(committed)) <= printed
+
+
+def _writing_to_a_full_pipe(pid: int) -> bool:
+    """Whether the main thread of process ``pid`` waits in a write to a full pipe (the
+    kernel function it sleeps in, /proc/PID/wchan: ``pipe_write``, ``anon_pipe_write``)."""
+    with open(f"/proc/{pid}/wchan") as f:
+        return "pipe_write" in f.read()
 
 
 def test_status_shows_consumer_group_lag(tmp_path):

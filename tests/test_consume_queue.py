@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import refcodec
 from conftest import msg, small_config
+from store_processes import wait_past_ms
 from rocketstore.storage import GetMessageStatus, MessageStore
 from rocketstore.storage.consume_queue import (
     BLANK_UNIT, CQ_STORE_UNIT_SIZE, CQ_UNIT, ConsumeQueue, ConsumeQueueView,
@@ -515,9 +516,9 @@ def test_offset_by_time_searches_the_file_by_its_store_times_not_its_mtime(tmp_p
     config = small_config(tmp_path, mapped_file_size_consume_queue=20 * 8)
     with MessageStore(config, background=False) as store:
         for batch in range(5):
-            assert all(r.ok for r in store.put_batch([msg(batch * 5 + i, queue_id=0)
-                                                      for i in range(5)]))
-            time.sleep(0.01)                  # each batch its own store time
+            results = store.put_batch([msg(batch * 5 + i, queue_id=0) for i in range(5)])
+            assert all(r.ok for r in results)
+            wait_past_ms(results[-1].store_timestamp)     # each batch its own store time
         store.dispatch()
         cq_dir = os.path.join(config.consume_queue_dir, "TopicTest", "0")
         files = sorted(os.listdir(cq_dir))

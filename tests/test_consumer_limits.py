@@ -17,16 +17,15 @@ COUNT = 700
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = RunningStore(tmp_path_factory.mktemp("limits")).start()
-    with Producer(s.store_dir) as p:
-        for first in range(0, COUNT, 100):
-            results = p.send_async([Message("OneQueue", b"m%04d" % i + b"." * 1000,
-                                            queue_id=0)
-                                    for i in range(first, first + 100)]).result()
-            assert all(r.ok for r in results)
-    wait_for(lambda: s.slot(Slot.DISPATCHED) == s.slot(Slot.WRITTEN), what="dispatch")
-    yield s
-    s.stop()
+    with RunningStore(tmp_path_factory.mktemp("limits")) as s:
+        with Producer(s.store_dir) as p:
+            for first in range(0, COUNT, 100):
+                results = p.send_async([Message("OneQueue", b"m%04d" % i + b"." * 1000,
+                                                queue_id=0)
+                                        for i in range(first, first + 100)]).result()
+                assert all(r.ok for r in results)
+        wait_for(lambda: s.slot(Slot.DISPATCHED) == s.slot(Slot.WRITTEN), what="dispatch")
+        yield s
 
 
 def _first_poll(store, **kwargs) -> list:

@@ -28,6 +28,7 @@ import time
 import pytest
 
 from rocketstore.client import Consumer, Producer, ReaderClient
+from rocketstore.procs.dispatcher import SPACE_RETRY_MS
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message
 from store_processes import RunningStore, cli, wait_for
@@ -134,6 +135,17 @@ def _continue(pid: int) -> None:
         pass
 
 
+def _turning_through_retries(store: RunningStore, retries: int) -> None:
+    """Wait until the dispatcher has turned its loop ``retries`` retry periods
+    (SPACE_RETRY_MS) from now: it lived through that many tries at the full disk. (No
+    slot counts the tries; the heartbeat shows the loop went on past them.)"""
+    pid = store.child_pid("dispatcher")
+    past_ms = time.time_ns() // 1_000_000 + retries * SPACE_RETRY_MS
+    wait_for(lambda: store.heartbeat_ms("dispatcher") > past_ms, 30 + retries,
+             f"the dispatcher turning through {retries} retries")
+    assert store.child_pid("dispatcher") == pid
+
+
 def _take_every_byte(path: str) -> None:
     """Another program fills the file system, to its last block."""
     with open(path, "wb", buffering=0) as f:
@@ -193,8 +205,9 @@ def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_d
             refused = p.send(topic, b"while full", queue_id=0)   # refused, naming why
             assert refused.status.name == "SERVICE_NOT_AVAILABLE" and "ENOSPC" in \
                 refused.reason, refused
-            time.sleep(3)                               # several retries, no exit
+            _turning_through_retries(store, 3)
             assert store.restarts("dispatcher") == 0 and store.proc.poll() is None
+            assert store.slot(Slot.DISPATCH_ERROR) != 0
             os.unlink(filler)
             os.kill(cleaner, signal.SIGCONT)
             wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) == 0, timeout=30,

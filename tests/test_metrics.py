@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rocketstore.client import Consumer, Producer, ReaderClient
 from rocketstore.procs.stats import Histogram, ProcessStats, read_published
-from store_processes import RunningStore, cli, free_port
+from store_processes import RunningStore, cli, free_port, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,12 +53,10 @@ def _wait_for(port: int, check, timeout: float = 20):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     port = free_port()
-    s = RunningStore(tmp_path_factory.mktemp("metrics"), metrics_port=port,
-                     mapped_file_size_commit_log=1 << 20)
-    s.start()
-    s.port = port
-    yield s
-    s.stop()
+    with RunningStore(tmp_path_factory.mktemp("metrics"), metrics_port=port,
+                      mapped_file_size_commit_log=1 << 20) as s:
+        s.port = port
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -152,21 +150,10 @@ def _message(topic: str, i: int):
 
 
 def test_the_endpoint_is_off_by_default(tmp_path):
-    s = RunningStore(tmp_path).start()
-    try:
-        assert read_published(s.store_dir, "writer") is not None or _published_soon(s)
+    with RunningStore(tmp_path) as s:
+        wait_for(lambda: read_published(s.store_dir, "writer") is not None, 10,
+                 "the writer's statistics")
         assert "metrics on" not in s.log()
-    finally:
-        s.stop()
-
-
-def _published_soon(s) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if read_published(s.store_dir, "writer") is not None:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_histogram_buckets_and_snapshot():
@@ -189,15 +176,12 @@ def test_statistics_of_an_earlier_run_are_not_shown(tmp_path):
     import json
     from rocketstore.procs.stats import stats_path
     s = RunningStore(tmp_path).start()
-    s.stop()
+    assert s.stop() == 0, s.log()
     stale = stats_path(s.store_dir, "ha")
     with open(stale, "w") as f:
         json.dump({"pid": 1, "ha": {"listen": "tcp://127.0.0.1:1", "slaves": [
             {"address": "127.0.0.1", "acked": 0}]}}, f)
-    s.start()
-    try:
+    with s:
         assert not os.path.exists(stale)
         r = cli("status", "--config", s.config_path, "--json")
         assert r.returncode == 0 and "127.0.0.1:1" not in r.stdout, r.stdout
-    finally:
-        s.stop()

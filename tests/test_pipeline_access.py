@@ -25,15 +25,14 @@ def body(i: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    rs = RunningStore(tmp_path_factory.mktemp("access"), mapped_file_size_commit_log=64 << 20,
-                      max_message_size=1 << 20).start()
-    with Producer(rs.store_dir) as p:
-        for k in range(0, COUNT, 10):
-            assert all(r.ok for r in p.send_batch(
-                [Message(topic=BIG, body=body(i), queue_id=0) for i in range(k, k + 10)]))
-    wait_for(lambda: rs.slot(Slot.DISPATCHED) >= rs.slot(Slot.WRITTEN), 30, "dispatch")
-    yield rs
-    rs.stop()
+    with RunningStore(tmp_path_factory.mktemp("access"), mapped_file_size_commit_log=64 << 20,
+                      max_message_size=1 << 20) as rs:
+        with Producer(rs.store_dir) as p:
+            for k in range(0, COUNT, 10):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic=BIG, body=body(i), queue_id=0) for i in range(k, k + 10)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) >= rs.slot(Slot.WRITTEN), 30, "dispatch")
+        yield rs
 
 
 @pytest.mark.parametrize("path", ["local", "remote"])

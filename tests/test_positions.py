@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 
 import posix_ipc
 import pytest
 
 from rocketstore.shm import positions
 from conftest import msg, small_config
+from store_processes import wait_for
 from rocketstore.procs.recovery import recover_and_publish
 from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROCESS_BASE, PROCESS_NAMES, PROCESS_SLOTS, RESTARTS, PositionTable,
@@ -290,6 +290,12 @@ def test_a_foreign_segment_is_replaced(tmp_path, caplog):
         posix_ipc.unlink_shared_memory(name)
 
 
+def _state(pid: int) -> str:
+    """The state letter /proc gives process ``pid`` (R, S, Z, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_supervisor_alive_tells_a_live_supervisor_from_a_dead_or_reused_pid():
     """By the start time /proc gives in clock ticks since boot (the wall clock may jump
     under a running store), and a zombie or a missing pid is dead."""
@@ -300,8 +306,7 @@ def test_supervisor_alive_tells_a_live_supervisor_from_a_dead_or_reused_pid():
     assert not supervisor_alive(me, process_start_ticks(me) - 1)      # a reused pid
     assert not supervisor_alive(0, 0)                                  # never filled in
     child = subprocess.Popen(["true"])
-    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-        time.sleep(0.01)                                               # exited, not reaped
+    wait_for(lambda: _state(child.pid) == "Z", 10, "the child exited, not reaped")
     assert not supervisor_alive(child.pid, process_start_ticks(child.pid))
     child.wait()
     assert not supervisor_alive(child.pid, 12345)                      # gone

@@ -17,26 +17,25 @@ from rocketstore.storage.read_path import subscription_tags
 from rocketstore.storage.record import decode_at
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.config import StoreConfig, recorded_geometry
-from store_processes import RunningStore, wait_for
+from store_processes import RunningStore, wait_for, wait_past_ms
 
 TAGS = ["paid", "refunded", None, "paid", "shipped", "refunded", "", "other"]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = RunningStore(tmp_path_factory.mktemp("filters")).start()
-    stamps = []
-    with Producer(s.store_dir) as p:
-        for i in range(48):
-            r = p.send("Orders", b"order-%02d" % i, tags=TAGS[i % len(TAGS)], queue_id=0)
-            assert r.status.name == "PUT_OK"
-            stamps.append(r.store_timestamp)
-            if i % 12 == 11:
-                time.sleep(0.02)       # store times that differ between groups
-    wait_for(lambda: s.slot(Slot.DISPATCHED) == s.slot(Slot.WRITTEN), what="dispatch")
-    s.stamps = stamps
-    yield s
-    s.stop()
+    with RunningStore(tmp_path_factory.mktemp("filters")) as s:
+        stamps = []
+        with Producer(s.store_dir) as p:
+            for i in range(48):
+                r = p.send("Orders", b"order-%02d" % i, tags=TAGS[i % len(TAGS)], queue_id=0)
+                assert r.status.name == "PUT_OK"
+                stamps.append(r.store_timestamp)
+                if i % 12 == 11:
+                    wait_past_ms(r.store_timestamp)   # store times that differ between groups
+        wait_for(lambda: s.slot(Slot.DISPATCHED) == s.slot(Slot.WRITTEN), what="dispatch")
+        s.stamps = stamps
+        yield s
 
 
 def _local(store, tags) -> list[bytes]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -92,23 +91,33 @@ def test_a_long_cleaner_pass_keeps_its_heartbeat_and_stops_when_asked(tmp_path):
     it and left abort behind. The pauses now write the heartbeat and end the pass on a
     stop: no watchdog kill, and a clean stop."""
     from rocketstore.shm.positions import Slot
+    queues = 16                            # a pass of 15 pauses of 0.7 s: 10.5 s
     with RunningStore(tmp_path, processes={"cleaner": {"heartbeat_timeout_s": 1.5}},
                       mapped_file_size_consume_queue=40,      # two units a file
-                      delete_consume_queue_files_interval=700) as rs:
+                      delete_consume_queue_files_interval=700,
+                      default_topic_queue_nums=queues) as rs:
         with Producer(rs.store_dir) as p:
-            assert all(r.ok for r in p.send_batch(
-                [Message(topic="Many", body=b"x" * 2000, queue_id=q)
-                 for q in range(8) for _ in range(6)]))
+            for q in range(queues):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic="Many", body=b"x" * 2000, queue_id=q) for _ in range(6)]))
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Last", body=b"y" * 30000) for _ in range(3)]))
         wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
-        rs.expire_commit_log(keep=1)       # eight queues lose files: a 5 s pass
-        time.sleep(3.5)                    # past the watchdog's 1.5 s, twice
+        rs.expire_commit_log(keep=1)       # every queue loses files
+        wait_for(lambda: _queues_cleaned(rs) >= 6, 60,
+                 "six queues cleaned: five pauses, past the watchdog's 1.5 s twice")
         assert rs.restarts("cleaner") == 0
         assert rs.stop() == 0
+        assert _queues_cleaned(rs) < queues, "the pass ended before the stop came"
     assert not os.path.exists(os.path.join(rs.store_dir, "abort"))
     with open(rs.log_path) as f:
         assert "did not stop" not in f.read()
+
+
+def _queues_cleaned(rs: RunningStore) -> int:
+    """How many queues the cleaner has deleted consume-queue files of (its log)."""
+    with open(rs.log_path) as f:
+        return f.read().count("expired consume queue file(s)")
 
 
 def test_a_port_in_use_stops_the_start_at_once_naming_it(tmp_path):

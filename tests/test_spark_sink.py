@@ -18,9 +18,8 @@ from store_processes import RunningStore, wait_for
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    rs = RunningStore(tmp_path_factory.mktemp("spark-sink")).start()
-    yield rs
-    rs.stop()
+    with RunningStore(tmp_path_factory.mktemp("spark-sink")) as rs:
+        yield rs
 
 
 def read(spark, **options):

@@ -5,7 +5,6 @@ the local path (mapped files) and the remote one (the reader socket)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from rocketstore.procs.status import store_status
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message
 from rocketstore.storage.config import StoreConfig
-from store_processes import RunningStore, free_ports, wait_for
+from store_processes import RunningStore, free_ports, wait_for, wait_past_ms
 
 ORDERS, REFUNDS, TIMED = "Orders", "Refunds", "Timed"
 N_ORDERS = 3000
@@ -44,15 +43,14 @@ def dispatched_all(rs: RunningStore) -> None:
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
     """A store holding N_ORDERS orders (4 queues) and 40 refunds (2 queues)."""
-    rs = RunningStore(tmp_path_factory.mktemp("spark-source")).start()
-    orders = [order(i) for i in range(N_ORDERS)]
-    results = send(rs.store_dir, orders)
-    send(rs.store_dir, [Message(topic=REFUNDS, body=b"refund %d" % i, queue_id=i % 2)
-                        for i in range(40)])
-    dispatched_all(rs)
-    rs.expected = {(r.queue_id, r.queue_offset): (m, r) for m, r in zip(orders, results)}
-    yield rs
-    rs.stop()
+    with RunningStore(tmp_path_factory.mktemp("spark-source")) as rs:
+        orders = [order(i) for i in range(N_ORDERS)]
+        results = send(rs.store_dir, orders)
+        send(rs.store_dir, [Message(topic=REFUNDS, body=b"refund %d" % i, queue_id=i % 2)
+                            for i in range(40)])
+        dispatched_all(rs)
+        rs.expected = {(r.queue_id, r.queue_offset): (m, r) for m, r in zip(orders, results)}
+        yield rs
 
 
 def read(spark, **options):
@@ -149,8 +147,7 @@ def test_starting_timestamp_selects_exactly_the_messages_stored_since(spark, run
     first = send(running.store_dir, [Message(topic=TIMED, body=b"early %d" % i, queue_id=i % 2)
                                      for i in range(50)])
     since = max(r.store_timestamp for r in first) + 1
-    while int(time.time() * 1000) <= since:
-        time.sleep(0.001)
+    wait_past_ms(since)
     later = send(running.store_dir, [Message(topic=TIMED, body=b"late %d" % i, queue_id=i % 2)
                                      for i in range(30)])
     dispatched_all(running)

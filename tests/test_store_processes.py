@@ -422,33 +422,42 @@ def test_one_consumer_shared_by_threads(tmp_path):
         with Producer(rs.store_dir) as p:
             send_some(p, acked, 0, 2000)
         c = Consumer(rs.store_dir, "threads", TOPIC)
-        got: list = []
-        errors: list = []
+        try:
+            per_thread: list[list] = [[], []]     # what each thread got, in its order
+            errors: list = []
 
-        def take():
-            try:
-                deadline = time.monotonic() + 30
-                while len(got) < 2000 and time.monotonic() < deadline:
-                    got.extend(c.poll(37, 100))
-            except Exception as e:    # noqa: BLE001 - the test reports it
-                errors.append(e)
+            def take(mine: list) -> None:
+                try:
+                    deadline = time.monotonic() + 30
+                    while sum(map(len, per_thread)) < 2000 and time.monotonic() < deadline:
+                        mine.extend(c.poll(37, 100))
+                except Exception as e:    # noqa: BLE001 - the test reports it
+                    errors.append(e)
 
-        threads = [threading.Thread(target=take) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert errors == []
-        check_exactly_once(acked, got)
-        waiting = threading.Thread(target=lambda: got.append(c.poll(10, 30_000)))
-        waiting.start()
-        time.sleep(0.3)
-        c.commit()                       # a poll that waits lets the other calls in:
-        assert c.position(c.assignment()[0]) is not None
-        assert waiting.is_alive()        # they came back while it still waits
-        c.close()
+            threads = [threading.Thread(target=take, args=(mine,)) for mine in per_thread]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert errors == []
+            for mine in per_thread:       # each thread reads every queue forwards
+                for q in {m.queue_id for m in mine}:
+                    offsets = [m.queue_offset for m in mine if m.queue_id == q]
+                    assert offsets == sorted(set(offsets)), (q, offsets)
+            # between them, in queue order (the two threads append in any order)
+            check_exactly_once(acked, sorted(per_thread[0] + per_thread[1],
+                                             key=lambda m: (m.queue_id, m.queue_offset)))
+            waited: list = []
+            waiting = threading.Thread(target=lambda: waited.append(c.poll(10, 30_000)))
+            waiting.start()
+            wait_for(c._wait_lock.locked, 10, "the poll to wait for messages")
+            c.commit()                    # a poll that waits lets the other calls in:
+            assert c.position(c.assignment()[0]) is not None
+            assert waiting.is_alive()     # they came back while it still waits
+        finally:
+            c.close()
         waiting.join(5)
-        assert not waiting.is_alive() and got[-1] == []
+        assert not waiting.is_alive() and waited == [[]]
 
 
 @pytest.mark.parametrize("per_read", [32, 512])

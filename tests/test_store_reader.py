@@ -23,7 +23,7 @@ import time
 import pytest
 
 from conftest import msg, small_config
-from store_processes import WORK_DIR
+from store_processes import WORK_DIR, wait_for
 from rocketstore.storage import CorruptRecordError, Message, MessageStore, StoreClosedError
 from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE, encode_unit
 from rocketstore.storage.record import decode_at
@@ -504,8 +504,8 @@ CHILD = textwrap.dedent("""
     from rocketstore.storage.store_reader import StoreReader
     from rocketstore.storage.status import GetMessageStatus
     config = StoreConfig(**json.loads(sys.argv[1]))
-    fd = os.open(sys.argv[2], os.O_RDONLY)
-    slot = memoryview(mmap.mmap(fd, 16, access=mmap.ACCESS_READ)).cast("q")
+    fd = os.open(sys.argv[2], os.O_RDWR)
+    slot = memoryview(mmap.mmap(fd, 24)).cast("q")
     offsets, seen, pulls = {0: 0, 1: 0}, [], 0
     with StoreReader(config) as reader:
         while True:
@@ -521,18 +521,23 @@ CHILD = textwrap.dedent("""
                         seen.append((q, m.queue_offset, m.msg_id, m.body.decode()))
                     offsets[q] = r.next_begin_offset
                     moved = True
-            if done and not moved:
-                break
+            if not moved:
+                slot[2] = dispatched        # read everything below it
+                if done:
+                    break
     print(json.dumps({"seen": seen, "pulls": pulls}))
 """)
 
 
 def test_a_reader_in_another_process_reads_while_the_parent_writes(store, config, tmp_path):
+    """Forty rounds: the parent puts and dispatches, publishes how far (slot 0) and puts
+    the next round once the child, reading all along, has read everything below it
+    (slot 2): every round is read while the next is being written."""
     slot_path = str(tmp_path / "dispatched")
     with open(slot_path, "wb") as f:
-        f.write(bytes(16))
+        f.write(bytes(24))
     fd = os.open(slot_path, os.O_RDWR)
-    slot = memoryview(mmap.mmap(fd, 16)).cast("q")
+    slot = memoryview(mmap.mmap(fd, 24)).cast("q")
     cfg = {k: v for k, v in config.to_dict().items()}
     child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg), slot_path],
                              cwd=WORK_DIR, env={**os.environ, "PYTHONPATH": ROOT},
@@ -543,7 +548,8 @@ def test_a_reader_in_another_process_reads_while_the_parent_writes(store, config
             puts += fill(store, 15, start=15 * round_)
             store.dispatch()
             slot[0] = store.reput_from_offset   # publish only after dispatch
-            time.sleep(0.005)
+            wait_for(lambda: slot[2] == slot[0] or child.poll() is not None, 60,
+                     f"the child to read round {round_}")
         slot[1] = 1
         out, err = child.communicate(timeout=60)
     finally:

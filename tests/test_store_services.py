@@ -6,6 +6,7 @@ SYNC_FLUSH put that the disk does not answer in time gets FLUSH_DISK_TIMEOUT; wi
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from conftest import msg, small_config
@@ -56,23 +57,28 @@ def test_the_clean_service_watches_the_disk(tmp_path):
 
 
 def test_a_sync_put_the_disk_does_not_answer_times_out(tmp_path, monkeypatch):
-    """Injected fault: an fdatasync that hangs for a second (a disk that stops
-    answering cannot be had on demand)."""
+    """Injected fault: an fdatasync that does not return until the test lets it (a disk
+    that stops answering cannot be had on demand). The put answers FLUSH_DISK_TIMEOUT
+    while the fdatasync still hangs: before the disk did."""
     store = MessageStore(small_config(tmp_path, flush_disk_type="SYNC_FLUSH",
                                       sync_flush_timeout=100, **FAST))
     store.load()
     assert store.put(msg(0)).status is PutMessageStatus.PUT_OK
     real = mapped_file.FILE_OPS.fdatasync
+    hanging, answer = threading.Event(), threading.Event()
 
     def hang(fd):
-        time.sleep(1.0)
+        hanging.set()
+        answer.wait(60)
         real(fd)
     monkeypatch.setattr(mapped_file.FILE_OPS, "fdatasync", hang)
-    started = time.monotonic()
-    r = store.put(msg(1))
-    waited = time.monotonic() - started
+    try:
+        r = store.put(msg(1))
+        assert hanging.is_set() and not answer.is_set()    # answered before the disk
+    finally:
+        answer.set()
     assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and "sync_flush_timeout" in r.reason
-    assert r.wrote_offset > 0 and waited < 1.0       # answered before the disk was
+    assert r.wrote_offset > 0
     monkeypatch.undo()
     store.close()
     with MessageStore(store.config, background=False) as again:   # it was stored
@@ -81,9 +87,12 @@ def test_a_sync_put_the_disk_does_not_answer_times_out(tmp_path, monkeypatch):
 
 
 def test_driven_by_hand_nothing_happens_unasked(tmp_path):
+    """No service thread (``store-*``) is started, so nothing can flush, dispatch or
+    clean unasked (a wait would show only that nothing happened yet); the CommitLog's
+    file-making thread is not one of them."""
     with MessageStore(small_config(tmp_path, **FAST), background=False) as store:
         assert store.put(msg(0)).ok
-        time.sleep(0.2)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("store-")]
         assert store.reput_from_offset == 0
         assert store.services is None
         store.dispatch()

@@ -76,24 +76,38 @@ def test_messages_pass_through_the_pool_across_many_files(tmp_path):
 
 
 def test_readers_never_pass_what_is_committed(tmp_path):
-    slow = dict(POOL, commit_interval_commit_log=1500, commit_commit_log_thorough_interval=1500,
-                commit_commit_log_least_pages=10_000)
-    with RunningStore(tmp_path, **slow) as store:
+    """With the flusher (which commits the pool into the files) stopped by SIGSTOP, five
+    messages are written but not committed: after the dispatcher has turned its loop
+    since, DISPATCHED is still within COMMITTED and the file holds zeros past it; once
+    the flusher goes on, all six are dispatched and read."""
+    with RunningStore(tmp_path, **POOL) as store:
         _send(store.store_dir, "Slow", 0, 1)
-        time.sleep(1.6)                                    # one commit: the baseline
         written0 = store.slot(Slot.WRITTEN)
         wait_for(lambda: store.slot(Slot.COMMITTED) == written0, what="first commit")
-        acked = _send(store.store_dir, "Slow", 1, 5, batch=5)
-        assert len(acked) == 5
-        written, committed = store.slot(Slot.WRITTEN), store.slot(Slot.COMMITTED)
-        dispatched = store.slot(Slot.DISPATCHED)
-        if committed < written:                            # the commit step has not run yet
-            assert dispatched <= committed
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == written0, what="first dispatch")
+        flusher = store.child_pid("flusher")
+        os.kill(flusher, signal.SIGSTOP)
+        try:
+            assert len(_send(store.store_dir, "Slow", 1, 5, batch=5)) == 5
+            _dispatcher_turned(store)
+            written, committed = store.slot(Slot.WRITTEN), store.slot(Slot.COMMITTED)
+            assert committed == written0 < written
+            assert store.slot(Slot.DISPATCHED) <= committed
             with open(os.path.join(store.store_dir, "commitlog", "0" * 20), "rb") as f:
                 assert f.read()[committed:written].count(0) == written - committed
-        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN), timeout=10,
+        finally:
+            os.kill(flusher, signal.SIGCONT)
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
                  what="commit, then dispatch")
         assert sorted(_read_all(store.store_dir, "Slow", 6)) == list(range(6))
+
+
+def _dispatcher_turned(store: RunningStore) -> None:
+    """Wait until the dispatcher has begun and ended a whole loop turn from now: its
+    heartbeat (written after each turn) moves twice."""
+    for _ in range(2):
+        beat = store.heartbeat_ms("dispatcher")
+        wait_for(lambda: store.heartbeat_ms("dispatcher") > beat, what="a dispatcher turn")
 
 
 @pytest.mark.parametrize("victim", ["writer", "flusher"])

@@ -107,7 +107,11 @@ def queue_counts(msgs: list[Message]) -> Counter:
 
 
 def preload(config: StoreConfig, msgs: list[Message]) -> None:
-    store = MessageStore(config)
+    """Put ``msgs`` into the store, dispatched (``close()`` does), no delayed one
+    delivered: no service thread runs, so no schedule service may deliver a delayed
+    message whose time came while the preload took long, into a queue it was not
+    counted in."""
+    store = MessageStore(config, background=False)
     store.load()
     try:
         assert all(r.ok for r in store.put_batch(msgs))
@@ -283,10 +287,14 @@ class RunningStore:
 
     # ------------------------------------------------------------------ the final check
     def reopen_and_verify(self) -> None:
+        """Stop the processes, open the store (no service thread: the schedule service
+        would deliver the delayed messages now due) and check every acknowledged
+        message and every queue's length."""
         self.stop()
         self.release()
-        store = MessageStore(self.config)
+        store = MessageStore(self.config, background=False)
         store.load()
+        store.dispatch()
         try:
             assert store.check() == []
             for m, r in self.acks:
@@ -376,7 +384,7 @@ def test_sync_acks_wait_for_flushed_and_time_out_when_the_flusher_stops(running)
 
     # no reply while FLUSHED is short of the record; one as soon as it is not
     msgs = [message(200 + i, queue_id=1) for i in range(5)]
-    request_id = c.send(msgs)
+    request_id = _send_and_see_it_stored(s, c, msgs)
     assert c.recv(timeout_s=0.3) is None
     assert s.table.get(Slot.FLUSHED) == flushed
     s.signal("flusher", signal.SIGCONT)
@@ -412,14 +420,24 @@ def test_sync_window_full_replies_busy_and_stores_nothing(running):
     s.reopen_and_verify()
 
 
+def _send_and_see_it_stored(s, c, msgs: list[Message]) -> int:
+    """Send ``msgs`` in one request and wait until the writer has stored them (WRITTEN
+    moved); returns the request's id."""
+    written = s.table.read_written()[0]
+    request_id = c.send(msgs)
+    wait_until(lambda: s.table.read_written()[0] > written, "the request stored")
+    return request_id
+
+
 def parked_request(running, sync_flush_timeout: int):
     """A SYNC_FLUSH store whose flusher is stopped, and a request of three messages the
-    writer parked (stored, not yet flushed): ``(store, client, msgs, request_id)``."""
+    writer parked (stored, not yet flushed, no reply): ``(store, client, msgs,
+    request_id)``."""
     s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=sync_flush_timeout).start()
     c = s.client()
     s.signal("flusher", signal.SIGSTOP)
     msgs = [message(i, queue_id=0) for i in range(3)]
-    request_id = c.send(msgs)
+    request_id = _send_and_see_it_stored(s, c, msgs)
     assert c.recv(timeout_s=0.2) is None
     return s, c, msgs, request_id
 
@@ -438,9 +456,9 @@ def test_a_stopping_writer_answers_its_parked_requests(running):
 
 
 def test_a_flush_error_answers_parked_requests_and_refuses_new_ones(running):
-    s, c, msgs, request_id = parked_request(running, 8000)
+    s, c, msgs, request_id = parked_request(running, 60_000)
     s.as_process("flusher").set(Slot.FLUSH_ERROR, errno.EIO)   # standing in for the flusher
-    reply = c.recv(timeout_s=2)
+    reply = c.recv(timeout_s=20)       # at once, not at the sync_flush_timeout's 60 s
     assert reply[0] == request_id
     assert [r.status for r in reply[1]] == [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 3
     assert "EIO" in reply[1][0].reason
