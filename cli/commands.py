@@ -21,11 +21,13 @@ from rocketstore.wire import endpoints
 from rocketstore.client import group_offsets
 from rocketstore.client.consumer import check_names
 from rocketstore.procs.service import configure_logging
-from rocketstore.procs.status import store_status
+from rocketstore.procs.status import reserved_text, store_status
 from rocketstore.procs.supervisor import Supervisor, load_process_configs
 from rocketstore.shm import bus
-from rocketstore.shm.positions import PositionTable, PositionTableAccessError, PositionTableError
+from rocketstore.shm.positions import (
+    PositionTable, PositionTableAccessError, PositionTableError, Slot)
 from rocketstore.storage import Message, StoreConfig
+from rocketstore.storage.reservation import store_reservation
 from rocketstore.storage.validation import check_topic
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
@@ -48,6 +50,8 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig, config_path: str) -> i
               f"(supervisor pid {os.getpid()}); ingest {bus.endpoint(config.store_path_root_dir, 'ingest')}, "
               f"reader {bus.endpoint(config.store_path_root_dir, 'reader')}; "
               f"{tcp}Ctrl-C stops it", flush=True)
+        reserved = store_reservation(config, supervisor.table.get(Slot.WRITTEN))
+        print(f"disk: {reserved_text(reserved)}", flush=True)
 
     return supervisor.run(ready=ready)
 
@@ -77,7 +81,8 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
           f"{'writeable' if st['writeable'] else 'NOT WRITEABLE'}  (supervisor {st['supervisor_pid']})")
     print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
           f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
-    print(f"disk       {st['disk']['used_ratio']:.1%} used")
+    print(f"disk       {st['disk']['used_ratio']:.1%} used; "
+          f"{reserved_text(st['disk']['reserved'])}")
     kept = st["disk"]["quarantine"]
     if kept["files"]:
         print(f"quarantine {kept['bytes']} bytes in {kept['files']} files from {kept['cuts']} "

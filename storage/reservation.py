@@ -125,3 +125,45 @@ class Reservation:
         """The blocks from ``position`` on were released (a hole was punched there)."""
         self.reserved = min(self.reserved, position)
 
+
+# --------------------------------------------------------------------- what a store holds
+def store_reservation(config, written: int) -> dict:
+    """The disk blocks a store's files hold now (``st_blocks``), by kind, and the steps
+    they grow by: ``bytes`` (the sum), ``commit_log``, ``commit_log_ahead`` (blocks past
+    the data ``written``: each CommitLog file's beyond the bytes of it below
+    ``written``), ``index``, ``consume_queues``, and ``steps`` (``commit_log``,
+    ``index_entries``, ``index_slots`` reserved whole, ``consume_queue``). Files that go
+    while it looks are skipped; it reads only metadata."""
+    commit_log = ahead = 0
+    size = config.mapped_file_size_commit_log
+    for name, used in _blocks(config.commit_log_dir):
+        commit_log += used
+        ahead += max(0, used - min(max(written - int(name), 0), size))
+    index = sum(used for _, used in _blocks(config.index_dir))
+    queues = 0
+    for directory, _, names in os.walk(config.consume_queue_dir):
+        queues += sum(used for _, used in _blocks(directory, names))
+    return {"bytes": commit_log + index + queues, "commit_log": commit_log,
+            "commit_log_ahead": ahead, "index": index, "consume_queues": queues,
+            "steps": {"commit_log": reserve_step(size),
+                      "index_entries": reserve_step(config.max_index_num * 20),
+                      "index_slots": 40 + config.max_hash_slot_num * 4,
+                      "consume_queue": reserve_step(config.consume_queue_file_size)}}
+
+
+def _blocks(directory: str, names: list[str] | None = None) -> list[tuple[str, int]]:
+    """``(name, bytes of blocks)`` of the store files (all-digit names) in
+    ``directory``."""
+    if names is None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+    out = []
+    for name in names:
+        if name.isdigit():
+            try:
+                out.append((name, os.stat(os.path.join(directory, name)).st_blocks * 512))
+            except FileNotFoundError:
+                continue
+    return out

@@ -13,6 +13,9 @@ needs (``storage.reservation``).
    the write is refused with the named error (ENOSPC), nothing stored before changes,
    and writes go on once there is space. Then a running store, whose writer meets the
    full disk in the middle of a CommitLog file.
+3. What a fresh store costs: RocketMQ's default sizes (1 GiB CommitLog files, a 420 MB
+   index file), five messages: the files keep their full sizes and hold about a hundred
+   MiB of blocks, and ``up`` and ``status`` say so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -366,3 +370,44 @@ def test_a_running_store_meeting_a_full_disk_mid_file_refuses_and_goes_on(disk):
     r = cli("check", "--config", store.config_path)
     assert r.returncode == 0 and "consistent" in r.stdout, r.stdout + r.stderr
 
+
+# ====================================================================== a fresh store
+def test_a_fresh_store_at_default_sizes_holds_what_it_uses_and_says_so(tmp_path):
+    """RocketMQ's default sizes: 1 GiB CommitLog files, 6 MB consume queue files, a
+    420 MB index file. Three CommitLog files and the index file are there at full size
+    (3.5 GB by ``ls -l``); five messages hold a step of each kind of blocks."""
+    store = RunningStore(tmp_path, mapped_file_size_commit_log=1 << 30,
+                         mapped_file_size_consume_queue=300_000 * 20,
+                         max_hash_slot_num=5_000_000, max_index_num=20_000_000)
+    store.start()
+    try:
+        line = []
+        reader = threading.Thread(target=lambda: line.append(store.proc.stdout.readline()))
+        reader.start()
+        reader.join(10)
+        assert line and line[0].startswith("disk: ") and "reserved now" in line[0], line
+        assert "grows as it fills" in line[0] and "CommitLog 64 MiB" in line[0]
+        with Producer(store.store_dir) as p:
+            assert all(p.send("Fresh", b"m%d" % i, keys=[f"k{i}"]).ok for i in range(5))
+        wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                 what="dispatch")
+        every = [os.path.join(d, n) for d, _, names in os.walk(store.store_dir)
+                 for n in names]
+        held = sum(blocks(p) for p in every)
+        assert held < 160 * MIB, held
+        logs = os.path.join(store.store_dir, "commitlog")
+        assert all(os.path.getsize(os.path.join(logs, n)) == 1 << 30
+                   for n in os.listdir(logs) if n.isdigit())
+        r = cli("status", "--json", "--config", store.config_path)
+        reserved = json.loads(r.stdout)["disk"]["reserved"]
+        assert 64 * MIB <= reserved["commit_log"] < 65 * MIB     # a step, no file ahead
+        assert reserved["commit_log_ahead"] > 63 * MIB
+        assert 19 * MIB < reserved["index"] < 50 * MIB           # slots and a step
+        assert 0 < reserved["consume_queues"] < 6 * MIB          # a step a queue
+        assert reserved["bytes"] == reserved["commit_log"] + reserved["index"] + \
+            reserved["consume_queues"] <= held
+        text = cli("status", "--config", store.config_path).stdout
+        assert "reserved now (CommitLog 64 MiB: 64 MiB ahead of writes; index" in text, text
+        assert store.stop() == 0
+    finally:
+        store.kill_all()
