@@ -478,7 +478,8 @@ class CommitLog:
         brings the file's pages in itself)."""
         if mf is None:
             return
-        self.mapped_file_queue.reserve_next(mf)
+        if mf.reserved_position == mf.file_size:        # within a step or so of full
+            self.mapped_file_queue.reserve_next(mf)
         if self._allocator is not None and self._pool is None:
             self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
 
