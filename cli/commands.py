@@ -23,11 +23,13 @@ from rocketstore.client import group_offsets
 from rocketstore.client.consumer import check_group, check_names
 from rocketstore.client.topics import require_topic
 from rocketstore.procs.service import configure_logging
-from rocketstore.procs.status import store_status
+from rocketstore.procs.status import reserved_text, store_status
 from rocketstore.procs.supervisor import ProcessConfig, Supervisor
 from rocketstore.shm import bus
-from rocketstore.shm.positions import PositionTable, PositionTableAccessError, PositionTableError
+from rocketstore.shm.positions import (
+    PositionTable, PositionTableAccessError, PositionTableError, Slot)
 from rocketstore.storage import Message, StoreConfig
+from rocketstore.storage.reservation import store_reservation
 from rocketstore.storage.validation import check_topic
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
@@ -43,6 +45,8 @@ def cmd_up(args: argparse.Namespace, config: StoreConfig,
 
     def ready() -> None:
         print(up_banner(config, os.getpid()), flush=True)
+        reserved = store_reservation(config, supervisor.table.get(Slot.WRITTEN))
+        print(f"disk: {reserved_text(reserved)}", flush=True)
 
     return supervisor.run(ready=ready)
 
@@ -92,7 +96,8 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
           f"(supervisor {st['supervisor_pid']})")
     print(f"positions  min {pos['min_offset']}  written {pos['written']}  flushed {pos['flushed']}"
           f"  dispatched {pos['dispatched']}  (dispatch lag {st['dispatch_lag_bytes']} bytes)")
-    print(f"disk       {st['disk']['used_ratio']:.1%} used")
+    print(f"disk       {st['disk']['used_ratio']:.1%} used; "
+          f"{reserved_text(st['disk']['reserved'])}")
     kept = st["disk"]["quarantine"]
     if kept["files"]:
         print(f"quarantine {kept['bytes']} bytes in {kept['files']} files from {kept['cuts']} "

@@ -1,6 +1,7 @@
 """What ``rocketstore status`` and the metrics endpoint report of a running store:
-positions, processes (state, pid, heartbeat age), disk and quarantine, the error flags,
-each consumer group's lag and the replication (a master's slaves, a slave's master).
+positions, processes (state, pid, heartbeat age), disk (the file system, what the
+store's files reserve, quarantine), the error flags, each consumer group's lag and the
+replication (a master's slaves, a slave's master).
 
 Read from the position table, the processes' published statistics (``stats``) and the
 store's files; it writes nothing.
@@ -16,6 +17,7 @@ from rocketstore.procs.stats import read_published
 from rocketstore.shm.positions import HEARTBEAT_MS, PositionTable, StoreState, now_ms
 from rocketstore.storage import replication
 from rocketstore.storage.config import BROKER_ROLES
+from rocketstore.storage.reservation import store_reservation
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.wire.ha_protocol import error_name
 
@@ -53,6 +55,7 @@ def store_status(store_dir: str) -> dict:
                        "disk_full": bool(snap["disk_full"])},
             "disk": {"total": usage.total, "used": usage.used,
                      "used_ratio": round(usage.used / usage.total, 4),
+                     "reserved": store_reservation(store_config(store_dir), written),
                      "quarantine": quarantine_usage(store_dir)},
             "processes": snap["processes"],
             "generation": snap["generation"],
@@ -73,6 +76,32 @@ def not_writeable(snap: dict) -> list[str]:
     if snap["disk_full"]:
         why.append("disk_full")
     return why
+
+
+def reserved_text(reserved: dict) -> str:
+    """``storage.reservation.store_reservation`` in one line: what the files hold now,
+    by kind, and the steps they grow by."""
+    cl, ahead, steps = reserved["commit_log"], reserved["commit_log_ahead"], reserved["steps"]
+    return (f"{size_text(reserved['bytes'])} reserved now (CommitLog {size_text(cl)}: "
+            f"{size_text(ahead)} ahead of writes; index "
+            f"{size_text(reserved['index'])}; consume queues "
+            f"{size_text(reserved['consume_queues'])}); grows as it fills, a step at a time "
+            f"(CommitLog {size_text(steps['commit_log'])}, index entries "
+            f"{size_text(steps['index_entries'])}, consume queue "
+            f"{size_text(steps['consume_queue'])})")
+
+
+def size_text(n: int) -> str:
+    """``0 B``, ``12 KiB``, ``1.5 MiB``, ``64 MiB``, ``3.2 GiB``."""
+    if n < 1 << 10:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / (1 << 10):.0f} KiB"
+    if n < 10 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.0f} MiB"
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 def quarantine_usage(store_dir: str) -> dict:

@@ -10,7 +10,8 @@ Pure on-disk structures and their algorithms, usable alone in one process::
     store.close()
 
 Modules, one structure each: ``record`` (the CommitLog record), ``mapped_file`` and
-``mapped_file_queue``, ``commit_log``, ``consume_queue``, ``index_file`` and
+``mapped_file_queue``, ``reservation`` (the disk blocks reserved ahead of the writes into
+mapped files), ``commit_log``, ``consume_queue``, ``index_file`` and
 ``index_service``, ``checkpoint``, ``delay_level``, ``expiry``, ``validation``,
 ``check`` (fsck), and ``message_store`` (the facade). This package never imports
 ``shm`` or ``procs``.

@@ -2,7 +2,11 @@
 
 The record layout is in ``storage.record``; this module owns the files and the append
 path. Files are ``mapped_file_size_commit_log`` bytes (1 GiB by default), named by their
-20-digit start offset; the next file is preallocated when one is created.
+20-digit start offset; the next file is made (sparse) when one is created. Their blocks
+are reserved as they fill (``storage.reservation``): every copy into a file is preceded
+by ``MappedFile.reserve`` up to its end, so a full disk refuses the put
+(CREATE_MAPEDFILE_FAILED, the reason naming the file and ENOSPC) instead of a page fault
+killing the appender with SIGBUS.
 
 Append (``put_message`` in RocketMQ, here ``prepare`` + ``append``):
 
@@ -10,9 +14,10 @@ Append (``put_message`` in RocketMQ, here ``prepare`` + ``append``):
    record with placeholders for the three values only the appender knows;
 2. ``append`` (the single appender): for each record take the last file (create it when
    there is none or it is full); if ``record + 8`` bytes do not fit, fill the rest of the
-   file with a BLANK record and move to the next file; stamp QUEUEOFFSET (from the
-   topic-queue table), PHYSICALOFFSET and STORETIMESTAMP; copy it in; advance the wrote
-   position and the topic-queue table (NOT/COMMIT messages only).
+   file with a BLANK record and move to the next file; reserve the file's blocks up to
+   the record's end; stamp QUEUEOFFSET (from the topic-queue table), PHYSICALOFFSET and
+   STORETIMESTAMP; copy it in; advance the wrote position and the topic-queue table
+   (NOT/COMMIT messages only).
 
 Invariants:
 
@@ -340,8 +345,9 @@ class CommitLog:
         (``record_batch.stamp``) and copied with one slice assignment; a record that
         does not fit (``record + 8`` bytes) closes the file with a BLANK and starts the
         next. The topic-queue table advances for the records stored. When no new file
-        can be created, the records from there on are not stored (``StoreFileError``
-        is logged): ``count`` says how many were, always a prefix, every one whole.
+        can be created or a file's blocks cannot be reserved (a full disk), the records
+        from there on are not stored (``StoreFileError`` is logged): ``count`` says how
+        many were, always a prefix, every one whole.
         """
         n = len(batch)
         self.append_error = ""
@@ -365,6 +371,11 @@ class CommitLog:
             k = _run_end(starts, ends, done, room, small)     # record ``done`` fits: k > done
             pos = mf.wrote_position
             first, last = int(starts[done]), int(ends[k - 1])
+            try:
+                mf.reserve(pos + last - first)
+            except StoreFileError as e:
+                self._no_file(e)
+                break
             base = mf.file_from_offset + pos - first
             run = ([a + base for a in starts[done:k]] if small
                    else (starts[done:k] + base).tolist())
@@ -390,8 +401,8 @@ class CommitLog:
         and stamped there (QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP, the store
         host): the caller publishes WRITTEN only afterwards, so no reader sees a record
         before its stamps. The rest is ``append_batch``'s: BLANK and a new file when one
-        does not fit, a prefix stored when no file can be made (``append_error`` says
-        why), the topic-queue table advanced for what was stored.
+        does not fit, a prefix stored when no file can be made or reserved
+        (``append_error`` says why), the topic-queue table advanced for what was stored.
         """
         self.append_error = ""
         table = self.topic_queue_table
@@ -404,6 +415,7 @@ class CommitLog:
             try:
                 mf = self._file_taking(mf, size)
                 sink = self._sink(mf)
+                mf.reserve(mf.wrote_position + size)
             except StoreFileError as e:
                 self._no_file(e)
                 break
@@ -434,7 +446,8 @@ class CommitLog:
         """The file the next record of ``size`` bytes goes into: ``mf``, or the next one
         (made now) when ``mf`` is full, or closed here with a BLANK when the record and a
         BLANK's head would not fit in it. Raises ``StoreFileError`` when no file can be
-        made, ``ValueError`` for a record no file can hold."""
+        made or the BLANK's blocks cannot be reserved, ``ValueError`` for a record no
+        file can hold."""
         mfq = self.mapped_file_queue
         if mf is None or mf.is_full():
             mf = mfq.get_or_create_last_mapped_file(0)
@@ -447,8 +460,9 @@ class CommitLog:
         return mf
 
     def _no_file(self, e: StoreFileError) -> None:
-        """An append stops where no file could be made; ``append_error`` says why."""
-        log.error("create mapped file failed: %s", e)
+        """An append stops where no file could be made or reserved; ``append_error``
+        says why."""
+        log.error("create or reserve mapped file failed: %s", e)
         self.append_error = str(e)
 
     def append_failure(self) -> str:
@@ -458,9 +472,15 @@ class CommitLog:
         return "cannot create or write a commitlog file (disk full?)"
 
     def _keep_ahead(self, mf: MappedFile | None) -> None:
-        """Have the allocation thread keep the files ahead of ``mf``'s wrote position
-        (through the pool, the commit step's pwrite allocates the file's pages itself)."""
-        if self._allocator is not None and mf is not None and self._pool is None:
+        """Have the next file's first step reserved once ``mf`` is reserved to its end
+        (``MappedFileQueue.reserve_next``), and the allocation thread read the page cache
+        ahead of ``mf``'s wrote position (not through the pool: the commit step's pwrite
+        brings the file's pages in itself)."""
+        if mf is None:
+            return
+        if mf.reserved_position == mf.file_size:        # within a step or so of full
+            self.mapped_file_queue.reserve_next(mf)
+        if self._allocator is not None and self._pool is None:
             self._allocator.keep_ahead(mf.file_from_offset + mf.wrote_position)
 
     def append_verbatim(self, offset: int, data) -> None:
@@ -470,7 +490,8 @@ class CommitLog:
         parsed: what they hold is published by the caller (storage.replication).
 
         Raises ``ValueError`` for an offset that is not the end, or bytes crossing the
-        file's end, and ``StoreFileError`` when the file cannot be created."""
+        file's end, and ``StoreFileError`` when the file cannot be created or its blocks
+        reserved (nothing is written then)."""
         mfq = self.mapped_file_queue
         mf = mfq.get_last_mapped_file()
         end = mfq.get_max_wrote_position() if mf is not None else offset
@@ -482,6 +503,7 @@ class CommitLog:
         if not 0 <= pos <= mf.file_size - len(data):
             raise ValueError(f"{len(data)} bytes at {offset} cross the end of file "
                              f"{mf.file_from_offset}")
+        mf.reserve(pos + len(data))
         mf.buf[pos:pos + len(data)] = data
         mf.appended(len(data))
 
@@ -538,9 +560,12 @@ class CommitLog:
     def _write_blank(self, mf: MappedFile) -> None:
         """The BLANK that ends a file: its 8-byte head; the rest stays zero (a pool
         buffer, which still holds an older file's bytes there, is zeroed first, so a
-        commit copies zeros into the file as the mapping would have them)."""
+        commit copies zeros into the file as the mapping would have them). The file is
+        reserved to its end first (less than a record: the commit writes it all).
+        Raises ``StoreFileError`` when it cannot be; nothing is written then."""
         remain = mf.file_size - mf.wrote_position
         sink, pos = self._sink(mf), mf.wrote_position
+        mf.reserve(mf.file_size)
         if sink is not mf.buf:
             sink[pos:mf.file_size] = bytes(remain)
         sink[pos:pos + record.END_FILE_MIN_BLANK_LENGTH] = record.encode_blank(remain)

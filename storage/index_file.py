@@ -50,6 +50,15 @@ read as 1); and putKey measures timeDiff against the begin it is about to replac
 the first entry of a rolled file (begin = the previous file's end) reads back late by
 its gap to that end.
 
+Disk: the file has its full size from its creation, but its blocks are reserved as it
+fills (``storage.reservation``): the header and the slot table (written anywhere, from
+the first put) at once, the entries a step at a time (a sixteenth of the entry region,
+1-64 MiB) half a step ahead of the next entry. An entry is written only after its
+blocks are reserved, so a full disk raises ``StoreFileError`` naming ENOSPC before
+anything of the put is written, never SIGBUS. A file opened again reserves what its
+header counts at once (a crash may have left holes there; allocated blocks cost
+nothing).
+
 Crash story: nothing is checksummed and nothing here is trusted beyond "the caller
 verifies every candidate against the CommitLog": a torn or stale entry can make a query
 miss a message or return a wrong candidate, never return a wrong message. Full files are
@@ -74,7 +83,8 @@ import numpy as np
 from rocketstore.storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from rocketstore.storage.hashing import index_key_hash
 from rocketstore.storage.dir_sync import fsync_creation
-from rocketstore.storage.mapped_file import FILE_OPS, unlink_quietly
+from rocketstore.storage.mapped_file import FILE_OPS, file_may_hold_data, unlink_quietly
+from rocketstore.storage.reservation import Reservation, create_reserved, reserve_step
 from rocketstore.storage import file_modes
 
 log = logging.getLogger(__name__)
@@ -238,19 +248,21 @@ class IndexFile:
 
     def __init__(self, path: str, hash_slot_num: int, index_num: int,
                  end_phy_offset: int = 0, end_timestamp: int = 0):
-        """Create ``path`` preallocated to full size, or open the existing file.
+        """Create ``path`` at full size (header, slots and the first step of entries
+        reserved), or open the existing file.
 
         A new file starts with ``indexCount = 1`` and, when ``end_phy_offset`` /
         ``end_timestamp`` are > 0 (the previous file's end), with both its begin and end
         values set to them. An existing file's header is read from disk (an indexCount
         <= 0 reads as 1) and the two arguments are ignored.
 
-        A zero-length file (a creation a crash interrupted) is allocated and
-        initialised as a new one.
+        A short file that was never written (a creation a crash interrupted) is
+        allocated and initialised as a new one.
 
         Raises ``StoreFileError`` when the file has any other size than
-        ``40 + hash_slot_num*4 + index_num*20`` or cannot be created, allocated or
-        mapped, and ``CorruptRecordError`` when its indexCount exceeds ``index_num``.
+        ``40 + hash_slot_num*4 + index_num*20`` or cannot be created, allocated (its
+        reservation: ENOSPC) or mapped, and ``CorruptRecordError`` when its indexCount
+        exceeds ``index_num``.
         """
         assert hash_slot_num > 0 and index_num > 1, (hash_slot_num, index_num)
         self.path = path
@@ -258,10 +270,14 @@ class IndexFile:
         self.index_num = index_num
         self.file_size = index_file_size(hash_slot_num, index_num)
         self._index_base = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        step = reserve_step(index_num * INDEX_SIZE)
+        first = self._index_base + step     # header, slots and the first entries
         if os.path.exists(path):
-            self._fd, created = self._open()
+            self._fd, created = self._open(first)
         else:
-            self._fd, created = self._create(), True
+            self._fd, created = self._create(first), True
+        self._reservation = Reservation(path, self._fd, self.file_size, step,
+                                        first if created else 0)
         try:
             self._buf: mmap.mmap | None = mmap.mmap(self._fd, self.file_size)
         except (OSError, ValueError) as e:
@@ -271,16 +287,17 @@ class IndexFile:
             self._init_header(end_phy_offset, end_timestamp)
         else:
             self._load_header()
+            self._reserve_or_close(self._index_base + self._index_count * INDEX_SIZE)
 
     # ----------------------------------------------------------------- open / create
-    def _create(self) -> int:
+    def _create(self, reserved: int) -> int:
         made = file_modes.make_dirs(os.path.dirname(self.path) or ".")
         try:
             fd = file_modes.create(self.path, os.O_RDWR | os.O_EXCL)
         except OSError as e:
             raise StoreFileError(self.path, f"cannot create: {os.strerror(e.errno)}") from e
         try:
-            self._allocate(fd)
+            create_reserved(self.path, fd, self.file_size, reserved)
             fsync_creation(self.path, made)
         except BaseException:
             os.close(fd)
@@ -288,11 +305,12 @@ class IndexFile:
             raise
         return fd
 
-    def _open(self) -> tuple[int, bool]:
+    def _open(self, reserved: int) -> tuple[int, bool]:
         """Open an existing file: ``(fd, created)``.
 
-        A zero-length file is a creation that a crash interrupted before the
-        allocation: it holds nothing, so it is allocated and initialised like a new one.
+        A short file that was never written is a creation that a crash interrupted
+        before its size was set: it holds nothing, so it is allocated and initialised
+        like a new one.
         """
         try:
             fd = os.open(self.path, os.O_RDWR)
@@ -300,8 +318,8 @@ class IndexFile:
             raise StoreFileError(self.path, f"cannot open: {os.strerror(e.errno)}") from e
         try:
             size = os.fstat(fd).st_size
-            if size == 0:
-                self._allocate(fd)
+            if size == 0 or (size < self.file_size and not file_may_hold_data(fd, size)):
+                create_reserved(self.path, fd, self.file_size, reserved)
                 return fd, True
             if size != self.file_size:
                 raise StoreFileError(self.path, f"length {size} does not match the "
@@ -313,14 +331,19 @@ class IndexFile:
             raise
         return fd, False
 
-    def _allocate(self, fd: int) -> None:
-        """Preallocate the whole file (never sparse: a full disk must fail here, not
-        with SIGBUS on a later page fault). Raises ``StoreFileError``."""
+    def _reserve_or_close(self, end: int) -> None:
+        """Reserve the blocks below ``end`` of a file just opened; close it and raise
+        ``StoreFileError`` when they cannot be."""
         try:
-            FILE_OPS.fallocate(fd, 0, self.file_size)
-        except OSError as e:
-            raise StoreFileError(self.path, f"cannot allocate {self.file_size} bytes: "
-                                 f"{os.strerror(e.errno) if e.errno else e}") from e
+            self._reservation.cover(end)
+        except StoreFileError:
+            self.close()
+            raise
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes from the file's start this process knows to be allocated."""
+        return self._reservation.reserved
 
     def _init_header(self, end_phy_offset: int, end_timestamp: int) -> None:
         self._begin_timestamp = self._end_timestamp = max(end_timestamp, 0)
@@ -377,7 +400,8 @@ class IndexFile:
 
         Returns False, writing nothing, when the file is full. Raises
         ``StoreClosedError`` after close, ``struct.error`` when ``phy_offset`` or
-        ``store_timestamp`` does not fit a Java long.
+        ``store_timestamp`` does not fit a Java long, ``StoreFileError`` (ENOSPC),
+        writing nothing, when the entry's blocks cannot be reserved.
         """
         buf = self._buf
         if buf is None:
@@ -393,8 +417,9 @@ class IndexFile:
         # As in Java, the diff is taken against the begin *before* a first put moves it,
         # so the first entry of a rolled file measures from the previous file's end.
         time_diff = _time_diff_s(store_timestamp, self._begin_timestamp)
-        INDEX_ENTRY.pack_into(buf, self._index_base + index_count * INDEX_SIZE,
-                              key_hash, phy_offset, time_diff, slot_value)
+        entry_pos = self._index_base + index_count * INDEX_SIZE
+        self._reservation.cover(entry_pos + INDEX_SIZE)
+        INDEX_ENTRY.pack_into(buf, entry_pos, key_hash, phy_offset, time_diff, slot_value)
         if index_count <= 1:
             self._begin_phy_offset = phy_offset
             self._begin_timestamp = store_timestamp
@@ -424,7 +449,8 @@ class IndexFile:
         by queries as duplicates). Written with endPhyOffset first, a kill among the
         slots left every entry of the run but the last unreachable for good. Returns
         how many were put (fewer than given when the file fills). Raises
-        ``StoreClosedError`` after close.
+        ``StoreClosedError`` after close, and ``StoreFileError`` (ENOSPC), having
+        written nothing, when the entries' blocks cannot be reserved.
         """
         buf = self._check_open()
         count0 = self._index_count
@@ -441,6 +467,7 @@ class IndexFile:
         entries["time_diff"] = self._time_diffs(stamps, count0)
         entries["pre_index_no"], last_in_slot = self._chain(slots, numbers, count0)
         start = self._index_base + count0 * INDEX_SIZE
+        self._reservation.cover(start + n * INDEX_SIZE)
         buf[start:start + n * INDEX_SIZE] = entries.tobytes()
         if count0 <= 1:
             self._begin_phy_offset = int(phys[0])

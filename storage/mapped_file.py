@@ -1,4 +1,4 @@
-"""MappedFile: one fixed-size, preallocated, memory-mapped store file.
+"""MappedFile: one fixed-size, memory-mapped store file, its blocks reserved as it fills.
 
 A MappedFile is named by the global offset of its first byte, as a 20-digit zero-padded
 decimal (``00000000001073741824``); ``file_from_offset`` is parsed back from the name.
@@ -18,10 +18,17 @@ which checks the invariant before it moves anything: a move that would break it 
 is computed by the code (none is read from disk), so a violation is a bug in the
 caller; it is checked with code, not ``assert``, so that ``python -O`` keeps it.
 
-Files are preallocated to full size with ``posix_fallocate`` before they are mapped, so a
-full disk fails the creation cleanly (CREATE_MAPEDFILE_FAILED) instead of killing the
-writer with SIGBUS on a page fault later. A file that others may have mapped is never
-truncated, only unlinked (``destroy``): the inode lives until the last mapping goes.
+Files have their full size from the start, but only a prefix of their blocks is
+allocated (``storage.reservation``): a new file reserves its first step (a sixteenth of
+the file, 1-64 MiB; a file of 1 MiB or less whole), and every write (``append``, and
+the appender's own copies after ``reserve``) is preceded by a reservation that keeps
+half a step ahead of it. A full disk therefore fails a creation or an append cleanly
+(``StoreFileError`` naming ENOSPC: CREATE_MAPEDFILE_FAILED for a put) instead of killing
+the writer with SIGBUS on a page fault, and a store holds the disk its data needs plus a
+step per file being written, not every file's full size. A file made ahead of need
+(``reserve_first=False``) reserves nothing until it is written. A file that others may
+have mapped is never truncated, only unlinked (``destroy``): the inode lives until the
+last mapping goes.
 
 Reference counting follows RocketMQ's ReferenceResource: ``hold``/``release`` bracket
 reads and flushes; ``shutdown`` marks the file unavailable and drops the file's own
@@ -32,8 +39,9 @@ Crash story: nothing of a MappedFile's state is persisted besides its bytes. Aft
 restart the positions are set to the file size and recovery moves them back to the end
 of the last valid record.
 
-Fault-injection seam: ``FILE_OPS`` holds the OS calls that can fail with ENOSPC or EIO
-(``fallocate``, ``fdatasync``); tests replace them to inject those faults.
+Fault-injection seam: ``FILE_OPS`` (``storage.reservation``'s, re-exported here) holds
+the OS calls that can fail with ENOSPC or EIO (``fallocate``, ``fdatasync``); tests
+replace them to inject those faults.
 """
 
 from __future__ import annotations
@@ -43,14 +51,14 @@ import ctypes.util
 import errno
 import mmap
 import os
-import types
 
 from rocketstore.storage.dir_sync import DirSyncs, fsync_creation, owed_by_creation
 from rocketstore.storage.errors import StoreError, StoreFileError
 from rocketstore.storage.clock import now_ms  # noqa: F401  (re-exported)
 from rocketstore.storage import file_modes
+from rocketstore.storage.reservation import (  # noqa: F401  (FILE_OPS re-exported)
+    FILE_OPS, OS_PAGE_SIZE, Reservation, create_reserved, reserve_step)
 
-OS_PAGE_SIZE = 4096
 # How many bytes of "may hold data" regions ``file_may_hold_data`` reads before it
 # errs on the safe side. A never-written file's regions are the pages reads pulled into
 # the page cache: one touch of a mapped file reads ahead up to ``read_ahead_kb`` (8 MiB
@@ -58,8 +66,6 @@ OS_PAGE_SIZE = 4096
 INSPECT_LIMIT = 64 << 20
 _INSPECT_CHUNK = 1 << 20
 FILE_NAME_DIGITS = 20
-
-FILE_OPS = types.SimpleNamespace(fallocate=os.posix_fallocate, fdatasync=os.fdatasync)
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -86,9 +92,10 @@ class MappedFile:
 
     def __init__(self, path: str, file_size: int, *, read_only: bool = False,
                  create: bool = True, extend_short: bool = False,
-                 dir_syncs: DirSyncs | None = None):
-        """Open (or create, preallocated) and map ``path``. A creation fsyncs the
-        directories that make it durable, or owes them to ``dir_syncs``.
+                 dir_syncs: DirSyncs | None = None, reserve_first: bool = True):
+        """Open (or create: full size, its first reservation step allocated, none when
+        not ``reserve_first``) and map ``path``. A creation fsyncs the directories that
+        make it durable, or owes them to ``dir_syncs``.
 
         Raises ``StoreFileError`` when the name is not an offset, the file is missing and
         ``create`` is false, its size differs from ``file_size`` (a short file is grown
@@ -103,7 +110,11 @@ class MappedFile:
         self.read_only = read_only
         self.was_extended = False
         self._extend_short = extend_short
-        self.fd = self._open(create, dir_syncs)
+        step = reserve_step(file_size)
+        self.fd, reserved = self._open(create, dir_syncs, step if reserve_first else 0)
+        # None when read-only; else what this process knows to be allocated
+        self.reservation = None if read_only else \
+            Reservation(path, self.fd, file_size, step, reserved)
         try:
             self.buf = mmap.mmap(self.fd, file_size,
                                  access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
@@ -127,7 +138,10 @@ class MappedFile:
         self.cleanup_over = False
         self._first_shutdown_ms = 0
 
-    def _open(self, create: bool, dir_syncs: DirSyncs | None) -> int:
+    def _open(self, create: bool, dir_syncs: DirSyncs | None,
+              first_reserve: int) -> tuple[int, int]:
+        """``(fd, bytes known to be reserved)``: ``first_reserve`` for a file made
+        here, 0 for one that was there."""
         flags = os.O_RDONLY if self.read_only else os.O_RDWR
         exists = os.path.exists(self.path)
         if not exists and (not create or self.read_only):
@@ -137,15 +151,17 @@ class MappedFile:
         fd = os.open(self.path, flags) if exists else file_modes.create(self.path, flags)
         try:
             size = os.fstat(fd).st_size
+            reserved = 0
             if not exists or size == 0:
-                self._allocate(fd, 0, self.file_size)
+                create_reserved(self.path, fd, self.file_size, first_reserve)
+                reserved = first_reserve
                 if not exists:
                     if dir_syncs is not None:
                         dir_syncs.owe(owed_by_creation(self.path, made))
                     else:
                         fsync_creation(self.path, made)
             elif size < self.file_size and not self.read_only and self._extend_short:
-                self._allocate(fd, size, self.file_size - size)
+                create_reserved(self.path, fd, self.file_size, 0)   # zeros past the end
                 self.was_extended = True
             elif size != self.file_size:
                 raise StoreFileError(self.path, f"length {size} does not match the configured "
@@ -155,14 +171,19 @@ class MappedFile:
             if not exists:
                 unlink_quietly(self.path)
             raise
-        return fd
+        return fd, reserved
 
-    def _allocate(self, fd: int, offset: int, length: int) -> None:
-        try:
-            FILE_OPS.fallocate(fd, offset, length)
-        except OSError as e:
-            raise StoreFileError(self.path, f"cannot allocate {length} bytes: "
-                                 f"{os.strerror(e.errno or errno.EIO)}") from e
+    # ------------------------------------------------------------------- reservation
+    def reserve(self, end: int) -> None:
+        """Have the file's blocks allocated below ``end`` (and half a reservation step
+        past it) before the caller writes up to ``end`` itself (``storage.reservation``).
+        Raises ``StoreFileError`` (ENOSPC, ...) when they cannot be; nothing changed."""
+        self.reservation.cover(end)
+
+    @property
+    def reserved_position(self) -> int:
+        """Bytes from the file's start known (to this process) to be allocated."""
+        return 0 if self.reservation is None else self.reservation.reserved
 
     # ------------------------------------------------------------------- positions
     @property
@@ -213,12 +234,14 @@ class MappedFile:
     def append(self, data) -> bool:
         """``appendMessage(byte[])``: copy ``data`` at the wrote position.
 
-        Returns False, writing nothing, when it does not fit.
+        Returns False, writing nothing, when it does not fit. Raises ``StoreFileError``,
+        writing nothing, when its blocks cannot be reserved (a full disk).
         """
         pos = self.wrote_position
         end = pos + len(data)
         if end > self.file_size:
             return False
+        self.reservation.cover(end)
         self.buf[pos:end] = data
         self._move(end, end, self.flushed_position)
         return True
@@ -229,11 +252,15 @@ class MappedFile:
         self.committed_position = self.wrote_position
 
     def zero_tail(self, start: int) -> None:
-        """Zero the file from ``start`` to its end, keeping it allocated (recovery only).
+        """Zero the file from ``start`` to its end (recovery only, by the file's only
+        writer).
 
         Stale records after a truncation point must never be mistaken for new ones.
-        Punching a hole is instant and touches no page; where the file system cannot,
-        every region it reports as holding data (``data_regions``) is overwritten.
+        Punching a hole is instant and touches no page; the blocks go, and the
+        reservation is taken again by the next write. Where the file system cannot
+        punch, every chunk of the regions it reports as holding data (``data_regions``)
+        that is not zeros already is overwritten: bytes that were written there have
+        their blocks.
         """
         length = self.file_size - start
         if length <= 0:
@@ -241,13 +268,14 @@ class MappedFile:
         rc = _libc.fallocate(self.fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
                              ctypes.c_long(start), ctypes.c_long(length))
         if rc == 0:
-            self._allocate(self.fd, start, length)
+            self.reservation.forget_from(start)
             return
         step = 1 << 20
         for region_start, region_end in data_regions(self.fd, start, self.file_size):
             for pos in range(region_start, region_end, step):
                 n = min(step, region_end - pos)
-                self.buf[pos:pos + n] = bytes(n)
+                if self.buf[pos:pos + n].count(0) != n:
+                    self.buf[pos:pos + n] = bytes(n)
 
     def may_hold_data(self, limit: int | None = INSPECT_LIMIT) -> bool:
         """False only when the file was provably never written (``file_may_hold_data``)."""

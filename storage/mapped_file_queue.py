@@ -13,9 +13,11 @@ would only repeat it.)
 returns True when nothing moved (callers loop). The last file is the only one written.
 
 Creation follows AllocateMappedFileService: when file ``n`` is created, file ``n+1`` is
-preallocated on disk too (``preallocate_next``), so the next roll-over only maps it.
-Preallocated files are full-size and zero-filled; a preallocated file that is found at
-load is simply an empty last file.
+made on disk too (``preallocate_next``), so the next roll-over only maps it. A file made
+ahead is full-size and reads as zeros, but reserves no blocks until it is written, or
+until the file before it is reserved to its end (``reserve_next``: its first step then);
+a file made ahead that is found at load is simply an empty last file. Every write into
+a file of the queue is preceded by its reservation (``storage.reservation``).
 
 Deletion never truncates: files are unlinked (``MappedFile.destroy``), oldest first,
 never the last one, at most ``DELETE_FILES_BATCH_MAX`` per call, stopping at the first
@@ -40,6 +42,7 @@ from rocketstore.storage.errors import StoreFileError
 from rocketstore.storage.mapped_file import (
     INSPECT_LIMIT, MappedFile, data_regions, file_may_hold_data, now_ms,
     offset_to_file_name)
+from rocketstore.storage.reservation import allocate, reserve_step
 from rocketstore.storage import file_modes, record
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ class MappedFileQueue:
         self.preallocate_next = preallocate_next
         self.allocator: "AllocateMappedFileService | None" = None
         self._lock_refusal_said = False
+        self._next_reserved = -1    # the file whose successor reserve_next served
         self.read_only = read_only
         self.mapped_files: list[MappedFile] = []
         self._past_view: list[MappedFile] = []   # mapped, hidden by ``show_first``
@@ -100,7 +104,7 @@ class MappedFileQueue:
         mapped here, and unmap files wholly below ``min_offset`` (deleted by the
         cleaner, or about to be). When the first file on disk lies past the last one
         mapped here, the cleaner took them all: the view starts again from the files
-        there are. A file not yet allocated to full size is left for a later call. Every
+        there are. A file not yet at its full size (being made) is left for a later call. Every
         mapped file is shown again first (``show_all``)."""
         self.show_all()
         while self.mapped_files and \
@@ -136,16 +140,23 @@ class MappedFileQueue:
             next_offset = offset + self.mapped_file_size
 
     def finish_interrupted_creation(self) -> None:
-        """Allocate a zero-length last file: a creation a kill cut short between the
-        ``open(O_CREAT)`` and the ``fallocate`` (it holds nothing; no one can have mapped
-        it). Any other short file is left for ``load`` to reject. Call before ``load``."""
+        """Finish a short last file that was never written: a creation a kill cut short
+        between the ``open(O_CREAT)``, the ``fallocate`` of its first step and the
+        ``ftruncate`` to full size (it holds nothing; no one can have mapped it: readers
+        map only full-size files). Any other short file is left for ``load`` to reject.
+        Call before ``load``."""
         names = sorted(n for n in os.listdir(self.store_path) if n.isdigit())
         if not names:
             return
         path = os.path.join(self.store_path, names[-1])
-        if os.path.getsize(path) == 0:
+        size = os.path.getsize(path)
+        if size == 0:
             log.warning("%s has length 0 (its creation was interrupted): allocating it", path)
             MappedFile(path, self.mapped_file_size).close()
+        elif size < self.mapped_file_size and not _path_may_hold_data(path, size):
+            log.warning("%s has length %d and was never written (its creation was "
+                        "interrupted): giving it its full size", path, size)
+            os.truncate(path, self.mapped_file_size)
 
     def _check_files(self, names: list[str], extend_short: bool) -> int | None:
         """Raise ``StoreFileError`` for a gap or a wrong size; the short file's index."""
@@ -248,14 +259,37 @@ class MappedFileQueue:
                         "pre-touched but not locked in RAM", mf.path, _memlock_limit())
 
     def _preallocate(self, offset: int) -> None:
-        """Create the next-next file ahead of need; failure only costs latency later."""
+        """Create the next file ahead of need, reserving nothing; failure only costs
+        latency later."""
         path = self._path(offset)
         if os.path.exists(path):
             return
         try:
-            MappedFile(path, self.mapped_file_size, dir_syncs=self.dir_syncs).close()
+            MappedFile(path, self.mapped_file_size, dir_syncs=self.dir_syncs,
+                       reserve_first=False).close()
         except StoreFileError as e:
             log.warning("preallocation failed: %s", e)
+
+    def reserve_next(self, mf: MappedFile) -> None:
+        """Once ``mf`` (the last file) is reserved to its end, which its writes reach a
+        step and a half before they fill it, reserve the first step of the file after
+        it if that was made ahead: the roll-over then writes into allocated blocks.
+        Once per file; a failure is only logged (the append reserves what it writes
+        itself, and refuses then if the disk is still full)."""
+        if mf.reserved_position < mf.file_size or self._next_reserved == mf.file_from_offset:
+            return
+        path = self._path(mf.file_from_offset + self.mapped_file_size)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return                  # not made (yet): the roll-over makes it reserved
+        self._next_reserved = mf.file_from_offset
+        try:
+            allocate(path, fd, 0, reserve_step(self.mapped_file_size))
+        except StoreFileError as e:
+            log.warning("reserving ahead: %s", e)
+        finally:
+            os.close(fd)
 
     def _path(self, offset: int) -> str:
         return os.path.join(self.store_path, offset_to_file_name(offset))

@@ -57,6 +57,36 @@ def msg(i: int = 0, topic: str = "TopicTest", queue_id: int | None = 0, **kw) ->
                    **kw)
 
 
+def mount_tmpfs(path, size: str):
+    """A real small file system to fill: a tmpfs of ``size`` (``48m``) mounted at
+    ``path``; yields the path and unmounts it. Needs root: skipped otherwise, with the
+    reason (the ENOSPC injections of other tests stay for the cases a real disk cannot
+    produce on demand)."""
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root: the real full disk is not tried here")
+    os.makedirs(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def take_every_byte(path: str) -> None:
+    """Another program fills the file system, to its last block."""
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    f.write(b"\xff" * chunk)
+            except OSError:
+                pass
+
+
 def reopen(config: StoreConfig) -> MessageStore:
     s = MessageStore(config)
     s.load()

@@ -3,12 +3,13 @@
 Needs root (to mount the tmpfs); skipped otherwise, with the reason. The ENOSPC
 injections of the other tests stay for the cases a real disk cannot produce on demand.
 
-1. With the cleaner stopped (SIGSTOP), the store fills the file system: the next
-   CommitLog file cannot be allocated, and sends get CREATE_MAPEDFILE_FAILED naming it,
-   or (whichever the file system refuses first) the dispatcher cannot grow a consume
-   queue or the index, and sends get SERVICE_NOT_AVAILABLE naming
-   WRITE_LOGICS_QUEUE_ERROR and ENOSPC; no process crashes (no SIGBUS: files are
-   allocated before they are mapped).
+1. With the cleaner stopped (SIGSTOP), the store fills the file system: a CommitLog
+   file cannot be made or its reservation grown, and sends get CREATE_MAPEDFILE_FAILED
+   naming it, or (whichever the file system refuses first) the dispatcher cannot grow a
+   consume queue or the index, and sends get SERVICE_NOT_AVAILABLE naming
+   WRITE_LOGICS_QUEUE_ERROR and ENOSPC; no process crashes (no SIGBUS: every write
+   into a mapping is reserved first, ``storage.reservation``; tests/test_reservation.py
+   fills the disk in the middle of a file).
 2. The cleaner runs again: past 90 % it marks the disk full (sends refused with
    SERVICE_NOT_AVAILABLE naming DISK_FULL), past 85 % it deletes the oldest CommitLog
    files at once (RocketMQ's forced clean), and once usage is back under the ratios
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -31,27 +31,15 @@ from rocketstore.client import Consumer, Producer, ReaderClient
 from rocketstore.procs.dispatcher import SPACE_RETRY_MS
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message
+from conftest import mount_tmpfs, take_every_byte
 from store_processes import RunningStore, cli, wait_for
 
 MIB = 1 << 20
 
 
-def _mount(path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root: the real full disk is not tried here")
-    os.makedirs(path)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(path)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-
-
 @pytest.fixture
 def small_disk(tmp_path):
-    path = tmp_path / "disk"
-    _mount(path)
-    yield path
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    yield from mount_tmpfs(tmp_path / "disk", "48m")
 
 
 def _batch(first: int) -> list[Message]:
@@ -146,17 +134,6 @@ def _turning_through_retries(store: RunningStore, retries: int) -> None:
     assert store.child_pid("dispatcher") == pid
 
 
-def _take_every_byte(path: str) -> None:
-    """Another program fills the file system, to its last block."""
-    with open(path, "wb", buffering=0) as f:
-        for chunk in (MIB, 4096):
-            try:
-                while True:
-                    f.write(b"\xff" * chunk)
-            except OSError:
-                pass
-
-
 @contextlib.contextmanager
 def _store_beside_a_filler(disk, **settings):
     """A running store on ``disk`` whose cleaner is stopped (its disk-full refusal
@@ -197,7 +174,7 @@ def test_a_dispatcher_that_meets_a_full_disk_waits_for_space_and_goes_on(small_d
                 [Message(topic="Before", body=b"b%d" % i, queue_id=0) for i in range(40)]))
             wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
                      what="dispatch")
-            _take_every_byte(filler)
+            take_every_byte(filler)
             first = p.send_batch(batch("n", 100))    # 100 keys: more than an index file holds
             acked = [b"n%d" % i for i, r in enumerate(first) if r.ok]
             wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) != 0, timeout=30,
@@ -237,7 +214,7 @@ def test_a_stop_while_dispatch_waits_for_space_keeps_what_it_dispatched(small_di
         with Producer(store.store_dir, timeout_ms=5000) as p:
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Before", body=b"b", queue_id=0) for _ in range(10)]))
-            _take_every_byte(filler)
+            take_every_byte(filler)
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Later", body=b"l%d" % i, queue_id=0) for i in range(5)]))
         wait_for(lambda: store.slot(Slot.DISPATCH_ERROR) != 0, timeout=30,

@@ -294,19 +294,26 @@ def test_reopen_keeps_everything(tmp_path):
 
 def test_wrong_size_raises(tmp_path):
     path = tmp_path / "20240101000000000"
-    path.write_bytes(b"\0" * (index_file_size(SLOTS, ENTRIES) - 1))
+    data = bytearray(index_file_size(SLOTS, ENTRIES) - 1)
+    data[:40] = encode_header(T0, T0, 0, 0, 0, 1)       # written: not a cut creation
+    path.write_bytes(bytes(data))
     with pytest.raises(StoreFileError) as e:
         IndexFile(str(path), SLOTS, ENTRIES)
     assert str(path) in str(e.value)
+    assert os.path.getsize(path) == len(data)           # left as it was
     f = new_file(tmp_path, name="20240101000000001")
     f.close()
     with pytest.raises(StoreFileError):       # opened with other dimensions
         IndexFile(f.path, SLOTS * 2, ENTRIES)
 
 
-def test_zero_length_file_is_initialised(tmp_path):
+@pytest.mark.parametrize("length", [0, index_file_size(SLOTS, ENTRIES) // 2])
+def test_short_never_written_file_is_initialised(tmp_path, length):
+    """A creation cut short by a crash: before the first reservation, or between it and
+    the ftruncate to full size."""
     path = tmp_path / "20240101000000000"
-    path.write_bytes(b"")                     # a creation cut short by a crash
+    path.write_bytes(b"")
+    os.truncate(path, length)
     f = IndexFile(str(path), SLOTS, ENTRIES)
     assert os.path.getsize(path) == index_file_size(SLOTS, ENTRIES)
     assert f.index_count == 1 and f.put_key("T#a", 1, T0)

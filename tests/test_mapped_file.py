@@ -122,9 +122,12 @@ def test_short_file_is_grown_back_only_with_extend_short(tmp_path):
     try:
         assert f.was_extended
         st = os.stat(path)
-        assert st.st_size == SIZE and st.st_blocks * 512 >= SIZE
+        assert st.st_size == SIZE and st.st_blocks * 512 < SIZE    # grown sparse
         assert f.buf[:1000] == b"\x11" * 1000
         assert f.buf[1000:] == bytes(SIZE - 1000)
+        f.set_positions(1000)
+        assert f.append(b"\x22" * 100)              # reserved before it is written
+        assert os.stat(path).st_blocks * 512 >= SIZE
     finally:
         f.close()
 
@@ -352,7 +355,7 @@ def test_roll_over_creates_next_and_preallocates_next_next(tmp_path):
         assert first.file_from_offset == 0 and first.first_create_in_queue
         assert names(tmp_path) == [offset_to_file_name(0), offset_to_file_name(SIZE)]
         st = os.stat(path_of(tmp_path, SIZE))
-        assert st.st_size == SIZE and st.st_blocks * 512 >= SIZE
+        assert st.st_size == SIZE and st.st_blocks == 0     # made ahead: nothing reserved
         assert len(q.mapped_files) == 1             # preallocated, not yet in the queue
         assert q.get_or_create_last_mapped_file(0) is first   # not full: same file
         fill(first)
@@ -361,7 +364,8 @@ def test_roll_over_creates_next_and_preallocates_next_next(tmp_path):
         assert [m.file_from_offset for m in q.mapped_files] == [0, SIZE]
         assert names(tmp_path) == [offset_to_file_name(o) for o in (0, SIZE, 2 * SIZE)]
         st = os.stat(path_of(tmp_path, 2 * SIZE))
-        assert st.st_size == SIZE and st.st_blocks * 512 >= SIZE
+        assert st.st_size == SIZE and st.st_blocks == 0
+        assert second.append(b"x") and os.stat(second.path).st_blocks * 512 >= SIZE
     finally:
         q.close()
 
@@ -384,21 +388,19 @@ def test_first_file_is_the_window_holding_the_start_offset(tmp_path, start, wind
         q.close()
 
 
-def test_preallocation_failure_costs_nothing_but_latency(tmp_path, monkeypatch):
-    """fallocate is replaced to fail (ENOSPC) for the next-next file only."""
-    real = mapped_file_module.FILE_OPS.fallocate
-    calls = []
-
-    def fail_second(fd, offset, length):
-        calls.append(length)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, offset, length)
-    monkeypatch.setattr(mapped_file_module.FILE_OPS, "fallocate", fail_second)
+def test_a_file_made_ahead_reserves_nothing_until_it_is_written(tmp_path, monkeypatch):
+    """fallocate is replaced to fail (ENOSPC) once the first file is full: the file
+    made ahead needed none, and an append into it then fails cleanly, writing nothing."""
     q = MappedFileQueue(str(tmp_path), SIZE, preallocate_next=True)
     try:
-        assert q.get_or_create_last_mapped_file(0).file_from_offset == 0
-        assert names(tmp_path) == [offset_to_file_name(0)]   # no partial next-next
+        fill(q.get_or_create_last_mapped_file(0))
+        refuse_space(monkeypatch)
+        second = q.get_or_create_last_mapped_file(0)          # made ahead: only mapped
+        assert second.file_from_offset == SIZE
+        with pytest.raises(StoreFileError, match="No space left on device"):
+            second.append(b"x")
+        assert second.wrote_position == 0 and os.stat(second.path).st_blocks == 0
+        assert q.get_first_mapped_file().buf[:SIZE] == b"\xAB" * SIZE
     finally:
         q.close()
 
@@ -553,11 +555,13 @@ def test_truncate_dirty_files_zeroes_the_tail_and_unlinks_later_files(tmp_path):
         with open(path_of(tmp_path, 0), "rb") as f:
             assert f.read() == b"\xA1" * SIZE
         st = os.stat(path_of(tmp_path, SIZE))
-        assert st.st_size == SIZE and st.st_blocks * 512 >= SIZE
+        assert st.st_size == SIZE and st.st_blocks * 512 < SIZE    # the cut tail punched
         with open(path_of(tmp_path, SIZE), "rb") as f:
             assert f.read() == b"\xA2" * 100 + bytes(SIZE - 100)
-        assert holder.append(b"new")                 # appends continue at the cut
-        assert holder.buf[100:103] == b"new"
+        assert holder.reserved_position <= 100
+        assert holder.append(b"new")                 # appends continue at the cut,
+        assert holder.buf[100:103] == b"new"         # reserved again first
+        assert os.stat(path_of(tmp_path, SIZE)).st_blocks * 512 >= SIZE
     finally:
         q.close()
 
