@@ -49,6 +49,9 @@ def _beyond_send(m: Message) -> bool:
 
 
 MAX_PRODUCER_ID = (1 << 64) - 1
+# times an idempotent producer sends a batch again on its own after the writer went
+# away with it in flight (each time to the writer that took its place; within timeout_ms)
+RESENDS = 8
 WIRE_FORMATS = ("records", "messages")   # SEND_RECORDS, SEND
 # what a message that cannot be laid out as a record raises while being encoded
 _UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
@@ -197,7 +200,7 @@ class Producer:
         frame = self._encode(request_id, messages, seq)
         while len(self._in_flight) >= self.window:
             self._settle(self._in_flight[0])
-        self._dealer.send(frame)
+        self._dealer.send(frame, request_id, RESENDS if self.producer_id else 0)
         self._in_flight.append(request_id)
         if self.producer_id:
             self._next_sequence = max(self._next_sequence, seq + len(messages))

@@ -44,7 +44,7 @@ class ReaderClient:
         self.generation: int | None = None
 
     def _ask(self, frame: bytes, request_id: int) -> bytes:
-        self._dealer.send(frame)
+        self._dealer.send(frame, request_id, resends=1)
         reply = self._dealer.receive(request_id)
         try:
             raise_if_error(reply)
