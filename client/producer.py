@@ -19,7 +19,10 @@ made there, and a place where no store can be reached is named at once
 A Producer owns its ZeroMQ context and socket and must be used from one thread. A
 request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
 is unknown (the store may have stored it); send it again only if duplicates are fine,
-or from an idempotent producer, whose resends the store stores once:
+or from an idempotent producer, whose resends the store stores once. A request in flight
+when the writer went away (killed, or restarting) raises ``ConnectionLost`` (a
+``RequestTimeout``) at once instead; an idempotent producer sends it again by itself
+to the writer that takes its place (``RESENDS`` times at most, within ``timeout_ms``):
 
     with Producer("store", idempotent=True) as p:   # or producer_id=<your u64 != 0>
         first = p.next_sequence
