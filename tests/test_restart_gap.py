@@ -20,6 +20,7 @@ import pytest
 
 from conftest import read_queue
 from rocketstore import ConnectionLost, Consumer, Producer, ReaderClient, RequestTimeout
+from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig
 from rocketstore.storage.config import recorded_geometry
 from store_processes import RunningStore, wait_for
@@ -199,3 +200,28 @@ def test_consumer_long_poll_wakes_after_the_dispatcher_restarted(store):
             t.join(TIMEOUT_MS / 1000 + 5)
             assert time.monotonic() - sent < AT_ONCE_S
             assert [m.body for m in got[0]] == [b"m1"]
+
+
+def test_a_writer_killed_inside_its_publish_of_written_is_replaced(store):
+    """A writer killed between the two stores of ``publish_written`` leaves the seqlock
+    over WRITTEN odd; its successor ends the torn publish instead of waiting on it
+    forever (and the flusher and dispatcher with it). The odd count is set here by hand
+    on the stopped writer: a SIGKILL lands inside those two stores too rarely to aim."""
+    rs = store
+    with Producer(rs.store_dir, timeout_ms=TIMEOUT_MS, idempotent=True) as p:
+        assert p.send(TOPIC, b"m0", queue_id=0).status is PutMessageStatus.PUT_OK
+        writer = rs.child_pid("writer")
+        os.kill(writer, signal.SIGSTOP)
+        table = PositionTable.attach(rs.store_dir, process="writer")
+        try:
+            table._slots[Slot.WRITTEN_SEQ] += 1           # as if killed mid-publish
+        finally:
+            table.close()
+        handle = p.send_async([message(1)])
+        killed = kill_stopped(rs, "writer")
+        assert handle.result()[0].status is PutMessageStatus.PUT_OK
+        assert time.monotonic() - killed < AT_ONCE_S
+        assert rs.slot(Slot.WRITTEN_SEQ) % 2 == 0
+        assert "killed while publishing WRITTEN" in rs.log()
+    assert rs.stop() == 0, rs.log()
+    assert stored_bodies(rs.store_dir) == Counter({b"m0": 1, b"m1": 1})
