@@ -518,7 +518,7 @@ def test_offset_by_time_searches_the_file_by_its_store_times_not_its_mtime(tmp_p
         for batch in range(5):
             results = store.put_batch([msg(batch * 5 + i, queue_id=0) for i in range(5)])
             assert all(r.ok for r in results)
-            wait_past_ms(results[-1].store_timestamp)     # each batch its own store time
+            wait_past_ms(results[-1].store_timestamp + 4)   # batches 5 ms apart at least
         store.dispatch()
         cq_dir = os.path.join(config.consume_queue_dir, "TopicTest", "0")
         files = sorted(os.listdir(cq_dir))
