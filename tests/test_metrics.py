@@ -83,8 +83,13 @@ def exercised(store):
 
 def test_puts_gets_and_positions_are_counted(exercised):
     store = exercised
+    # each process publishes its counters on its own turn, and a scrape reads the
+    # positions live: the snapshot checked is the first one holding every process's part
     m = _wait_for(store.port, lambda m: _value(
-        m, "rocketstore_get_requests_total", process="reader", result="miss") >= 1)
+        m, "rocketstore_get_requests_total", process="reader", result="miss") >= 1
+        and _value(m, "rocketstore_put_latency_seconds_count", process="writer") >= 4
+        and _value(m, "rocketstore_position_bytes", position="dispatched")
+        == _value(m, "rocketstore_position_bytes", position="written"))
     assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Orders") == 30
     assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Billing") == 12
     assert _value(m, "rocketstore_put_bytes_total", process="writer", topic="Orders") > 30 * 64
