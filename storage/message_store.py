@@ -52,7 +52,7 @@ from rocketstore.storage.message_view import view_at
 from rocketstore.storage.bulk_read import QueueUnits, read_records
 from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
 from rocketstore.storage.read_path import (
-    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, QueryMessageResult, bulk_result,
+    BULK_READ_MIN, GetMessageResult, QueryMessageResult, bulk_result,
     check_unit_record, get_from_queue, look_message_by_id, memory_limit_bytes, query_messages,
     subscription_tags)
 from rocketstore.storage import recovery_plan as plan
@@ -607,7 +607,7 @@ class MessageStore:
         got = read_records(QueueUnits(units, offset, count, lo, hi),
                            self.config.max_transfer_bytes_on_message_in_memory, True,
                            self.config.mapped_file_size_commit_log, self.commit_log.get_message,
-                           joined=count >= BULK_VIEWS_MIN)
+                           joined=True)
         found = bulk_result(got, cq.topic, cq.queue_id)
         return None if found is None else found[0]
 
