@@ -385,7 +385,7 @@ class MessageStore:
         does not stop the others. Under SYNC_FLUSH it returns once the stored ones are
         flushed, or after ``sync_flush_timeout`` with FLUSH_DISK_TIMEOUT."""
         with self._mutex:
-            refused = refusal(self._condition())
+            refused = self._refusal()
             if refused:
                 return [refused] * len(msgs)
             now = max(now_ms(), self._last_put_ms)     # store times never go back
@@ -417,6 +417,14 @@ class MessageStore:
             if results[i].ok:
                 results[i].status = PutMessageStatus.FLUSH_DISK_TIMEOUT
                 results[i].reason = why
+
+    def _refusal(self) -> PutMessageResult | None:
+        """``put_path.refusal`` of the store's condition: None at once for a running
+        master with no flag raised, the state of nearly every put."""
+        if self._state == "running" and not self.running_flags.flag_bits \
+                and self.config.broker_role != "SLAVE":
+            return None
+        return refusal(self._condition())
 
     def _condition(self) -> StoreCondition:
         """The store's state, as the refusal rules of ``storage.put_path`` read it."""

@@ -156,7 +156,7 @@ def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int
 
 BULK_VIEWS_MIN = SHORT_READ_UNITS   # fewer records are checked with struct: numpy's fixed
 #                                     cost would be more
-BULK_READ_MIN = 16      # fewer messages to take are read unit by unit: cheaper then
+BULK_READ_MIN = 3       # fewer messages to take are read unit by unit: cheaper then
 
 
 def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessageResult, int] | None:
