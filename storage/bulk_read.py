@@ -102,6 +102,8 @@ class QueueRecords(NamedTuple):
     # taken unit that is not blank, in order), with the gaps between them; a list
     # when ``plan_short`` planned the read
     starts: np.ndarray | list[int] | None = None
+    # ``plan_short``'s read: the units' CommitLog offsets and sizes (``unit_columns``)
+    columns: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
@@ -216,17 +218,20 @@ def _one_span(phy: np.ndarray, size: np.ndarray, max_bytes: int,
                       np.zeros(n, np.int64), phy - first, size)
 
 
-def plan_short(units: bytes, max_bytes: int, file_size: int) -> JoinedPlan | None:
+def plan_short(units: bytes, max_bytes: int, file_size: int, *,
+               columns: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+               ) -> JoinedPlan | None:
     """``plan_joined``'s plan, as lists, when every unit is taken and their records make
     one span (``_one_span``'s case: none blank, every size positive, within
     ``max_bytes``, each record at or after the end of the one before and at most
     ``SPAN_GAP_BYTES`` later, all starting in one file and stretch); None otherwise, for
     ``plan_joined`` to plan. One ``struct.unpack`` of the units, then column operations
-    run by the interpreter's builtins: no Python code per unit, no numpy."""
+    run by the interpreter's builtins: no Python code per unit, no numpy. ``columns``:
+    ``unit_columns(units)``, when the caller has them."""
     n = len(units) // CQ_STORE_UNIT_SIZE
     if not n:
         return None
-    phy, size = unit_columns(units)
+    phy, size = unit_columns(units) if columns is None else columns
     first, last = phy[0], phy[-1]
     if (min(size) <= 0 or BLANK_UNIT_SIZE in size or sum(size) > max_bytes
             or first // file_size != last // file_size
@@ -273,10 +278,11 @@ def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
 def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
                  copy: Callable[[int, int], bytes | None]) -> QueueRecords:
     offset, lo, hi = got.first, got.min_offset, got.max_offset
-    short = plan_short(got.units, max_bytes, file_size) \
-        if len(got.units) < SHORT_READ_UNITS * CQ_STORE_UNIT_SIZE else None
-    if short is not None:
-        return _read_one_span(got, short, copy)
+    if len(got.units) < SHORT_READ_UNITS * CQ_STORE_UNIT_SIZE:
+        columns = unit_columns(got.units)
+        short = plan_short(got.units, max_bytes, file_size, columns=columns)
+        if short is not None:
+            return _read_one_span(got, short, columns, copy)
     plan = plan_joined(got.units, max_bytes, at_least_one, file_size)
     taken, spans = plan.taken, len(plan.begins)
     copies = []
@@ -298,7 +304,7 @@ def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
                         int(sizes.sum()), plan.starts[:kept])
 
 
-def _read_one_span(got: QueueUnits, plan: JoinedPlan,
+def _read_one_span(got: QueueUnits, plan: JoinedPlan, columns: tuple,
                    copy: Callable[[int, int], bytes | None]) -> QueueRecords:
     """``_read_joined`` for ``plan_short``'s plan: every unit, one span, one copy."""
     offset, lo, hi, taken = got.first, got.min_offset, got.max_offset, plan.taken
@@ -308,7 +314,7 @@ def _read_one_span(got: QueueUnits, plan: JoinedPlan,
         return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0, offset + taken,
                             lo, hi, b"", [], 0)
     return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
-                        got.units, [copied], sum(plan.sizes), plan.starts)
+                        got.units, [copied], sum(columns[1]), plan.starts, columns)
 
 
 def unit_columns(units: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -365,14 +365,14 @@ def plain_views(buf: bytes, starts: list[int], sizes: tuple[int, ...],
     the parts add up to the size); None when any is anything else or lies outside
     ``buf``. Each check is one operation over a column."""
     n = len(starts)
-    expected = topic.encode("utf-8")
-    if (not n or not 0 < len(expected) <= record.MAX_V1_TOPIC_LENGTH or 0 in expected
-            or min(starts) < 0 or (max(starts) + max(sizes) > len(buf)
-                                   and max(map(add, starts, sizes)) > len(buf))):
+    known = _PLAIN_TOPICS.get(topic)
+    if known is None:
+        known = _plain_topic(topic)
+    prefix, tail, fixed = known
+    if (not n or prefix is None or min(starts) < 0
+            or (max(starts) + max(sizes) > len(buf)
+                and max(map(add, starts, sizes)) > len(buf))):
         return None
-    prefix = bytes((len(expected),)) + expected          # TOPICLENGTH and the topic
-    tail = _tail_struct(len(prefix))
-    fixed = BODY_POS + len(prefix) + 2                  # a record's size but its lengths
     try:
         plain = list(map(_PLAIN_HEAD.unpack_from, repeat(buf, n), starts))
         total, magic, queue_ids, queue_offsets, phys, sys_flags, body_len = zip(*plain)
@@ -399,15 +399,24 @@ def plain_views(buf: bytes, starts: list[int], sizes: tuple[int, ...],
     return views, queue_ids, queue_offsets, phys
 
 
-_TAIL_STRUCTS: dict[int, struct.Struct] = {}
+_PLAIN_TOPICS: dict[str, tuple] = {}    # topic -> what ``plain_views`` checks of it
+MAX_PLAIN_TOPICS = 4096
 
 
-def _tail_struct(prefix_len: int) -> struct.Struct:
-    """TOPICLENGTH (one byte) and the topic, then PROPERTIESLENGTH (a signed short)."""
-    st = _TAIL_STRUCTS.get(prefix_len)
-    if st is None:
-        st = _TAIL_STRUCTS[prefix_len] = struct.Struct(f">{prefix_len}sh")
-    return st
+def _plain_topic(topic: str) -> tuple[bytes | None, struct.Struct | None, int]:
+    """``(prefix, tail, fixed)`` of ``topic``'s plain records: TOPICLENGTH's byte and
+    the topic (None for a topic no v1 record can hold: empty, over 127 bytes, a NUL);
+    the struct of the prefix and PROPERTIESLENGTH (a signed short), read at the body's
+    end; and a record's size but its body and properties."""
+    expected = topic.encode("utf-8")
+    if not 0 < len(expected) <= record.MAX_V1_TOPIC_LENGTH or 0 in expected:
+        known = None, None, 0
+    else:
+        prefix = bytes((len(expected),)) + expected
+        known = prefix, struct.Struct(f">{len(prefix)}sh"), BODY_POS + len(prefix) + 2
+    if len(_PLAIN_TOPICS) < MAX_PLAIN_TOPICS:
+        _PLAIN_TOPICS[topic] = known
+    return known
 
 
 def _plain_run(buf: bytes, u8: np.ndarray, starts: np.ndarray, sizes: np.ndarray,

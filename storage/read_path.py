@@ -172,7 +172,8 @@ def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessag
         return GetMessageResult(got.status, [], got.next_begin_offset, got.min_offset,
                                 got.max_offset), 0
     try:
-        views = check_unit_views(got.units, got.data, topic, queue_id, got.first, got.starts)
+        views = check_unit_views(got.units, got.data, topic, queue_id, got.first, got.starts,
+                                 columns=got.columns)
     except CorruptRecordError:
         return None
     return GetMessageResult(GetMessageStatus.FOUND, views, got.next_begin_offset,
@@ -180,8 +181,8 @@ def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessag
 
 
 def check_unit_views(units: bytes, pieces: Sequence, topic: str, queue_id: int,
-                     first: int, starts: np.ndarray | list[int] | None = None
-                     ) -> list[MessageView]:
+                     first: int, starts: np.ndarray | list[int] | None = None, *,
+                     columns: tuple | None = None) -> list[MessageView]:
     """``check_unit_view`` for every unit of ``units`` (logical offsets from ``first``)
     and the records ``pieces`` hold back to back (``bulk_read.read_records``; blank
     units have no record), or, with ``starts``, the records at ``starts`` of the one
@@ -190,9 +191,11 @@ def check_unit_views(units: bytes, pieces: Sequence, topic: str, queue_id: int,
     with ``starts``, with struct (``message_view.plain_views``) when they are a plain
     run of the queue's messages, else (and without ``starts``) one by one. Raises
     ``CorruptRecordError`` as ``check_unit_view`` would for the first unit whose record
-    is bad or another message."""
+    is bad or another message. ``columns``: ``bulk_read.unit_columns(units)``, when the
+    read has them (``QueueRecords.columns``)."""
     if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
-        return _check_unit_views_short(units, pieces, topic, queue_id, first, starts)
+        return _check_unit_views_short(units, pieces, topic, queue_id, first, starts,
+                                       columns)
     table = np.frombuffer(units, CQ_UNIT_DTYPE)
     real = np.flatnonzero(table["size"] != BLANK_UNIT_SIZE)
     sizes = table["size"][real].astype(np.int64)
@@ -230,8 +233,8 @@ def check_unit_views(units: bytes, pieces: Sequence, topic: str, queue_id: int,
 
 
 def _check_unit_views_short(units: bytes, pieces: Sequence, topic: str, queue_id: int,
-                            first: int, starts: np.ndarray | list[int] | None
-                            ) -> list[MessageView]:
+                            first: int, starts: np.ndarray | list[int] | None,
+                            columns: tuple | None) -> list[MessageView]:
     """``check_unit_views`` of fewer than ``BULK_VIEWS_MIN`` units: with ``starts``, a
     plain run of ``topic``/``queue_id``'s messages (``plain_views``) whose offsets are
     the units' (QUEUEID, QUEUEOFFSET from ``first`` and PHYSICALOFFSET compared as
@@ -240,7 +243,7 @@ def _check_unit_views_short(units: bytes, pieces: Sequence, topic: str, queue_id
     if starts is None:
         return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
     data = pieces[0]
-    phys, sizes = unit_columns(units)
+    phys, sizes = unit_columns(units) if columns is None else columns
     n = len(sizes)
     if type(starts) is not list:
         starts = starts.tolist()
