@@ -395,10 +395,12 @@ class MessageStore:
             ok = PutMessageStatus.PUT_OK
             stored = [i for i, r in enumerate(results) if r.status is ok]
             services = self.services
-            if stored and services is None:
-                self._handle_disk_flush(results, stored)
+            if services is None:
+                if stored:
+                    self._handle_disk_flush(results, stored)
+                return results
             end = self.commit_log.get_max_offset()
-        if stored and services is not None:
+        if stored:
             services.appended()
             if self.config.sync_flush:
                 self._wait_flushed(services, end, results, stored)
