@@ -41,7 +41,7 @@ import functools
 import struct
 from itertools import repeat
 from operator import add, sub
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -319,12 +319,20 @@ def _read_one_span(got: QueueUnits, plan: JoinedPlan, columns: tuple,
 
 def unit_columns(units: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The CommitLog offsets and the sizes of ``units``, as two tuples."""
-    flat = _units_struct(len(units) // CQ_STORE_UNIT_SIZE).unpack(units)
+    n = len(units) // CQ_STORE_UNIT_SIZE
+    flat = (_short_units_struct(n) if n < SHORT_READ_UNITS else _units_struct(n)).unpack(units)
     return flat[0::3], flat[1::3]
 
 
 @functools.lru_cache(maxsize=8)
 def _units_struct(n: int) -> struct.Struct:
+    return struct.Struct(">" + "qiq" * n)
+
+
+@functools.lru_cache(maxsize=SHORT_READ_UNITS)
+def _short_units_struct(n: int) -> struct.Struct:
+    """``_units_struct`` kept for every count a short read may have (a quiet queue's
+    pulls take any number below ``SHORT_READ_UNITS``)."""
     return struct.Struct(">" + "qiq" * n)
 
 
