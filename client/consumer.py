@@ -219,7 +219,7 @@ class Consumer:
         if self.tags is None and take >= BULK_READ_MIN:
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset, most, max_bytes, dispatched,
-                joined=take >= BULK_VIEWS_MIN, min_commit_log_offset=min_phy)
+                joined=True, min_commit_log_offset=min_phy)
             found = bulk_result(got, self.topic, queue_id)
             if found is not None:
                 return found

@@ -22,10 +22,14 @@ as it can:
 4. ``read_records`` copies the spans (``StoreReader.read_queue_records``): a span whose
    CommitLog stretch expired while being read ends the records before it.
 
-A reader that decodes in this process (a Consumer's poll) needs no pieces: with
-``joined`` the spans' copies are joined into one ``bytes`` (the few gaps between records
-included) and each record's place in it comes as an array (``plan_joined``: the same
-spans as ``plan_spans``, found with numpy instead of a loop over the units).
+A reader that decodes in this process (a Consumer's poll, ``MessageStore.get_message``)
+needs no pieces: with ``joined`` the spans' copies are joined into one ``bytes`` (the few
+gaps between records included) and each record's place in it comes as a column
+(``plan_joined``: the same spans as ``plan_spans``, found with numpy instead of a loop
+over the units). A read of fewer than ``SHORT_READ_UNITS`` units whose records make one
+span, the common pull, is planned without numpy (``plan_short``: its fixed cost would be
+most of the read); its columns are lists, and the records are then checked with
+``struct`` too (``read_path.check_unit_views``).
 
 Blank (filler) units (``BLANK_UNIT_SIZE``) are taken like any other but point at no
 record. Nothing here checks a record: the client does, and must.
@@ -35,6 +39,8 @@ from __future__ import annotations
 
 import functools
 import struct
+from itertools import repeat
+from operator import add, sub
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -47,6 +53,7 @@ from rocketstore.storage.status import GetMessageStatus
 
 SPAN_GAP_BYTES = 64 << 10   # a larger gap between two records starts a new span
 MAX_SPAN_BYTES = 16 << 20   # a record starting in the next aligned stretch starts one too
+SHORT_READ_UNITS = 96       # fewer units are planned and checked with struct, not numpy
 
 
 def stretch_end(phy: int, file_size: int) -> int:
@@ -92,8 +99,11 @@ class QueueRecords(NamedTuple):
     data: list                 # the taken units' records back to back, in pieces
     nbytes: int                # the records' total size
     # ``joined``: ``data`` is one bytes holding the records at ``starts`` (one per
-    # taken unit that is not blank, in order), with the gaps between them
-    starts: np.ndarray | None = None
+    # taken unit that is not blank, in order), with the gaps between them; a list
+    # when ``plan_short`` planned the read
+    starts: np.ndarray | list[int] | None = None
+    # ``plan_short``'s read: the units' CommitLog offsets and sizes (``unit_columns``)
+    columns: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
@@ -139,7 +149,8 @@ def plan_spans(units: bytes, max_bytes: int, at_least_one: bool,
 
 
 class JoinedPlan(NamedTuple):
-    """``plan_joined``: the spans as columns, and each taken record's place."""
+    """``plan_joined``: the spans as columns, and each taken record's place (numpy
+    arrays; lists from ``plan_short``)."""
 
     taken: int
     begins: np.ndarray        # per span: CommitLog bytes [begin, end)
@@ -207,6 +218,33 @@ def _one_span(phy: np.ndarray, size: np.ndarray, max_bytes: int,
                       np.zeros(n, np.int64), phy - first, size)
 
 
+def plan_short(units: bytes, max_bytes: int, file_size: int, *,
+               columns: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+               ) -> JoinedPlan | None:
+    """``plan_joined``'s plan, as lists, when every unit is taken and their records make
+    one span (``_one_span``'s case: none blank, every size positive, within
+    ``max_bytes``, each record at or after the end of the one before and at most
+    ``SPAN_GAP_BYTES`` later, all starting in one file and stretch); None otherwise, for
+    ``plan_joined`` to plan. One ``struct.unpack`` of the units, then column operations
+    run by the interpreter's builtins: no Python code per unit, no numpy. ``columns``:
+    ``unit_columns(units)``, when the caller has them."""
+    n = len(units) // CQ_STORE_UNIT_SIZE
+    if not n:
+        return None
+    phy, size = unit_columns(units) if columns is None else columns
+    first, last = phy[0], phy[-1]
+    if (min(size) <= 0 or BLANK_UNIT_SIZE in size or sum(size) > max_bytes
+            or first // file_size != last // file_size
+            or first % file_size // MAX_SPAN_BYTES != last % file_size // MAX_SPAN_BYTES):
+        return None
+    if n > 1:
+        gaps = list(map(sub, phy[1:], map(add, phy, size)))
+        if min(gaps) < 0 or max(gaps) > SPAN_GAP_BYTES:
+            return None
+    return JoinedPlan(n, [first], [last + size[-1]], [0], [n], [0] * n,
+                      list(map(sub, phy, repeat(first, n))), list(size))
+
+
 def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
                  copy: Callable[[int, int], bytes | None], *,
                  joined: bool = False) -> QueueRecords:
@@ -215,7 +253,8 @@ def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
     (None when those CommitLog bytes are gone: the records stop before that span, and
     when it is the first, the status is OFFSET_FOUND_NULL with ``next_begin_offset``
     past its units). ``joined``: the spans' bytes as one, with each record's place
-    (``plan_joined``)."""
+    (``plan_short`` for fewer than ``SHORT_READ_UNITS`` units, else or when it cannot,
+    ``plan_joined``)."""
     if joined:
         return _read_joined(got, max_bytes, at_least_one, file_size, copy)
     offset, lo, hi = got.first, got.min_offset, got.max_offset
@@ -239,6 +278,11 @@ def read_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
 def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
                  copy: Callable[[int, int], bytes | None]) -> QueueRecords:
     offset, lo, hi = got.first, got.min_offset, got.max_offset
+    if len(got.units) < SHORT_READ_UNITS * CQ_STORE_UNIT_SIZE:
+        columns = unit_columns(got.units)
+        short = plan_short(got.units, max_bytes, file_size, columns=columns)
+        if short is not None:
+            return _read_one_span(got, short, columns, copy)
     plan = plan_joined(got.units, max_bytes, at_least_one, file_size)
     taken, spans = plan.taken, len(plan.begins)
     copies = []
@@ -260,8 +304,35 @@ def _read_joined(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size:
                         int(sizes.sum()), plan.starts[:kept])
 
 
+def _read_one_span(got: QueueUnits, plan: JoinedPlan, columns: tuple,
+                   copy: Callable[[int, int], bytes | None]) -> QueueRecords:
+    """``_read_joined`` for ``plan_short``'s plan: every unit, one span, one copy."""
+    offset, lo, hi, taken = got.first, got.min_offset, got.max_offset, plan.taken
+    begin = plan.begins[0]
+    copied = copy(begin, plan.ends[0] - begin)
+    if copied is None:  # expired while being read
+        return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0, offset + taken,
+                            lo, hi, b"", [], 0)
+    return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
+                        got.units, [copied], sum(columns[1]), plan.starts, columns)
+
+
+def unit_columns(units: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The CommitLog offsets and the sizes of ``units``, as two tuples."""
+    n = len(units) // CQ_STORE_UNIT_SIZE
+    flat = (_short_units_struct(n) if n < SHORT_READ_UNITS else _units_struct(n)).unpack(units)
+    return flat[0::3], flat[1::3]
+
+
 @functools.lru_cache(maxsize=8)
 def _units_struct(n: int) -> struct.Struct:
+    return struct.Struct(">" + "qiq" * n)
+
+
+@functools.lru_cache(maxsize=SHORT_READ_UNITS)
+def _short_units_struct(n: int) -> struct.Struct:
+    """``_units_struct`` kept for every count a short read may have (a quiet queue's
+    pulls take any number below ``SHORT_READ_UNITS``)."""
     return struct.Struct(">" + "qiq" * n)
 
 

@@ -52,7 +52,7 @@ from rocketstore.storage.message_view import view_at
 from rocketstore.storage.bulk_read import QueueUnits, read_records
 from rocketstore.storage.consume_queue import CQ_STORE_UNIT_SIZE
 from rocketstore.storage.read_path import (
-    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, QueryMessageResult, bulk_result,
+    BULK_READ_MIN, GetMessageResult, QueryMessageResult, bulk_result,
     check_unit_record, get_from_queue, look_message_by_id, memory_limit_bytes, query_messages,
     subscription_tags)
 from rocketstore.storage import recovery_plan as plan
@@ -385,7 +385,7 @@ class MessageStore:
         does not stop the others. Under SYNC_FLUSH it returns once the stored ones are
         flushed, or after ``sync_flush_timeout`` with FLUSH_DISK_TIMEOUT."""
         with self._mutex:
-            refused = refusal(self._condition())
+            refused = self._refusal()
             if refused:
                 return [refused] * len(msgs)
             now = max(now_ms(), self._last_put_ms)     # store times never go back
@@ -395,10 +395,12 @@ class MessageStore:
             ok = PutMessageStatus.PUT_OK
             stored = [i for i, r in enumerate(results) if r.status is ok]
             services = self.services
-            if stored and services is None:
-                self._handle_disk_flush(results, stored)
+            if services is None:
+                if stored:
+                    self._handle_disk_flush(results, stored)
+                return results
             end = self.commit_log.get_max_offset()
-        if stored and services is not None:
+        if stored:
             services.appended()
             if self.config.sync_flush:
                 self._wait_flushed(services, end, results, stored)
@@ -417,6 +419,14 @@ class MessageStore:
             if results[i].ok:
                 results[i].status = PutMessageStatus.FLUSH_DISK_TIMEOUT
                 results[i].reason = why
+
+    def _refusal(self) -> PutMessageResult | None:
+        """``put_path.refusal`` of the store's condition: None at once for a running
+        master with no flag raised, the state of nearly every put."""
+        if self._state == "running" and not self.running_flags.flag_bits \
+                and self.config.broker_role != "SLAVE":
+            return None
+        return refusal(self._condition())
 
     def _condition(self) -> StoreCondition:
         """The store's state, as the refusal rules of ``storage.put_path`` read it."""
@@ -607,7 +617,7 @@ class MessageStore:
         got = read_records(QueueUnits(units, offset, count, lo, hi),
                            self.config.max_transfer_bytes_on_message_in_memory, True,
                            self.config.mapped_file_size_commit_log, self.commit_log.get_message,
-                           joined=count >= BULK_VIEWS_MIN)
+                           joined=True)
         found = bulk_result(got, cq.topic, cq.queue_id)
         return None if found is None else found[0]
 

@@ -38,6 +38,10 @@ NUL check).
 
 from __future__ import annotations
 
+import struct
+from itertools import repeat
+from operator import add, sub
+
 import numpy as np
 
 from rocketstore.storage import record
@@ -298,6 +302,121 @@ def views_at(buf: bytes, starts: np.ndarray, sizes: np.ndarray,
     for i, view in alone.items():
         views[i] = view
     return views, columns
+
+
+# A plain record's TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG and
+# BODYLENGTH (BODYCRC, FLAG and fields 9-14 skipped): what ``plain_views`` checks
+_PLAIN_HEAD = struct.Struct(">iI4xi4xqqi44xi")
+assert _PLAIN_HEAD.size == BODY_POS
+_PLAIN_SIZE, _PLAIN_MAGIC, _PLAIN_QUEUE_ID, _PLAIN_QUEUE_OFFSET, _PLAIN_PHY, _PLAIN_SYS_FLAG, \
+    _PLAIN_BODY_LEN = range(7)
+
+
+class _PlainRecords(_Records):
+    """``_Records`` of a plain run (``plain_views``): every record v1, both hosts IPv4,
+    of the topic read for, so its parts lie where its start and lengths say: BODY at
+    ``start + BODY_POS``, BODYLENGTH long; the properties after TOPICLENGTH's byte, the
+    topic and PROPERTIESLENGTH, to the record's end. Per record only its start and the
+    fields the check read (``_PLAIN_HEAD``); a place is computed when asked."""
+
+    __slots__ = ("plain", "props_from")
+
+    def __init__(self, data: bytes, topic: str, starts: list[int], plain: list[tuple],
+                 props_from: int):
+        n = len(starts)
+        self.data, self.topic, self._starts, self.plain = data, topic, starts, plain
+        self.props_from = props_from       # BODY_POS + 1 + the topic's length + 2
+        self.properties, self.heads, self.tails = [None] * n, [None] * n, [None] * n
+
+    def props(self, i: int) -> bytes:
+        start, head = self._starts[i], self.plain[i]
+        return self.data[start + self.props_from + head[_PLAIN_BODY_LEN]:
+                         start + head[_PLAIN_SIZE]]
+
+
+def _plain_field(i: int) -> property:
+    return property(lambda self: self._records.plain[self._i][i])
+
+
+class _PlainView(MessageView):
+    """A ``MessageView`` over ``_PlainRecords``: the fields the check read come from
+    there, the body from its computed place."""
+
+    __slots__ = ()
+
+    store_size, magic, queue_id, queue_offset, commit_log_offset, sys_flag = (
+        _plain_field(i) for i in range(6))
+
+    @property
+    def body(self) -> bytes:
+        r, i = self._records, self._i
+        at = r._starts[i] + BODY_POS
+        return r.data[at:at + r.plain[i][_PLAIN_BODY_LEN]]
+
+
+def plain_views(buf: bytes, starts: list[int], sizes: tuple[int, ...],
+                topic: str) -> tuple[list[MessageView], tuple, tuple, tuple] | None:
+    """``views_at``'s plain run with ``struct`` (tuples and lists in, no numpy): the
+    views of the records of ``buf`` at ``starts``, each ``sizes`` bytes long, and their
+    QUEUEID, QUEUEOFFSET and PHYSICALOFFSET as tuples, when every record is v1, both
+    hosts IPv4, of ``topic`` and well formed (``_plain_run``'s checks, which are
+    ``view_at``'s for such a record: TOTALSIZE is the size, BODYLENGTH and
+    PROPERTIESLENGTH are not negative, TOPICLENGTH and the topic are ``topic``'s, and
+    the parts add up to the size); None when any is anything else or lies outside
+    ``buf``. Each check is one operation over a column."""
+    n = len(starts)
+    known = _PLAIN_TOPICS.get(topic)
+    if known is None:
+        known = _plain_topic(topic)
+    prefix, tail, fixed = known
+    if (not n or prefix is None or min(starts) < 0
+            or (max(starts) + max(sizes) > len(buf)
+                and max(map(add, starts, sizes)) > len(buf))):
+        return None
+    try:
+        plain = list(map(_PLAIN_HEAD.unpack_from, repeat(buf, n), starts))
+        total, magic, queue_ids, queue_offsets, phys, sys_flags, body_len = zip(*plain)
+        if (total != tuple(sizes) or magic.count(_V1) != n or min(body_len) < 0
+                or (sys_flags.count(0) != n
+                    and any(map(record.HOST_FLAGS.__and__, sys_flags)))):
+            return None
+        after_body = memoryview(buf)[BODY_POS:]     # a body's end: start + BODYLENGTH here
+        prefixes, props_len = zip(*map(tail.unpack_from, repeat(after_body, n),
+                                        map(add, starts, body_len)))
+    except struct.error:                            # a place past the end of ``buf``
+        return None
+    if (prefixes.count(prefix) != n or min(props_len) < 0
+            or list(map(sub, map(sub, total, body_len), props_len)).count(fixed) != n):
+        return None
+    records = _PlainRecords(buf, topic, starts[:], plain, fixed)
+    new = _PlainView.__new__
+    views = []
+    append = views.append
+    for i in range(n):
+        v = new(_PlainView)
+        v._records, v._i = records, i
+        append(v)
+    return views, queue_ids, queue_offsets, phys
+
+
+_PLAIN_TOPICS: dict[str, tuple] = {}    # topic -> what ``plain_views`` checks of it
+MAX_PLAIN_TOPICS = 4096
+
+
+def _plain_topic(topic: str) -> tuple[bytes | None, struct.Struct | None, int]:
+    """``(prefix, tail, fixed)`` of ``topic``'s plain records: TOPICLENGTH's byte and
+    the topic (None for a topic no v1 record can hold: empty, over 127 bytes, a NUL);
+    the struct of the prefix and PROPERTIESLENGTH (a signed short), read at the body's
+    end; and a record's size but its body and properties."""
+    expected = topic.encode("utf-8")
+    if not 0 < len(expected) <= record.MAX_V1_TOPIC_LENGTH or 0 in expected:
+        known = None, None, 0
+    else:
+        prefix = bytes((len(expected),)) + expected
+        known = prefix, struct.Struct(f">{len(prefix)}sh"), BODY_POS + len(prefix) + 2
+    if len(_PLAIN_TOPICS) < MAX_PLAIN_TOPICS:
+        _PLAIN_TOPICS[topic] = known
+    return known
 
 
 def _plain_run(buf: bytes, u8: np.ndarray, starts: np.ndarray, sizes: np.ndarray,

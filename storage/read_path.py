@@ -13,30 +13,33 @@ queries with the same functions, taking what they read from as arguments:
 * ``query_messages``: index candidates re-read and verified (topic, key or UNIQ_KEY, store
   time), so a hash collision never returns a wrong message;
 * ``look_message_by_id``: an offset msgId back to its message;
-* ``bulk_result``: a bulk read (``bulk_read.read_records``: spans of the CommitLog, one
-  copy each) checked against its units with numpy and answered as a pull, lazy
-  ``MessageView``s; ``MessageStore.get_message`` and a ``Consumer``'s poll take it for
-  ``BULK_READ_MIN`` messages or more without a tag filter, and ``get_from_queue`` for the
-  rest and for anything unusual.
+* ``bulk_result``: a bulk read (``bulk_read.read_records(joined=True)``: spans of the
+  CommitLog, one copy each) checked against its units (with numpy from
+  ``BULK_VIEWS_MIN`` records on, with struct below: ``check_unit_views``) and answered
+  as a pull, lazy ``MessageView``s; ``MessageStore.get_message`` and a ``Consumer``'s
+  poll take it for ``BULK_READ_MIN`` messages or more without a tag filter, and
+  ``get_from_queue`` for the rest and for anything unusual. The pull limits are the
+  caller's: it passes the count and bytes a read may take.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from operator import add
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from rocketstore.storage import record
-from rocketstore.storage.bulk_read import QueueRecords
+from rocketstore.storage.bulk_read import SHORT_READ_UNITS, QueueRecords, unit_columns
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.consume_queue import (
     BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE, ConsumeQueue)
 from rocketstore.storage.errors import CorruptRecordError
 from rocketstore.storage.index_service import query_offset
 from rocketstore.storage.message import MessageExt, decode_message_id
-from rocketstore.storage.message_view import MessageView, view_at, views_at
+from rocketstore.storage.message_view import MessageView, plain_views, view_at, views_at
 from rocketstore.storage.record import RecordFormatError, decode_at
 from rocketstore.storage.status import GetMessageStatus
 
@@ -151,8 +154,9 @@ def check_unit_view(data: bytes, topic: str, queue_id: int, index: int, phy: int
     return check_unit_record(data, topic, queue_id, index, phy, size, where, decode=view_at)
 
 
-BULK_VIEWS_MIN = 96     # fewer records are checked one by one: numpy's fixed cost is more
-BULK_READ_MIN = 16      # fewer messages to take are read unit by unit: cheaper then
+BULK_VIEWS_MIN = SHORT_READ_UNITS   # fewer records are checked with struct: numpy's fixed
+#                                     cost would be more
+BULK_READ_MIN = 3       # fewer messages to take are read unit by unit: cheaper then
 
 
 def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessageResult, int] | None:
@@ -168,35 +172,39 @@ def bulk_result(got: QueueRecords, topic: str, queue_id: int) -> tuple[GetMessag
         return GetMessageResult(got.status, [], got.next_begin_offset, got.min_offset,
                                 got.max_offset), 0
     try:
-        views = check_unit_views(got.units, got.data, topic, queue_id, got.first, got.starts)
+        views = check_unit_views(got.units, got.data, topic, queue_id, got.first, got.starts,
+                                 columns=got.columns)
     except CorruptRecordError:
         return None
     return GetMessageResult(GetMessageStatus.FOUND, views, got.next_begin_offset,
                             got.min_offset, got.max_offset), got.nbytes
 
 
-def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
-                     first: int, starts: np.ndarray | None = None) -> list[MessageView]:
+def check_unit_views(units: bytes, pieces: Sequence, topic: str, queue_id: int,
+                     first: int, starts: np.ndarray | list[int] | None = None, *,
+                     columns: tuple | None = None) -> list[MessageView]:
     """``check_unit_view`` for every unit of ``units`` (logical offsets from ``first``)
     and the records ``pieces`` hold back to back (``bulk_read.read_records``; blank
     units have no record), or, with ``starts``, the records at ``starts`` of the one
-    ``bytes`` in ``pieces`` (``read_records(joined=True)``), checked together with
-    numpy (``message_view.views_at``) when there are at least ``BULK_VIEWS_MIN``, else
-    one by one. Raises ``CorruptRecordError`` as ``check_unit_view`` would for the first
-    unit whose record is bad or another message."""
+    ``bytes`` in ``pieces`` (``read_records(joined=True)``). From ``BULK_VIEWS_MIN``
+    units on they are checked together with numpy (``message_view.views_at``); fewer,
+    with ``starts``, with struct (``message_view.plain_views``) when they are a plain
+    run of the queue's messages, else (and without ``starts``) one by one. Raises
+    ``CorruptRecordError`` as ``check_unit_view`` would for the first unit whose record
+    is bad or another message. ``columns``: ``bulk_read.unit_columns(units)``, when the
+    read has them (``QueueRecords.columns``)."""
+    if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
+        return _check_unit_views_short(units, pieces, topic, queue_id, first, starts,
+                                       columns)
     table = np.frombuffer(units, CQ_UNIT_DTYPE)
     real = np.flatnonzero(table["size"] != BLANK_UNIT_SIZE)
     sizes = table["size"][real].astype(np.int64)
     if starts is not None:
+        starts = np.asarray(starts, np.int64)
         data = pieces[0]
         if len(starts) != len(sizes) or (len(starts) and int((starts + sizes).max()) > len(data)):
             raise CorruptRecordError("consume queue", first, "the records read do not match "
                                      "their units")
-        if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
-            mv = memoryview(data)
-            pieces = [mv[a:a + b] for a, b in zip(starts.tolist(), sizes.tolist())]
-    if len(units) < BULK_VIEWS_MIN * CQ_STORE_UNIT_SIZE:
-        return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
     phys = table["phy"][real].astype(np.int64)
     offsets = real + first
     if starts is None:
@@ -222,6 +230,38 @@ def check_unit_views(units: bytes, pieces: Iterable, topic: str, queue_id: int,
         raise AssertionError(f"unit {int(offsets[i])}: the bulk check and the unit check "
                              "disagree")
     return views
+
+
+def _check_unit_views_short(units: bytes, pieces: Sequence, topic: str, queue_id: int,
+                            first: int, starts: np.ndarray | list[int] | None,
+                            columns: tuple | None) -> list[MessageView]:
+    """``check_unit_views`` of fewer than ``BULK_VIEWS_MIN`` units: with ``starts``, a
+    plain run of ``topic``/``queue_id``'s messages (``plain_views``) whose offsets are
+    the units' (QUEUEID, QUEUEOFFSET from ``first`` and PHYSICALOFFSET compared as
+    tuples) is taken whole; any other read, and one without ``starts``, is checked one
+    by one, which names what is wrong."""
+    if starts is None:
+        return _check_unit_views_one_by_one(units, pieces, topic, queue_id, first)
+    data = pieces[0]
+    phys, sizes = unit_columns(units) if columns is None else columns
+    n = len(sizes)
+    if type(starts) is not list:
+        starts = starts.tolist()
+    if BLANK_UNIT_SIZE not in sizes:
+        found = plain_views(data, starts, sizes, topic)
+        if found is not None:
+            views, queue_ids, queue_offsets, commit_log_offsets = found
+            if (commit_log_offsets == phys and queue_ids.count(queue_id) == n
+                    and queue_offsets == tuple(range(first, first + n))):
+                return views
+    else:
+        sizes = tuple(s for s in sizes if s != BLANK_UNIT_SIZE)
+    if len(starts) != len(sizes) or (starts and max(map(add, starts, sizes)) > len(data)):
+        raise CorruptRecordError("consume queue", first, "the records read do not match "
+                                 "their units")
+    mv = memoryview(data)
+    return _check_unit_views_one_by_one(units, [mv[a:a + b] for a, b in zip(starts, sizes)],
+                                        topic, queue_id, first)
 
 
 def _check_unit_views_one_by_one(units: bytes, pieces: Iterable, topic: str, queue_id: int,

@@ -18,18 +18,25 @@ class Flag(enum.IntFlag):
     FLUSH_ERROR = 0x20
 
 
+_NOT_WRITEABLE = (Flag.NOT_WRITEABLE | Flag.WRITE_LOGICS_QUEUE_ERROR
+                  | Flag.WRITE_INDEX_FILE_ERROR | Flag.DISK_FULL | Flag.FLUSH_ERROR)
+_NOT_CQ_WRITEABLE = Flag.NOT_WRITEABLE | Flag.WRITE_LOGICS_QUEUE_ERROR
+
+
 class RunningFlags:
+    """The flags raised. Every put and read asks; a flag is rarely raised, so each
+    question first looks whether any is (an int's truth, where an ``IntFlag``
+    operation is a Python call)."""
+
     def __init__(self) -> None:
         self.flag_bits = Flag(0)
         self.detail: dict[Flag, str] = {}
 
     def is_writeable(self) -> bool:
-        return not self.flag_bits & (Flag.NOT_WRITEABLE | Flag.WRITE_LOGICS_QUEUE_ERROR
-                                     | Flag.WRITE_INDEX_FILE_ERROR | Flag.DISK_FULL
-                                     | Flag.FLUSH_ERROR)
+        return not self.flag_bits or not self.flag_bits & _NOT_WRITEABLE
 
     def is_cq_writeable(self) -> bool:
-        return not self.flag_bits & (Flag.NOT_WRITEABLE | Flag.WRITE_LOGICS_QUEUE_ERROR)
+        return not self.flag_bits or not self.flag_bits & _NOT_CQ_WRITEABLE
 
     def set(self, flag: Flag, detail: str = "") -> bool:
         """Raise ``flag``; returns True if it was clear before."""
@@ -41,6 +48,8 @@ class RunningFlags:
 
     def clear(self, flag: Flag) -> bool:
         """Lower ``flag``; returns True if it was set before."""
+        if not self.flag_bits:
+            return False
         was_set = bool(self.flag_bits & flag)
         self.flag_bits &= ~flag
         self.detail.pop(flag, None)

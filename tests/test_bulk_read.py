@@ -1,11 +1,13 @@
 """``storage.bulk_read.plan_spans``: which units a bulk read takes and how it copies
-their records (spans within one CommitLog file, touching records joined into pieces)."""
+their records (spans within one CommitLog file, touching records joined into pieces);
+``plan_joined`` and ``plan_short`` plan the same spans without the loop."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from rocketstore.storage.bulk_read import MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_spans
+from rocketstore.storage.bulk_read import (
+    MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_short, plan_spans)
 from rocketstore.storage.consume_queue import BLANK_UNIT, CQ_UNIT
 
 FILE = 1 << 20
@@ -87,17 +89,15 @@ def test_the_pieces_are_exactly_the_taken_records_in_order(layout, budget):
         assert span.begin // FILE == (span.end - 1) // FILE
 
 
-@given(st.one_of(
+layouts = st.one_of(
     st.lists(st.one_of(st.none(), st.tuples(st.integers(-200, 3 * SPAN_GAP_BYTES),
                                             st.integers(8, 5000))), max_size=60),
-    st.lists(st.tuples(st.just(0), st.integers(8, 5000)), max_size=60)),   # back to back
-       st.integers(1, 100_000), st.booleans(),
-       st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
-@settings(max_examples=400)
-def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_size):
-    """The numpy planner against the loop: the same units taken, the same spans, and
-    each record where the spans' bytes joined hold it, with its span (blanks, gaps,
-    records going back, file and stretch boundaries included)."""
+    st.lists(st.tuples(st.just(0), st.integers(8, 5000)), max_size=60))   # back to back
+
+
+def _pairs(layout: list, file_size: int) -> list:
+    """Units' (commit_log_offset, size) from ``layout``'s gaps and sizes (None: a blank
+    unit): no record crosses a file; past ``FILE``, now and then a stretch boundary."""
     phy, pairs = 0, []
     for item in layout:
         if item is None:
@@ -114,6 +114,17 @@ def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_s
                  for p in pairs]
         pairs = [None if p is None or p[0] // file_size != (p[0] + p[1] - 1) // file_size
                  else p for p in pairs]
+    return pairs
+
+
+@given(layouts, st.integers(1, 100_000), st.booleans(),
+       st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
+@settings(max_examples=400)
+def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_size):
+    """The numpy planner against the loop: the same units taken, the same spans, and
+    each record where the spans' bytes joined hold it, with its span (blanks, gaps,
+    records going back, file and stretch boundaries included)."""
+    pairs = _pairs(layout, file_size)
     raw = units(*pairs)
     taken, spans, plan = _same_plans(raw, file_size, budget, at_least_one)
     base, expected, span_of = 0, [], []
@@ -125,6 +136,43 @@ def test_plan_joined_finds_plan_spans_spans(layout, budget, at_least_one, file_s
     assert plan.starts.tolist() == expected
     assert plan.span_of.tolist() == span_of
     assert plan.sizes.tolist() == [p[1] for p in pairs[:taken] if p is not None]
+
+
+@given(st.one_of(layouts, st.lists(st.tuples(st.integers(0, 600), st.integers(8, 400)),
+                                   min_size=1, max_size=40)),
+       st.integers(1, 100_000), st.booleans(),
+       st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]))
+@settings(max_examples=400)
+def test_plan_short_is_plan_joined_where_it_plans(layout, budget, at_least_one, file_size):
+    """``plan_short`` plans exactly the reads ``plan_joined`` takes whole in one span
+    with no blank unit, and plans them as it does (its columns are lists); every other
+    read it leaves to ``plan_joined``."""
+    pairs = _pairs(layout, file_size)
+    raw = units(*pairs)
+    plan = plan_joined(raw, budget, at_least_one, file_size)
+    short = plan_short(raw, budget, file_size)
+    whole_span = (len(pairs) > 0 and None not in pairs and plan.taken == len(pairs)
+                  and len(plan.begins) == 1 and sum(p[1] for p in pairs) <= budget)
+    assert (short is not None) == whole_span
+    if short is not None:
+        assert short == tuple(c if isinstance(c, int) else c.tolist() for c in plan)
+        assert all(type(c) is list for c in short[1:])
+
+
+def test_plan_short_leaves_damaged_units_to_plan_joined():
+    """Sizes that are not positive, records that go back or overlap, a gap one byte
+    over ``SPAN_GAP_BYTES``, a first record over the budget: no short plan."""
+    for raw, budget in [
+        (units((0, 100), (100, 0)), 1 << 40),
+        (units((0, 100), (100, -60), (40, 5)), 1 << 40),
+        (units((0, 100), (50, 100)), 1 << 40),
+        (units((500, 100), (0, 100)), 1 << 40),
+        (units((0, 100), (101 + SPAN_GAP_BYTES, 10)), 1 << 40),
+        (units((0, 100)), 50),
+        (b"", 1 << 40),
+    ]:
+        assert plan_short(raw, budget, FILE) is None
+    assert plan_short(units((0, 100), (100 + SPAN_GAP_BYTES, 10)), 110, FILE).taken == 2
 
 
 def _same_plans(raw: bytes, file_size: int, budget: int = 1 << 40, at_least_one: bool = True):

@@ -1,6 +1,7 @@
 """MessageView (``storage.message_view``): every field and property equal to
 ``decode_at``'s MessageExt for the same record, decoded on demand; bad bytes refused as
-``decode_at`` refuses them."""
+``decode_at`` refuses them; the bulk checks (numpy's ``views_at``, struct's
+``plain_views``) take what ``view_at`` takes, and the same records."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from hypothesis import given, settings, strategies as st
 
 from rocketstore.storage import record
 from rocketstore.storage.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, encode_host
-from rocketstore.storage.consume_queue import CQ_UNIT
+from rocketstore.storage.consume_queue import BLANK_UNIT, CQ_UNIT
 from rocketstore.storage.errors import CorruptRecordError
-from rocketstore.storage.message_view import MessageView, view_at, views_at
+from rocketstore.storage.message_view import (
+    MessageView, _plain_run, plain_views, view_at, views_at)
 from rocketstore.storage.record_batch import BODYLENGTH_POS
 from rocketstore.storage.read_path import check_unit_views
 
@@ -117,6 +119,7 @@ def _agree(buf: bytes, sizes: list[int]) -> None:
             with pytest.raises(record.RecordFormatError):     # never a struct.error
                 record.decode_at(buf[s:s + n], 0)
             break
+    _plain_agrees(buf, starts, sizes, expected)
     try:
         views, columns = views_at(buf, starts, sizes, "T")
     except record.RecordFormatError as e:
@@ -127,6 +130,71 @@ def _agree(buf: bytes, sizes: list[int]) -> None:
     assert columns.topic_matches.tolist() == [v.topic == "T" for v in views]
     assert columns.commit_log_offsets.tolist() == [v.commit_log_offset for v in views]
     assert columns.queue_offsets.tolist() == [v.queue_offset for v in views]
+
+
+def _field(message, name: str):
+    """A field's value, or the kind of error reading it raises (a damaged PHYSICALOFFSET
+    has no msgId)."""
+    try:
+        return getattr(message, name)
+    except (ValueError, OverflowError) as e:
+        return type(e)
+
+
+def _plain_agrees(buf: bytes, starts: np.ndarray, sizes: np.ndarray, expected: list) -> None:
+    """``plain_views`` (struct) takes a run exactly when ``views_at``'s numpy plain path
+    does, and then every view equals ``view_at``'s, field by field, with the columns the
+    caller checks against its units."""
+    plain = plain_views(buf, starts.tolist(), tuple(sizes.tolist()), "T")
+    numpy_plain = _plain_run(buf, np.frombuffer(buf, np.uint8), starts, sizes, "T")
+    assert (plain is None) == (numpy_plain is None)
+    if plain is None:
+        return
+    views, queue_ids, queue_offsets, commit_log_offsets = plain
+    assert views == expected and all(isinstance(v, MessageView) for v in views)
+    for view, ext in zip(views, expected):
+        for name in ("msg_id", "tags", "keys", "uniq_key", "delay_level", "born_host",
+                     "store_host", "body", "properties", "flag", "body_crc"):
+            assert _field(view, name) == _field(ext, name), name
+    assert list(queue_ids) == [v.queue_id for v in expected]
+    assert list(queue_offsets) == [v.queue_offset for v in expected]
+    assert list(commit_log_offsets) == [v.commit_log_offset for v in expected]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(plain_args, min_size=1, max_size=12), st.lists(st.integers(0, 40), max_size=12),
+       st.data())
+def test_plain_views_over_records_with_gaps_between_them(records, gaps, data):
+    """The records of a queue between other queues' (a joined read): ``plain_views`` at
+    their starts agrees with ``view_at`` for each, whole or damaged, and refuses starts
+    or sizes that run past the bytes."""
+    raws = [make(*args, po=i, qo=i) for i, args in enumerate(records)]
+    buf, starts = bytearray(), []
+    for i, raw in enumerate(raws):
+        buf += b"\xAA" * (gaps[i] if i < len(gaps) else 3)
+        starts.append(len(buf))
+        buf += raw
+    damage = data.draw(st.integers(0, 2), "damage")
+    for _ in range(damage):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(
+            st.sampled_from([0, 1, 0x7F, 0x80, 0xFF]))
+    buf = bytes(buf)
+    sizes = [len(r) for r in raws]
+    assert damage or plain_views(buf, starts, tuple(sizes), "T") is not None
+    expected = []
+    for s, n in zip(starts, sizes):
+        try:
+            expected.append(view_at(buf[s:s + n]))
+        except record.RecordFormatError:
+            expected = None
+            break
+    plain = plain_views(buf, starts, tuple(sizes), "T")
+    if expected is None or not all(v.topic == "T" for v in expected):
+        assert plain is None
+    else:
+        _plain_agrees(buf, np.array(starts, np.int64), np.array(sizes, np.int64), expected)
+    assert plain_views(buf[:starts[-1] + sizes[-1] - 1], starts, tuple(sizes), "T") is None
+    assert plain_views(buf, [-1] + starts[1:], tuple(sizes), "T") is None
 
 
 def test_views_at_over_a_plain_run_damaged_at_every_byte():
@@ -225,3 +293,34 @@ def test_views_keep_their_own_starts_and_refuse_a_negative_one():
     buf = b"\x01T\x00\x00" + bytes(raw)
     with pytest.raises(record.RecordFormatError, match="truncated"):
         views_at(buf, np.array([91 - len(buf)], np.int64), np.array([len(raw)], np.int64), "T")
+
+
+def test_check_unit_views_short_with_struct_agrees_with_numpy_and_one_by_one():
+    """A joined read of fewer than ``BULK_VIEWS_MIN`` plain records (checked with
+    struct), of more (numpy) and the same records one by one: the same views; a unit
+    naming another offset, queue or PHYSICALOFFSET, or a blank unit, gives what the
+    one-by-one check gives."""
+    raws = [make(b"b%d" % i, "T", "TAGS\x01t\x02", HOSTS[0], HOSTS[1], q=1, qo=i,
+                 po=1000 + 300 * i) for i in range(120)]
+    gap = b"\x00" * 7                                   # another queue's bytes between
+    data = gap.join(raws)
+    starts = [sum(len(r) + len(gap) for r in raws[:i]) for i in range(120)]
+    units = b"".join(CQ_UNIT.pack(1000 + 300 * i, len(r), 0) for i, r in enumerate(raws))
+    bulk = check_unit_views(units, [data], "T", 1, 0, np.array(starts, np.int64))
+    short = check_unit_views(units[:20 * 20], [data], "T", 1, 0, starts[:20])
+    assert bulk == [view_at(r) for r in raws] and short == bulk[:20]
+    assert type(short[0]) is not MessageView and type(bulk[0]) is MessageView
+    pieces = [memoryview(data)[s:s + len(r)] for s, r in zip(starts[:20], raws)]
+    for wrong, first, queue_id in [
+            (units[:20 * 7] + CQ_UNIT.pack(999, len(raws[7]), 0) + units[20 * 8:], 0, 1),
+            (units, 1, 1), (units, 0, 2)]:
+        errors = []
+        for n, with_starts in ((120, True), (20, True), (20, False)):
+            with pytest.raises(CorruptRecordError) as e:
+                check_unit_views(wrong[:n * 20], [data] if with_starts else pieces, "T",
+                                 queue_id, first, starts[:n] if with_starts else None)
+            errors.append(str(e.value))
+        assert errors[0] == errors[1] == errors[2], errors
+    blank = units[:20 * 3] + BLANK_UNIT + units[20 * 4:20 * 20]    # unit 3 a filler
+    got = check_unit_views(blank, [data], "T", 1, 0, starts[:3] + starts[4:20])
+    assert got == short[:3] + short[4:]
