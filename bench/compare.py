@@ -9,9 +9,9 @@ same messages: 128-byte bodies, a tag and a key each.
                                           flight, one producer            appendfsync everysec
     ingest, SYNC_FLUSH                    the same, acked after fdatasync XADD pipelines of 1000,
                                                                           appendfsync always
-    consume, one process                  Consumer.poll(512) with default XREAD COUNT 1000, each
-                                          settings, each body's length    body's length read
-                                          read
+    consume, one process                  Consumer(store, group, topic),  XREAD COUNT 1000, each
+                                          no settings, poll(512), each    body's length read
+                                          body's length read
     one-at-a-time send                    Producer.send, each waits       XADD, each waits
       its floor                           a bare ZeroMQ DEALER/ROUTER echo
                                           of a SEND-sized frame between two
@@ -55,7 +55,7 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from store_pipeline import STORE_SETTINGS, Bench, RunningStore, _proc_cpu_s  # noqa: E402
-from rocketstore.client import Producer  # noqa: E402
+from rocketstore.client import Consumer, Producer  # noqa: E402
 from rocketstore.shm.positions import Slot  # noqa: E402
 
 BODY = os.urandom(128)
@@ -89,7 +89,8 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                 out["one-at-a-time x8"] = many_one_at_a_time(
                     lambda: _senders(store.store_dir, args.seconds))
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
-                out["consume"] = bench.consume(store, "Consume", stored, 512, False)["msgs_s"]
+                out["consume"], out["consumer cpu_us_per_msg"] = default_consume(
+                    store.store_dir, "Consume", stored)
         finally:
             store.stop(timeout=120)
             store.kill_all()
@@ -147,6 +148,36 @@ def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]
     cpu = {name: (_proc_cpu_s(pid, main_thread=True) - before[name]) / sent * 1e6
            for name, pid in pids.items()}
     return rate, cpu
+
+
+def _consume(store_dir: str, topic: str, count: int, out) -> None:
+    """What a user writes: ``Consumer(store, group, topic)``, no settings, ``poll(512)``
+    until ``count`` messages came, each body's length read."""
+    got = nbytes = 0
+    with Consumer(store_dir, "compare-consume", topic) as c:
+        c.assignment()                      # membership settled before the clock starts
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        while got < count:
+            msgs = c.poll(512, 1000)
+            if not msgs:
+                break
+            got += len(msgs)
+            nbytes += sum(len(m.body) for m in msgs)
+        out.put((got, time.perf_counter() - t0, time.process_time() - cpu0))
+
+
+def default_consume(store_dir: str, topic: str, count: int) -> tuple[float, float]:
+    """Messages a second of a default Consumer reading ``count`` dispatched messages
+    from the start, in a process of its own, and its CPU per message (us)."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_consume, args=(store_dir, topic, count, out))
+    proc.start()
+    try:
+        got, secs, cpu = out.get(timeout=600)
+    finally:
+        proc.join(60)
+    return got / max(1e-9, secs), cpu / max(1, got) * 1e6
 
 
 def _sender(store_dir: str, seconds: float, start, out) -> None:
@@ -371,7 +402,7 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
         theirs = [rd[name] for _, rd in rounds if name in rd]
         ratios = [rs[name] / rd[name] for rs, rd in rounds if name in rs and rd.get(name)]
         out[name] = {"rocketstore": mine, "redis": theirs, "ratio": ratios}
-    for key in ("zeromq echo", "latency p99 ms", "latency p50 ms",
+    for key in ("zeromq echo", "consumer cpu_us_per_msg", "latency p99 ms", "latency p50 ms",
                 "latency p99 ms, right after", "flush settle s", "pool ingest ASYNC_FLUSH",
                 "pool latency p99 ms"):
         out[key] = [rs[key] for rs, _ in rounds if key in rs]
@@ -395,6 +426,9 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
         ratio = _spread(row["ratio"], ".2f") + "x" if row["ratio"] else "-"
         print(f"{name + ' (msgs/s)':<28} {mine:>31} {theirs:>27} {ratio:>18} "
               f"{GOALS[name]:>4}x")
+        if name == "consume" and s["consumer cpu_us_per_msg"]:
+            print(f"  (the consumer's CPU per message: "
+                  f"{_spread(s['consumer cpu_us_per_msg'], '.2f')} us)")
         if name == "one-at-a-time" and s["zeromq echo"]:
             print(f"  (its floor, a bare ZeroMQ DEALER/ROUTER echo between two Python "
                   f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s; "
@@ -436,6 +470,9 @@ def main() -> None:
     args.latency_seconds = 2.0 if args.quick else 5.0
     args.consume_count = 100_000 if args.quick else 500_000
     missing = redis_available()
+    if missing:
+        print(f"Redis not run: {missing}; only rocketstore's column is filled",
+              file=sys.stderr, flush=True)
     rounds = []
     for k in range(max(1, args.rounds)):
         root = tempfile.mkdtemp(prefix="rscompare-", dir=".")

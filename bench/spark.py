@@ -15,8 +15,9 @@ Spark session on ``local[2]``:
    while a producer sends one message every 20 ms carrying its send time; latency is
    the time of the micro-batch's ``foreachBatch`` minus the send time, p50/p99/max.
 
-Run it once as is and once with ``MALLOC_TOP_PAD_=268435456`` in the environment (the
-Python workers inherit it; docs/OPERATIONS.md recommends it for executors).
+The Python workers keep glibc's heap top by themselves (``rocketstore.spark.allocator``):
+nothing needs to be exported. To see what that buys, run it once as is and once with
+``MALLOC_TOP_PAD_=131072`` (glibc's own default, which a worker then keeps).
 """
 
 from __future__ import annotations

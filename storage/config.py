@@ -580,6 +580,13 @@ NOTES: dict[str, str] = {
     "metrics_port": "rocketstore's",
     "metrics_address": "rocketstore's",
     "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
+    **dict.fromkeys(("max_transfer_count_on_message_in_memory",
+                     "max_transfer_bytes_on_message_in_memory",
+                     "max_transfer_count_on_message_in_disk",
+                     "max_transfer_bytes_on_message_in_disk"),
+                    "bounds the reader's PULL and the embedded get_message, as a broker's "
+                    "pull; a Consumer reading the files returns what poll asks for, up to "
+                    "its max_poll_bytes"),
 }
 
 

@@ -4,6 +4,7 @@ queue or many, bounded by its ``max_poll_bytes`` (not by a broker's per-pull lim
 
 from __future__ import annotations
 
+import collections
 import time
 
 import pytest
@@ -24,6 +25,8 @@ def store(tmp_path_factory):
                                                 queue_id=0)
                                         for i in range(first, first + 100)]).result()
                 assert all(r.ok for r in results)
+            spread = p.send_batch([Message("Spread", b"s%04d" % i) for i in range(COUNT)])
+            assert all(r.ok for r in spread)
         wait_for(lambda: s.slot(Slot.DISPATCHED) == s.slot(Slot.WRITTEN), what="dispatch")
         yield s
 
@@ -38,6 +41,20 @@ def test_a_default_poll_returns_what_it_asked_for_from_one_queue(store):
     assert len(got) == 512                       # not the broker's 32
     assert [m.queue_offset for m in got] == list(range(512))
     assert got[-1].body.startswith(b"m0511")
+
+
+def test_a_default_poll_fills_from_many_queues(store):
+    """Messages left to the store are spread over the topic's 8 queues (about 88 each):
+    a poll reads one queue after another, each as far as it goes, until it has what it
+    asked for; not 32 from each (256)."""
+    with Consumer(store.store_dir, f"g{time.monotonic_ns()}", "Spread") as c:
+        got = c.poll(512, timeout_ms=2000)
+    assert len(got) == 512
+    by_queue = collections.defaultdict(list)
+    for m in got:
+        by_queue[m.queue_id].append(m.queue_offset)
+    assert len(by_queue) > 5 and max(map(len, by_queue.values())) > 32
+    assert all(offsets == list(range(len(offsets))) for offsets in by_queue.values())
 
 
 def test_max_poll_bytes_bounds_a_poll_and_one_record_still_comes(store):

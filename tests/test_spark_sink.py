@@ -4,6 +4,7 @@ SIGKILLed mid-way: Spark retries the task and the store keeps every row exactly 
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -66,6 +67,28 @@ def test_string_bodies_and_the_topic_option(spark, running):
     caught_up(running)
     back = sorted(r.body for r in read(spark, store=running.store_dir, topic="Texts").collect())
     assert back == sorted(["héllo".encode(), b"world"])
+
+
+def test_rows_without_a_queue_are_spread_by_the_store_and_a_given_queue_is_kept(spark, running):
+    """No queue_id column, or a null in it: the store picks, round robin over the topic's
+    queues (``default_topic_queue_nums``, 8 here), as for a Producer's Message."""
+    n = 400
+    spark.createDataFrame([(b"s%d" % i,) for i in range(n)], "body binary").repartition(2) \
+        .write.format("rocketstore").option("store", running.store_dir) \
+        .option("topic", "Spread").mode("append").save()
+    spark.createDataFrame([(b"n%d" % i, None if i % 2 else 5) for i in range(40)],
+                          "body binary, queue_id int") \
+        .write.format("rocketstore").option("store", running.store_dir) \
+        .option("topic", "Nulls").mode("append").save()
+    caught_up(running)
+    spread = collections.Counter(r.queue_id for r in read(
+        spark, store=running.store_dir, topic="Spread").collect())
+    assert sorted(spread) == list(range(8)) and sum(spread.values()) == n
+    assert max(spread.values()) <= 2 * min(spread.values()), spread
+    nulls = {r.body: r.queue_id for r in read(spark, store=running.store_dir,
+                                              topic="Nulls").collect()}
+    assert all(nulls[b"n%d" % i] == 5 for i in range(0, 40, 2))
+    assert {nulls[b"n%d" % i] for i in range(1, 40, 2)} == set(range(8))
 
 
 @pytest.mark.parametrize("columns, words", [
