@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -170,30 +170,37 @@ class IndexService:
         created (the caller stops building the index and marks the store's index
         error). Raises ``OSError`` when flushing a full file fails.
         """
+        index_file = self._file_to_index(commit_log_offset, sys_flag)
+        if not isinstance(index_file, IndexFile):
+            return index_file
         names = [] if uniq_key is None else [uniq_key]
         if keys:
             names += [key for key in keys.split(KEY_SEPARATOR) if key]
-        return self._build(commit_log_offset, store_timestamp, sys_flag,
-                           (index_key_hash(topic + "#" + name) for name in names))
+        return self._put_hashes(index_file, [index_key_hash(topic + "#" + name)
+                                             for name in names],
+                                commit_log_offset, store_timestamp)
 
     def build_index_raw(self, topic: str, commit_log_offset: int, store_timestamp: int,
                         sys_flag: int, uniq_key: bytes | None, keys: bytes | None) -> bool:
         """``build_index`` with UNIQ_KEY and KEYS as raw property bytes (as
         ``dispatch_batch.parse_small`` finds them): the same entries."""
-        if uniq_key is None and (keys is None or _RAW_SEPARATOR not in keys):
-            names: Sequence[bytes] = () if keys is None else (keys,)   # the common case
+        index_file = self._file_to_index(commit_log_offset, sys_flag)
+        if not isinstance(index_file, IndexFile):
+            return index_file
+        prefix = _key_prefix(topic)
+        if uniq_key is None and keys is not None and _RAW_SEPARATOR not in keys:
+            hashes = [index_key_hash_raw(prefix + keys)]          # the common case
         else:
             names = [] if uniq_key is None else [uniq_key]
             if keys is not None:
                 names += [key for key in keys.split(_RAW_SEPARATOR) if key]
-        prefix = _key_prefix(topic)
-        return self._build(commit_log_offset, store_timestamp, sys_flag,
-                           (index_key_hash_raw(prefix + name) for name in names))
+            hashes = [index_key_hash_raw(prefix + name) for name in names]
+        return self._put_hashes(index_file, hashes, commit_log_offset, store_timestamp)
 
-    def _build(self, commit_log_offset: int, store_timestamp: int, sys_flag: int,
-               key_hashes: Iterable[int]) -> bool:
-        """Put ``key_hashes`` (drawn only when the message is to be indexed) for one
-        message: ``build_index``'s rules."""
+    def _file_to_index(self, commit_log_offset: int, sys_flag: int) -> IndexFile | bool:
+        """The file a message's keys go to; True when the message is not to be indexed
+        (below the last file's endPhyOffset, or ROLLBACK), False when no file could be
+        created."""
         index_file = self._get_and_create_last_index_file()
         if index_file is None:
             log.error("build index error, stop building index")
@@ -202,6 +209,13 @@ class IndexService:
             return True
         if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
             return True
+        return index_file
+
+    def _put_hashes(self, index_file: IndexFile, key_hashes: list[int],
+                    commit_log_offset: int, store_timestamp: int) -> bool:
+        """Put one message's keys, rolling to new files while the last is full; of the
+        message at endPhyOffset only the keys not there yet (``_held``). False when no
+        new file could be created."""
         again = commit_log_offset == index_file.end_phy_offset   # the last record put
         for key_hash in key_hashes:
             if again and self._held(key_hash, commit_log_offset):
