@@ -405,6 +405,7 @@ class Dispatcher(Service):
                 log.error("stopped at %d while waiting for disk space (%s): the next start "
                           "dispatches the rest", self.reput.reput_from_offset, e)
                 raise SystemExit(1) from None
+            self._count()
             self.flush_logics()
         except (StoreError, OSError) as e:
             self._fail(e)

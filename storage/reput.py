@@ -67,9 +67,9 @@ class ReputMessageService:
 
         Runs of at least ``MIN_RUN_RECORDS`` whole records go through the bulk path
         (``dispatch_batch.parse_run``, ``dispatch_run``), shorter ones through the small
-        path (``parse_small``, ``dispatch_small``: struct, no numpy); the record either
-        stops before (an IPv6 host, damage, the end-of-file blank) one by one, with the
-        same outcome. ``known_starts``:
+        path (``parse_small``, ``dispatch_small``: struct, no numpy); a record either
+        path stops before (an IPv6 host, damage, the end-of-file blank) goes one by one,
+        with the same outcome. ``known_starts``:
         what ``dispatch_batch.walk`` gives from ``reput_from_offset`` in its file, up to
         ``end`` at most (a caller that walked already), taken instead of walking again."""
         count = 0
