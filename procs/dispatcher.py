@@ -7,21 +7,34 @@ index entries with ``storage.reput.ReputMessageService``. It is the only writer 
 ``consumequeue/``, ``index/`` and the checkpoint's logics and index times, and of the
 DISPATCHED and DISPATCH_ERROR slots.
 
-One turn:
+One turn is passes for up to ``TURN_MS`` (10 ms) from the first that dispatched, so
+the loop's heartbeat, statistics and stop check come at most every 10 ms while
+messages flow, not once a pass; the statistics of the turn's passes are counted once at
+its end. One pass:
 
-1. wait on the bus (the writer's APPENDED, the flusher's FLUSHED) up to MAX_TURN_MS,
-   unless work is already waiting; the bus only wakes, the position table is the truth.
+1. wait on the bus up to MAX_TURN_MS (the first pass of a turn; later ones only as long
+   as the turn has left), unless work is already waiting. The dispatcher listens only
+   to what moves the confirm offset: the writer's APPENDED under ASYNC_FLUSH, the
+   flusher's FLUSHED under SYNC_FLUSH, its COMMITTED with the transient pool. The bus
+   only wakes; the position table is the truth.
    A pass woken less than ``REPUT_INTERVAL_S`` (1 ms) after the last one that dispatched
    waits out the rest first, so a trickle of one-message sends is dispatched a few
-   records a pass, not a pass per record (``_pace``);
+   records a pass, not a pass per record (``_pace``). Once a wake came that soon, the
+   next pass does not wait on the bus at all: it sleeps out the interval and reads the
+   table; only when that finds nothing does it wait on the bus again (``_trickle``).
+   The subscription keeps only the newest wake-up (ZMQ_CONFLATE), so none pile up
+   meanwhile and none is received one by one. A message sent after a quiet spell, or
+   while dispatch is behind (no wait at all), is dispatched at once;
 2. follow MIN_OFFSET: unmap CommitLog, consume-queue and index files wholly below it
    (the cleaner unlinks them; an unlinked file's disk space comes back only when the
    last mapping goes);
-3. dispatch towards ``confirm_offset()`` in chunks that end on a record boundary (at
-   most ``CHUNK_RECORDS`` records, never across a file), for at most
-   ``DISPATCH_BUDGET_MS``; after each chunk publish DISPATCHED (every unit and index
-   entry below it is in its mapped file), then announce DISPATCHED and one ARRIVAL per
-   topic that grew, with each of its queues that grew and that queue's next offset;
+3. dispatch everything written since the last pass, towards ``confirm_offset()``, in
+   chunks that end on a record boundary (at most ``CHUNK_RECORDS`` records, never
+   across a file), for at most ``DISPATCH_BUDGET_MS``; after each chunk publish
+   DISPATCHED (every unit and index entry below it is in its mapped file), then
+   announce DISPATCHED and one ARRIVAL per topic that grew, with each of its queues that
+   grew and that queue's next offset; a run of a few records is parsed with ``struct``
+   alone (``storage.reput``'s small path), a long one with numpy;
 4. raise what the flush thread failed with, if it did (below).
 
 The flushes run on a thread of their own, RocketMQ's FlushConsumeQueueService
@@ -129,7 +142,7 @@ from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm.bus import (
     APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
-from rocketstore.shm.positions import Slot
+from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.checkpoint import StoreCheckpoint
 from rocketstore.storage.commit_log import CommitLog
@@ -146,9 +159,22 @@ CHUNK_RECORDS = 2048              # records per dispatch pass between two public
 DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
 STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
 REPUT_INTERVAL_S = 0.001          # a woken pass starts at least this long after the last
+TURN_MS = 10                      # passes of one turn, from the first that dispatched
 SPACE_RETRY_MS = 1000             # a full disk: dispatch is tried again this often
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 FLUSH_TICK_MIN_S = 0.005          # the flush thread's shortest wait (an interval of 0)
+
+
+def confirm_announcement(table: PositionTable) -> tuple[list[str], list[bytes]]:
+    """Who announces the confirm offset's moves, and with what (``Subscriber``'s
+    processes and topics): the flusher's FLUSHED under SYNC_FLUSH, its COMMITTED with
+    the transient pool, else the writer's APPENDED (the store's mode is fixed before its
+    processes start, as ``PositionTable.confirm_offset`` reads it)."""
+    if table.get(Slot.FLUSH_DISK_TYPE) == 1:
+        return ["flusher"], [FLUSHED]
+    if table.get(Slot.TRANSIENT_POOL):
+        return ["flusher"], [COMMITTED]
+    return ["writer"], [APPENDED]
 
 
 def flush_tick_s(interval_ms: int) -> float:
@@ -210,8 +236,8 @@ class Dispatcher(Service):
         except (StoreError, OSError) as e:
             self._fail(e)
             raise
-        self.subscriber = Subscriber(self.context, self.store_dir, ["writer", "flusher"],
-                                     [APPENDED, FLUSHED, COMMITTED])
+        self.subscriber = Subscriber(self.context, self.store_dir,
+                                     *confirm_announcement(self.table), conflate=True)
         self.publisher = Publisher(self.context, self.store_dir, self.name)
         self.flush_service = FlushConsumeQueueService(
             self._flush_on_interval, flush_tick_s(self.config.flush_interval_consume_queue))
@@ -240,10 +266,13 @@ class Dispatcher(Service):
         self.reput.reput_from_offset = dispatched
         self._published = dispatched
         self._last_pass_end = 0.0     # time.monotonic() after the last pass that dispatched
+        self._trickle = False         # the last wake came within REPUT_INTERVAL_S of a pass
         self._arrivals: dict[str, dict[int, int]] = {}   # topic -> queue id -> next offset
         self._seen_min_offset = -1
         self._dirty = False
         self._stalled = False
+        self._error_shown = bool(self.table.get(Slot.DISPATCH_ERROR))
+        self._uncounted = 0           # messages dispatched this turn, for the statistics
         self._space_retry_ns = 0      # set while dispatch waits for disk space
         self.dispatched_messages = 0
         self.dispatch_busy_ns = 0
@@ -251,7 +280,10 @@ class Dispatcher(Service):
                  len(self.logic_queues), rewound)
 
     def _arriving(self, topic: str, queue_id: int, next_offset: int) -> None:
-        self._arrivals.setdefault(topic, {})[queue_id] = next_offset
+        queues = self._arrivals.get(topic)
+        if queues is None:
+            queues = self._arrivals[topic] = {}
+        queues[queue_id] = next_offset
 
     def _index_failed(self) -> None:
         raise IndexBuildError("no index file can be created: dispatch stops rather than "
@@ -263,42 +295,81 @@ class Dispatcher(Service):
         try:
             if self._waiting_for_space():
                 return
-            end = self.table.confirm_offset()
-            if self.reput.reput_from_offset >= end or self._stalled:
-                if self.subscriber.wait(STALL_WAIT_MS if self._stalled else MAX_TURN_MS):
-                    self._pace()
-                end = self.table.confirm_offset()
-            self._follow_min_offset()
-            deadline_ns = time.monotonic_ns() + DISPATCH_BUDGET_MS * 1_000_000
-            before = self.reput.reput_from_offset
-            try:
-                self.dispatch_to(end, deadline_ns)
-            except (StoreError, OSError) as e:
-                if not _out_of_space(e):
-                    raise
-                self._no_space(e)
-                return
-            if self._space_retry_ns and self.reput.reput_from_offset > before:
-                self._space_retry_ns = 0
-                log.warning("dispatch goes on at %d: there is disk space again",
-                            self.reput.reput_from_offset)
-            self._stalled = self.reput.reput_from_offset == before < end
+            first_ns = 0
+            wait_ms = MAX_TURN_MS
+            while self._pass(wait_ms):
+                now_ns = time.monotonic_ns()
+                first_ns = first_ns or now_ns
+                left_ns = first_ns + TURN_MS * 1_000_000 - now_ns
+                if left_ns <= 0:
+                    break
+                wait_ms = left_ns // 1_000_000 + 1
+            self._count()
             self.flush_service.raise_error()
         except (StoreError, OSError) as e:
             self._fail(e)
             raise
 
+    def _pass(self, wait_ms: int) -> bool:
+        """Wait for work (up to ``wait_ms``) unless some is there, then dispatch it; True
+        when it dispatched (another pass may follow in this turn)."""
+        reput = self.reput
+        end = self.table.confirm_offset()
+        if reput.reput_from_offset >= end or self._stalled:
+            end = self._wait(min(wait_ms, STALL_WAIT_MS) if self._stalled else wait_ms)
+        self._follow_min_offset()
+        deadline_ns = time.monotonic_ns() + DISPATCH_BUDGET_MS * 1_000_000
+        before = reput.reput_from_offset
+        try:
+            self.dispatch_to(end, deadline_ns)
+        except (StoreError, OSError) as e:
+            if not _out_of_space(e):
+                raise
+            self._no_space(e)
+            return False
+        moved = reput.reput_from_offset > before
+        if self._space_retry_ns and moved:
+            self._space_retry_ns = 0
+            log.warning("dispatch goes on at %d: there is disk space again",
+                        reput.reput_from_offset)
+        self._stalled = not moved and before < end
+        return moved
+
+    def _wait(self, wait_ms: int) -> int:
+        """The confirm offset once the bus woke the dispatcher, or after ``wait_ms``.
+        While one-message sends trickle in (``_trickle``) the bus is not waited on: the
+        rest of the interval is slept out and the table read; the bus is waited on only
+        when that found nothing (its one wake-up kept meanwhile then costs one empty
+        pass)."""
+        table, reput = self.table, self.reput
+        if self._trickle and not self._stalled:
+            self._sleep_out_interval()
+            end = table.confirm_offset()
+            if reput.reput_from_offset < end:
+                return end
+            self._trickle = False
+        if self.subscriber.wait(wait_ms):
+            self._pace()
+        return table.confirm_offset()
+
     def _pace(self) -> None:
         """Woken after a pass that dispatched less than ``REPUT_INTERVAL_S`` ago: wait
-        out the rest of it, then take the wake-ups that came meanwhile, so the next pass
-        takes every record they announced. One-at-a-time sends then cost the dispatcher
+        out the rest of it, so the pass takes every record written meanwhile, and stay
+        off the bus while that goes on (``_trickle``). One-at-a-time sends then cost the dispatcher
         one pass per millisecond, not one per message (RocketMQ's ReputMessageService
         sleeps 1 ms between passes); a record sent after a quiet spell, or while dispatch
         is behind (no wait at all), is dispatched at once."""
+        if self._sleep_out_interval():
+            self._trickle = True
+
+    def _sleep_out_interval(self) -> bool:
+        """Sleep until ``REPUT_INTERVAL_S`` after the last pass that dispatched; whether
+        any of it was left."""
         left = self._last_pass_end + REPUT_INTERVAL_S - time.monotonic()
-        if left > 0:
-            time.sleep(left)
-            self.subscriber.wait(0)
+        if left <= 0:
+            return False
+        time.sleep(left)
+        return True
 
     def _no_space(self, e: BaseException) -> None:
         """Dispatch met a full disk: DISPATCH_ERROR, said once, tried again later."""
@@ -307,6 +378,7 @@ class Dispatcher(Service):
                       "refused until it goes on; trying again every %d ms",
                       self.reput.reput_from_offset, e, SPACE_RETRY_MS)
         self.table.set(Slot.DISPATCH_ERROR, _errno_of(e))
+        self._error_shown = True
         self._space_retry_ns = time.monotonic_ns() + SPACE_RETRY_MS * 1_000_000
 
     def _waiting_for_space(self) -> bool:
@@ -333,6 +405,7 @@ class Dispatcher(Service):
                 log.error("stopped at %d while waiting for disk space (%s): the next start "
                           "dispatches the rest", self.reput.reput_from_offset, e)
                 raise SystemExit(1) from None
+            self._count()
             self.flush_logics()
         except (StoreError, OSError) as e:
             self._fail(e)
@@ -347,6 +420,7 @@ class Dispatcher(Service):
     def _fail(self, e: BaseException) -> None:
         code = errno.EBADMSG if isinstance(e, CorruptRecordError) else _errno_of(e)
         self.table.set(Slot.DISPATCH_ERROR, code)
+        self._error_shown = True
         log.critical("DISPATCH STOPPED at %d (%s): %s; exiting so the supervisor restarts "
                      "the dispatcher, no data is skipped", self.reput.reput_from_offset
                      if hasattr(self, "reput") else self.table.get(Slot.DISPATCHED),
@@ -368,15 +442,16 @@ class Dispatcher(Service):
             chunk_end, known_starts = chunk
             if chunk_end <= reput.reput_from_offset:
                 break
-            t0 = time.perf_counter_ns()
+            t0 = time.monotonic_ns()
             n = reput.do_reput(chunk_end, known_starts)
-            self.dispatch_busy_ns += time.perf_counter_ns() - t0
+            t1 = time.monotonic_ns()
+            self.dispatch_busy_ns += t1 - t0
             self.dispatched_messages += n
-            self._count(n)
+            self._uncounted += n
             total += n
             self._publish()
-            self._last_pass_end = time.monotonic()
-            if deadline_ns is not None and time.monotonic_ns() >= deadline_ns:
+            self._last_pass_end = t1 / 1e9
+            if deadline_ns is not None and t1 >= deadline_ns:
                 break
         return total
 
@@ -410,11 +485,12 @@ class Dispatcher(Service):
                 return min(end, base + file_size), starts   # damage: do_reput names it
         return base + pos, starts
 
-    def _count(self, messages: int) -> None:
-        """Messages dispatched, and how long after its store time the last of them
-        became visible (its store time is in ms: a delay under 1 ms counts as 0)."""
-        if messages:
-            self.stats.add("dispatched_messages_total", messages)
+    def _count(self) -> None:
+        """The turn's messages dispatched, and how long after its store time the last of
+        them became visible (its store time is in ms: a delay under 1 ms counts as 0)."""
+        if self._uncounted:
+            self.stats.add("dispatched_messages_total", self._uncounted)
+            self._uncounted = 0
             delay_ms = now_ms() - self.reput.logics_timestamp
             self.stats.observe("dispatch_delay_seconds", max(0, delay_ms) / 1000)
 
@@ -434,8 +510,9 @@ class Dispatcher(Service):
         table.set(Slot.DISPATCHED, offset)
         self._published = offset
         self._dirty = True
-        if table.get(Slot.DISPATCH_ERROR):
+        if self._error_shown:
             table.set(Slot.DISPATCH_ERROR, 0)
+            self._error_shown = False
         publish = self.publisher.publish
         publish(DISPATCHED, encode_offset(offset))
         for topic, queues in self._arrivals.items():

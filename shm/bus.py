@@ -131,10 +131,15 @@ class Subscriber:
     """Wake-ups from some processes' announcements."""
 
     def __init__(self, context: zmq.Context, store_dir: str, processes: list[str],
-                 topics: list[bytes]):
+                 topics: list[bytes], conflate: bool = False):
+        """``conflate``: keep only the newest announcement of each process (ZMQ_CONFLATE;
+        publishers filter by topic, so it is the newest of those subscribed to), for a
+        listener that only needs to know that something came."""
         self.socket = context.socket(zmq.SUB)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        if conflate:
+            self.socket.setsockopt(zmq.CONFLATE, 1)
         for topic in topics:
             self.socket.setsockopt(zmq.SUBSCRIBE, topic)
         for process in processes:

@@ -30,10 +30,18 @@ The run stops *before* the first record that fails any check: the caller hands t
 record to the one-record path, which judges it exactly as before (a torn tail beyond
 the confirm offset is not reached; below it, ``CorruptRecordError``). So the bulk path
 never accepts a record the one-record path would refuse, and never refuses one itself.
+
+A few records (a one-message send, a trickle of them) cost more in numpy's fixed calls
+than in their own work, so ``parse_small`` reads them with ``struct`` alone: one
+unpack of fields 1-15 per record (IPv4 hosts only; a record with an IPv6 host ends the
+run and goes to the one-record path), the same checks, and the same values as plain
+tuples (``SmallRecord``'s order), keys and tags raw as the bulk path keeps them. It
+stops before the first record that fails, as ``parse_run`` does.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import NamedTuple, Sequence
 
@@ -48,6 +56,13 @@ _V1, _V2 = record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2
 _IPV4_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8   # through PREPARED
 _TAGS, _KEYS, _UNIQ, _DELAY = b"TAGS\x01", b"KEYS\x01", b"UNIQ_KEY\x01", b"DELAY\x01"
 _R8 = np.arange(8, dtype=np.int64)
+_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+# fields 1-15 of a record with IPv4 hosts, those dispatch needs: TOTALSIZE, MAGICCODE,
+# QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP, BODYLENGTH
+_V4_DISPATCH = struct.Struct(">iI4xi4xqqi16xq20xi")
+assert _V4_DISPATCH.size == _IPV4_FIXED + 4
+_V4_LENGTHS = _IPV4_FIXED + 4 + 2     # calc_msg_length less body, topic and properties
+_TOPIC_LENGTH = record.SHORT
 
 
 class RecordRun(NamedTuple):
@@ -131,6 +146,81 @@ def parse_run(buf, starts: list[int], file_from_offset: int,
     return RecordRun(c.starts, int(c.starts[-1] + c.sizes[-1]), c.sizes, c.queue_ids,
                      c.queue_offsets, c.physical_offsets, c.sys_flags, c.store_timestamps,
                      codes, topics, keys, uniq_keys)
+
+
+class SmallRecord(NamedTuple):
+    """The order of the plain tuples ``parse_small`` returns (a name for the reader and
+    the tests: the tuples themselves are not built as this class)."""
+
+    size: int
+    topic: str
+    queue_id: int
+    physical_offset: int
+    tags_code: int
+    store_timestamp: int
+    queue_offset: int
+    keys: bytes | None           # KEYS, raw
+    uniq_key: bytes | None       # UNIQ_KEY, raw
+    sys_flag: int
+
+
+def parse_small(buf, starts: list[int], file_from_offset: int,
+                delay_level_ms: Sequence[int] = ()) -> list[tuple]:
+    """``parse_run`` for a few records, without numpy: the records at ``starts`` (from
+    ``walk``) up to the first that fails a check of ``check_message_and_return_size``
+    (no body CRC) or has an IPv6 host, each as a tuple in ``SmallRecord``'s order."""
+    out: list[tuple] = []
+    unpack_from = _V4_DISPATCH.unpack_from
+    head_end = len(buf) - _V4_DISPATCH.size
+    for pos in starts:
+        if pos > head_end:
+            break
+        total, magic, queue_id, queue_offset, phys, sys_flag, store_ts, body_len = \
+            unpack_from(buf, pos)
+        end = pos + total
+        p = pos + _V4_DISPATCH.size + body_len
+        if sys_flag & _HOST_FLAGS or phys != file_from_offset + pos or body_len < 0 \
+                or p + 3 > end:
+            break
+        if magic == _V1:
+            topic_len = buf[p]
+            if topic_len > record.MAX_V1_TOPIC_LENGTH:
+                break
+            p += 1
+        elif magic == _V2:
+            (topic_len,) = _TOPIC_LENGTH.unpack_from(buf, p)
+            p += 2
+        else:
+            break
+        if topic_len <= 0 or p + topic_len + 2 > end:
+            break
+        topic_raw = bytes(buf[p:p + topic_len])
+        p += topic_len
+        (props_len,) = _TOPIC_LENGTH.unpack_from(buf, p)
+        if props_len < 0 or total != _V4_LENGTHS + body_len + topic_len + props_len + (
+                2 if topic_len > record.MAX_V1_TOPIC_LENGTH else 1):
+            break
+        props = bytes(buf[p + 2:p + 2 + props_len])
+        if 0 in topic_raw or 0 in props:        # a tear left zeros where no NUL may stand
+            break
+        topic = record._decode_topic(topic_raw)
+        code = _tags_code(_value(props, _TAGS))
+        if delay_level_ms and topic == record.SCHEDULE_TOPIC:
+            code = _delivery_time(props, store_ts, delay_level_ms, code)
+        out.append((total, topic, queue_id, phys, code, store_ts, queue_offset,
+                    _value(props, _KEYS), _value(props, _UNIQ), sys_flag))
+    return out
+
+
+def _delivery_time(props: bytes, store_ts: int, delay_level_ms: Sequence[int],
+                   tags_code: int) -> int:
+    """A delayed message's tagsCode in SCHEDULE_TOPIC_XXXX: store time plus its level's
+    delay; ``tags_code`` when it has no level."""
+    delay = _value(props, _DELAY)
+    level = record._int_or_zero(delay.decode("utf-8", "replace")) if delay else 0
+    if level > 0:
+        return store_ts + delay_level_ms[min(level, len(delay_level_ms) - 1)]
+    return tags_code
 
 
 def valid_end(buf, starts: list[int], file_from_offset: int, check_crc: bool) -> int:
@@ -300,26 +390,27 @@ def _value(props: bytes, name_sep: bytes) -> bytes | None:
 _TAGS_CODES: dict[bytes, int] = {}
 
 
+def _tags_code(tags: bytes | None) -> int:
+    """The Java hash of raw TAGS (0 without), cached as ``_tags_codes`` caches it."""
+    if tags is None:
+        return 0
+    code = _TAGS_CODES.get(tags)
+    if code is None:
+        code = java_string_hash(tags.decode("utf-8", "replace"))
+        if len(_TAGS_CODES) < 65536:
+            _TAGS_CODES[tags] = code
+    return code
+
+
 def _tags_codes(tags: list, topics: list[str], props: list[bytes], store_ts: np.ndarray,
                 delay_level_ms: Sequence[int]) -> np.ndarray:
     """Each record's consume-queue tagsCode: the Java hash of its tags (0 without),
     or for a delayed message in SCHEDULE_TOPIC_XXXX its delivery time."""
-    known = _TAGS_CODES
-    code_of = dict.fromkeys(tags, 0)
-    for t in code_of:
-        if t is not None:
-            code = known.get(t)
-            if code is None:
-                code = java_string_hash(t.decode("utf-8", "replace"))
-                if len(known) < 65536:
-                    known[t] = code
-            code_of[t] = code
+    code_of = {t: _tags_code(t) for t in dict.fromkeys(tags)}
     codes = np.fromiter(map(code_of.__getitem__, tags), np.int64, len(tags))
     if delay_level_ms and record.SCHEDULE_TOPIC in topics:
         for i, topic in enumerate(topics):
-            delay = _value(props[i], _DELAY) if topic == record.SCHEDULE_TOPIC else None
-            if delay is not None:
-                level = record._int_or_zero(delay.decode("utf-8", "replace"))
-                if level > 0:
-                    codes[i] = int(store_ts[i]) + delay_level_ms[min(level, len(delay_level_ms) - 1)]
+            if topic == record.SCHEDULE_TOPIC:
+                codes[i] = _delivery_time(props[i], int(store_ts[i]), delay_level_ms,
+                                          int(codes[i]))
     return codes

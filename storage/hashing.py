@@ -71,6 +71,18 @@ def index_key_hash(key: str) -> int:
     return 0 if h > 0x7FFF_FFFF else h
 
 
+def index_key_hash_raw(key: bytes) -> int:
+    """``index_key_hash`` of a key given as UTF-8 bytes, decoded as dispatch decodes
+    (``"replace"``): an ASCII key hashes as its bytes (one byte, one code unit)."""
+    if not key.isascii():
+        return index_key_hash(key.decode("utf-8", "replace"))
+    powers = _REVERSED_POWERS.get(len(key)) or _powers(len(key))
+    h = sum(map(operator.mul, key, powers)) & _MASK32
+    if h & 0x8000_0000:
+        h = 0x1_0000_0000 - h        # abs() of the negative Java int
+    return 0 if h > 0x7FFF_FFFF else h
+
+
 # ---------------------------------------------------------------------------------- in bulk
 _POW31 = np.ones(1, np.uint32)
 

@@ -403,13 +403,16 @@ class IndexFile:
         ``store_timestamp`` does not fit a Java long, ``StoreFileError`` (ENOSPC),
         writing nothing, when the entry's blocks cannot be reserved.
         """
+        return self.put_hash(index_key_hash(key), phy_offset, store_timestamp)
+
+    def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        """``put_key`` for a key whose ``index_key_hash`` is already computed."""
         buf = self._buf
         if buf is None:
             raise StoreClosedError(f"{self.path} is closed")
         index_count = self._index_count
         if index_count >= self.index_num:
             return False
-        key_hash = index_key_hash(key)
         abs_slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
         slot_value = HASH_SLOT.unpack_from(buf, abs_slot_pos)[0]
         if slot_value <= INVALID_INDEX or slot_value > index_count:

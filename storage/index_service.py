@@ -48,13 +48,14 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from rocketstore.storage.errors import StoreError
-from rocketstore.storage.hashing import index_key_hash, index_key_hashes
+from rocketstore.storage.hashing import index_key_hash, index_key_hash_raw, index_key_hashes
 from rocketstore.storage.index_file import (
     IndexFile, human_string_to_time_millis, time_millis_to_human_string)
 from rocketstore.storage.mapped_file import now_ms, unlink_quietly
 from rocketstore.storage.message import KEY_SEPARATOR, TRANSACTION_ROLLBACK_TYPE
 
 log = logging.getLogger(__name__)
+_RAW_SEPARATOR = KEY_SEPARATOR.encode()
 
 
 class QueryOffsetResult(NamedTuple):
@@ -169,6 +170,37 @@ class IndexService:
         created (the caller stops building the index and marks the store's index
         error). Raises ``OSError`` when flushing a full file fails.
         """
+        index_file = self._file_to_index(commit_log_offset, sys_flag)
+        if not isinstance(index_file, IndexFile):
+            return index_file
+        names = [] if uniq_key is None else [uniq_key]
+        if keys:
+            names += [key for key in keys.split(KEY_SEPARATOR) if key]
+        return self._put_hashes(index_file, [index_key_hash(topic + "#" + name)
+                                             for name in names],
+                                commit_log_offset, store_timestamp)
+
+    def build_index_raw(self, topic: str, commit_log_offset: int, store_timestamp: int,
+                        sys_flag: int, uniq_key: bytes | None, keys: bytes | None) -> bool:
+        """``build_index`` with UNIQ_KEY and KEYS as raw property bytes (as
+        ``dispatch_batch.parse_small`` finds them): the same entries."""
+        index_file = self._file_to_index(commit_log_offset, sys_flag)
+        if not isinstance(index_file, IndexFile):
+            return index_file
+        prefix = _key_prefix(topic)
+        if uniq_key is None and keys is not None and _RAW_SEPARATOR not in keys:
+            hashes = [index_key_hash_raw(prefix + keys)]          # the common case
+        else:
+            names = [] if uniq_key is None else [uniq_key]
+            if keys is not None:
+                names += [key for key in keys.split(_RAW_SEPARATOR) if key]
+            hashes = [index_key_hash_raw(prefix + name) for name in names]
+        return self._put_hashes(index_file, hashes, commit_log_offset, store_timestamp)
+
+    def _file_to_index(self, commit_log_offset: int, sys_flag: int) -> IndexFile | bool:
+        """The file a message's keys go to; True when the message is not to be indexed
+        (below the last file's endPhyOffset, or ROLLBACK), False when no file could be
+        created."""
         index_file = self._get_and_create_last_index_file()
         if index_file is None:
             log.error("build index error, stop building index")
@@ -177,18 +209,24 @@ class IndexService:
             return True
         if sys_flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE:
             return True
+        return index_file
+
+    def _put_hashes(self, index_file: IndexFile, key_hashes: list[int],
+                    commit_log_offset: int, store_timestamp: int) -> bool:
+        """Put one message's keys, rolling to new files while the last is full; of the
+        message at endPhyOffset only the keys not there yet (``_held``). False when no
+        new file could be created."""
         again = commit_log_offset == index_file.end_phy_offset   # the last record put
-        names = [] if uniq_key is None else [uniq_key]
-        if keys:
-            names += [key for key in keys.split(KEY_SEPARATOR) if key]
-        for name in names:
-            key = topic + "#" + name
-            if again and self._held(index_key_hash(key), commit_log_offset):
+        for key_hash in key_hashes:
+            if again and self._held(key_hash, commit_log_offset):
                 continue
-            index_file = self._put_key(index_file, key, commit_log_offset, store_timestamp)
-            if index_file is None:
-                log.error("putKey error commitlog %d key %s", commit_log_offset, name)
-                return False
+            while not index_file.put_hash(key_hash, commit_log_offset, store_timestamp):
+                log.warning("Index file [%s] is full, trying to create another one",
+                            index_file.file_name)
+                index_file = self._get_and_create_last_index_file()
+                if index_file is None:
+                    log.error("putKey error commitlog %d", commit_log_offset)
+                    return False
         return True
 
     def build_index_run(self, topics: Sequence[str], phy_offsets: np.ndarray,
@@ -239,18 +277,6 @@ class IndexService:
             if f.holds_newest(key_hash, phy_offset):
                 return True
         return False
-
-    def _put_key(self, index_file: IndexFile, key: str, commit_log_offset: int,
-                 store_timestamp: int) -> IndexFile | None:
-        """Put into ``index_file``, rolling to new files while it is full. Returns the
-        file that took the key, or None when no new file could be created."""
-        while not index_file.put_key(key, commit_log_offset, store_timestamp):
-            log.warning("Index file [%s] is full, trying to create another one",
-                        index_file.file_name)
-            index_file = self._get_and_create_last_index_file()
-            if index_file is None:
-                return None
-        return index_file
 
     def _get_and_create_last_index_file(self) -> IndexFile | None:
         """``getAndCreateLastIndexFile``: the last file if it has room, else a new one

@@ -30,7 +30,7 @@ from rocketstore.storage.commit_log import CommitLog
 from rocketstore.storage.consume_queue import ConsumeQueue
 from rocketstore.storage.errors import CorruptRecordError
 from rocketstore.storage.index_service import IndexService
-from rocketstore.storage.dispatch_batch import RecordRun, parse_run, walk
+from rocketstore.storage.dispatch_batch import RecordRun, parse_run, parse_small, walk
 from rocketstore.storage.message import (
     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_ROLLBACK_TYPE, is_consumable)
 from rocketstore.storage.record import DispatchRequest
@@ -39,9 +39,10 @@ ArrivingListener = Callable[[str, int, int, int, int], None]
 QueueListener = Callable[[str, int, int], None]  # topic, queue id, next offset
 
 RUN_RECORDS = 4096      # records parsed together on the bulk path
-MIN_RUN_RECORDS = 80    # fewer go one by one: the bulk path costs ~0.8 ms a run however
-#                         short (measured: 20 records 0.67 ms one by one, 1.17 ms in bulk;
-#                         equal near 80; 512 records 6.8 ms against 2.3 ms)
+MIN_RUN_RECORDS = 80    # fewer take the small path: the bulk path costs ~0.8 ms a run
+#                         however short (measured: 20 records 0.67 ms one by one, 1.17 ms
+#                         in bulk; equal near 80; 512 records 6.8 ms against 2.3 ms)
+_CONSUMABLE = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 
 
 class ReputMessageService:
@@ -65,8 +66,10 @@ class ReputMessageService:
         """Dispatch every record below ``end``; returns how many messages went.
 
         Runs of at least ``MIN_RUN_RECORDS`` whole records go through the bulk path
-        (``dispatch_batch.parse_run``, ``dispatch_run``); shorter ones, and any record
-        the bulk path stops before, one by one, with the same outcome. ``known_starts``:
+        (``dispatch_batch.parse_run``, ``dispatch_run``), shorter ones through the small
+        path (``parse_small``, ``dispatch_small``: struct, no numpy); a record either
+        path stops before (an IPv6 host, damage, the end-of-file blank) goes one by one,
+        with the same outcome. ``known_starts``:
         what ``dispatch_batch.walk`` gives from ``reput_from_offset`` in its file, up to
         ``end`` at most (a caller that walked already), taken instead of walking again."""
         count = 0
@@ -85,20 +88,27 @@ class ReputMessageService:
                 starts = _known_run(known_starts, pos)
                 if starts is None:
                     starts, _ = walk(mf.buf, pos, limit, RUN_RECORDS)
-                run = parse_run(mf.buf, starts, mf.file_from_offset, cl.delay_level_ms) \
-                    if len(starts) >= MIN_RUN_RECORDS else None
-                if run is not None:
-                    self.dispatch_run(run)
-                    pos = run.end
-                    count += len(run)
-                    continue
-                for _ in range(max(1, len(starts))):
-                    step = self._dispatch_one(mf, pos, limit)
-                    if step == 0:
-                        pos = mf.file_size
-                        break
-                    pos += step
-                    count += 1
+                if len(starts) >= MIN_RUN_RECORDS:
+                    run = parse_run(mf.buf, starts, mf.file_from_offset, cl.delay_level_ms)
+                    if run is not None:
+                        self.dispatch_run(run)
+                        pos = run.end
+                        count += len(run)
+                        continue
+                elif starts:
+                    records = parse_small(mf.buf, starts, mf.file_from_offset,
+                                          cl.delay_level_ms)
+                    if records:
+                        self.dispatch_small(records)
+                        pos = starts[len(records) - 1] + records[-1][0]
+                        count += len(records)
+                        continue
+                step = self._dispatch_one(mf, pos, limit)
+                if step == 0:
+                    pos = mf.file_size
+                    break
+                pos += step
+                count += 1
             self.reput_from_offset = mf.file_from_offset + pos
             known_starts = None             # positions in the first file only
         return count
@@ -128,6 +138,25 @@ class ReputMessageService:
                 req.topic, req.commit_log_offset, req.store_timestamp, req.sys_flag,
                 req.uniq_key, req.keys):
             self.on_index_error()
+
+    def dispatch_small(self, records: list[tuple]) -> None:
+        """``dispatch`` for each record of ``parse_small`` (``SmallRecord``'s order), its
+        keys raw."""
+        find = self.find_consume_queue
+        index = self.index_service
+        arriving, listener = self.arriving_listener, self.queue_listener
+        for size, topic, queue_id, phys, code, store_ts, queue_offset, keys, uniq_key, \
+                sys_flag in records:
+            if sys_flag & TRANSACTION_ROLLBACK_TYPE in _CONSUMABLE:
+                find(topic, queue_id).put_message_position_info(phys, size, code, queue_offset)
+                self.logics_timestamp = store_ts
+                if arriving is not None:
+                    arriving(topic, queue_id, queue_offset + 1, code, store_ts)
+                if listener is not None:
+                    listener(topic, queue_id, queue_offset + 1)
+            if index is not None and not index.build_index_raw(topic, phys, store_ts, sys_flag,
+                                                               uniq_key, keys):
+                self.on_index_error()
 
     def dispatch_run(self, run: RecordRun) -> None:
         """``dispatch`` for every record of ``run``: each queue's units as one block, the

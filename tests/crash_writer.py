@@ -158,6 +158,7 @@ def _arm_pause(store: MessageStore, where: str, k: int) -> None:
     if where in ("dispatch", "close_dispatch", "dispatch_index"):
         reput = store.reput
         one_by_one, in_bulk, calls = reput.dispatch, reput.dispatch_run, [0]
+        small = reput.dispatch_small
 
         def paused_dispatch(req):
             calls[0] += 1
@@ -176,7 +177,20 @@ def _arm_pause(store: MessageStore, where: str, k: int) -> None:
             elif k - 1 - before > 0:               # every message before K dispatched
                 in_bulk(run.prefix(k - 1 - before))
             _stop_here(where)
+
+        def paused_small(records):
+            before = calls[0]
+            calls[0] += len(records)
+            if calls[0] < k:
+                return small(records)
+            if where == "dispatch_index":          # the run's units written, its index not
+                reput.index_service = None
+                small(records)
+            elif k - 1 - before > 0:               # every message before K dispatched
+                small(records[:k - 1 - before])
+            _stop_here(where)
         reput.dispatch, reput.dispatch_run = paused_dispatch, paused_run
+        reput.dispatch_small = paused_small
     elif where in ("close_before_checkpoint", "close_after_checkpoint"):
         flush = store.checkpoint.flush
 

@@ -25,9 +25,9 @@ from rocketstore.storage import Message, MessageStore, reput as reput_module
 from rocketstore.storage import record
 from rocketstore.storage.commit_log import CommitLog
 from rocketstore.storage.consume_queue import ConsumeQueue
-from rocketstore.storage.dispatch_batch import parse_run, valid_end, walk
+from rocketstore.storage.dispatch_batch import SmallRecord, parse_run, parse_small, valid_end, walk
 from rocketstore.storage.errors import CorruptRecordError
-from rocketstore.storage.hashing import index_key_hash, index_key_hashes
+from rocketstore.storage.hashing import index_key_hash, index_key_hash_raw, index_key_hashes
 from rocketstore.storage.index_file import IndexFile
 from rocketstore.storage.index_service import IndexService
 from rocketstore.storage.logic_queues import LogicQueues
@@ -101,6 +101,33 @@ def test_parse_run_agrees_with_the_one_record_check(specs, data):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(record_specs, min_size=1, max_size=12), st.booleans(), st.data())
+def test_parse_small_agrees_with_the_one_record_check(specs, as_bytes, data):
+    buf, starts = _build(specs)
+    if data.draw(st.booleans(), "damage"):
+        at = data.draw(st.integers(0, len(buf) - 1), "at")
+        buf[at] = data.draw(st.sampled_from([0, 1, 2, 0x80, 0xFF]), "byte")
+    buf += bytes(8)
+    found, _ = walk(buf, 0, len(buf), 100)
+    records = [SmallRecord(*r) for r in parse_small(bytes(buf) if as_bytes else buf, found,
+                                                    1000, DELAYS)]
+    for k in range(len(specs)):
+        req = record.check_message_and_return_size(buf, starts[k], len(buf), 1000 + starts[k],
+                                                   False, DELAYS)
+        if k >= len(records):
+            if k == len(records) and k < len(found) and not specs[k]["v6"]:
+                assert not (req.success and req.msg_size > 0), "the run stopped too early"
+            break
+        assert req.success and req.msg_size > 0 and not specs[k]["v6"]
+        r = records[k]
+        assert (r.size, r.topic, r.queue_id, r.physical_offset, r.tags_code,
+                r.store_timestamp, r.queue_offset, _text(r.keys), _text(r.uniq_key),
+                r.sys_flag) == (
+            req.msg_size, req.topic, req.queue_id, req.commit_log_offset, req.tags_code,
+            req.store_timestamp, req.consume_queue_offset, req.keys, req.uniq_key, req.sys_flag)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(record_specs, min_size=1, max_size=12), st.booleans(), st.data())
 def test_valid_end_is_where_the_one_record_scan_stops(specs, check_crc, data):
     buf, starts = _build(specs)
     at = data.draw(st.integers(0, len(buf) - 1), "at")
@@ -124,8 +151,16 @@ def _text(raw: bytes | None) -> str | None:
 @given(st.lists(st.text(alphabet="aZ#09 é€😀\udfff", min_size=1, max_size=20), max_size=30))
 def test_index_key_hashes_match_java(keys):
     raw = [k.encode("utf-8", "surrogatepass") for k in keys]
-    assert index_key_hashes(raw).tolist() == [
-        index_key_hash(r.decode("utf-8", "replace")) for r in raw]
+    expected = [index_key_hash(r.decode("utf-8", "replace")) for r in raw]
+    assert index_key_hashes(raw).tolist() == expected
+    assert [index_key_hash_raw(r) for r in raw] == expected
+
+
+def test_index_key_hash_raw_of_the_java_int_extremes():
+    # "polygenelubricants".hashCode() is Integer.MIN_VALUE: abs() leaves it negative, 0
+    assert index_key_hash_raw(b"polygenelubricants") == index_key_hash(
+        "polygenelubricants") == 0
+    assert index_key_hash_raw(b"Aa") == index_key_hash("Aa") == 2112
 
 
 # ------------------------------------------------------------------ whole stores
