@@ -659,10 +659,8 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
     reason (a one-message send's answer) is packed with one ``struct``."""
     count = len(columns["status"])
     if count == 1 and not reasons:
-        return b"".join((HEADER.pack(MAGIC, VERSION, Kind.SEND_RECORDS_REPLY, request_id, 1),
-                         bytes((len(store_host),)), store_host, _ONE_RESULT.pack(
-                             *(columns[name][0] for name, _ in _SEND_RECORDS_REPLY_COLUMNS),
-                             0)))
+        return encode_one_send_records_reply(
+            request_id, store_host, *(columns[name][0] for name, _ in _SEND_RECORDS_REPLY_COLUMNS))
     parts = [_header(Kind.SEND_RECORDS_REPLY, request_id, count),
              bytes((len(store_host),)), store_host]
     for name, dtype in _SEND_RECORDS_REPLY_COLUMNS:
@@ -671,6 +669,17 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
     for i in sorted(reasons):
         parts += (U32.pack(i), _cut16(reasons[i]))
     return _finish(parts, request_id)
+
+
+def encode_one_send_records_reply(request_id: int, store_host: bytes, status: int,
+                                  queue_id: int, queue_offset: int, commit_log_offset: int,
+                                  store_timestamp: int) -> bytes:
+    """``encode_send_records_reply`` of one record without a reason (a one-message send's
+    answer): the header, the store host and the record's columns, each packed once."""
+    return b"".join((HEADER.pack(MAGIC, VERSION, _SEND_RECORDS_REPLY, request_id, 1),
+                     _HOST_LENGTHS[len(store_host)], store_host,
+                     _ONE_RESULT.pack(status, queue_id, queue_offset, commit_log_offset,
+                                      store_timestamp, 0)))
 
 
 def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
@@ -714,6 +723,8 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
 
 
 _ONE_RESULT = struct.Struct(">BiqqqI")    # one record's columns, then the reasons count
+_HOST_LENGTHS = [bytes((n,)) for n in range(256)]
+_SEND_RECORDS_REPLY = int(Kind.SEND_RECORDS_REPLY)
 
 
 def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
