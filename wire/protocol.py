@@ -627,7 +627,8 @@ def decode_small_send_records(frame, head: Header) -> SendRecords:
     buf = frame if type(frame) is bytes else bytes(frame)
     request_id, count = head.request_id, head.count
     producer_id, first_sequence, table_at = _send_records_fixed(buf, request_id, count)
-    offsets = list(struct.unpack_from(f">{count}I", buf, table_at))
+    table = _SMALL_OFFSETS[count] if count < SMALL_COLUMNS else struct.Struct(f">{count}I")
+    offsets = list(table.unpack_from(buf, table_at))
     return SendRecords(request_id, producer_id, first_sequence, offsets,
                        memoryview(buf)[table_at + 4 * count:])
 
@@ -637,6 +638,7 @@ _SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_of
 _STRUCT_CODES = {"u1": "B", ">i4": "i", ">i8": "q", ">u4": "I"}
 _ITEM_SIZES = {"u1": 1, ">i4": 4, ">i8": 8, ">u4": 4}
 SMALL_COLUMNS = 16      # fewer values than this are packed with struct, more with numpy
+_SMALL_OFFSETS = [struct.Struct(f">{n}I") for n in range(SMALL_COLUMNS)]   # offsets tables
 
 
 def _column_bytes(values, dtype: str) -> bytes:
