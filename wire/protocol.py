@@ -627,8 +627,7 @@ def decode_small_send_records(frame, head: Header) -> SendRecords:
     buf = frame if type(frame) is bytes else bytes(frame)
     request_id, count = head.request_id, head.count
     producer_id, first_sequence, table_at = _send_records_fixed(buf, request_id, count)
-    table = _SMALL_OFFSETS[count] if count < SMALL_COLUMNS else struct.Struct(f">{count}I")
-    offsets = list(table.unpack_from(buf, table_at))
+    offsets = _column_values(buf, ">u4", count, table_at)
     return SendRecords(request_id, producer_id, first_sequence, offsets,
                        memoryview(buf)[table_at + 4 * count:])
 
@@ -638,18 +637,20 @@ _SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_of
 _STRUCT_CODES = {"u1": "B", ">i4": "i", ">i8": "q", ">u4": "I"}
 _ITEM_SIZES = {"u1": 1, ">i4": 4, ">i8": 8, ">u4": 4}
 SMALL_COLUMNS = 16      # fewer values than this are packed with struct, more with numpy
-_SMALL_OFFSETS = [struct.Struct(f">{n}I") for n in range(SMALL_COLUMNS)]   # offsets tables
+_SMALL_COLUMNS = {(dtype, n): struct.Struct(f">{n}{code}")     # made once, not per frame
+                  for dtype, code in _STRUCT_CODES.items() for n in range(SMALL_COLUMNS)}
 
 
 def _column_bytes(values, dtype: str) -> bytes:
-    if len(values) < SMALL_COLUMNS:
-        return struct.pack(f">{len(values)}{_STRUCT_CODES[dtype]}", *values)
+    n = len(values)
+    if n < SMALL_COLUMNS:
+        return _SMALL_COLUMNS[dtype, n].pack(*values)
     return np.asarray(values).astype(dtype).tobytes()
 
 
 def _column_values(buf, dtype: str, count: int, at: int) -> list:
     if count < SMALL_COLUMNS:
-        return list(struct.unpack_from(f">{count}{_STRUCT_CODES[dtype]}", buf, at))
+        return list(_SMALL_COLUMNS[dtype, count].unpack_from(buf, at))
     return np.frombuffer(buf, dtype, count, at).tolist()
 
 
