@@ -10,6 +10,8 @@ from the columns: SEND_RECORDS_REPLY directly, SEND_REPLY record by record.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from rocketstore.wire import protocol
@@ -133,12 +135,16 @@ class SmallResults:
 
     @classmethod
     def stored(cls, done, sizes: list[int], queue_ids: list[int], store_timestamp: int,
-               failure: str) -> "SmallResults":
+               failure: Callable[[], str]) -> "SmallResults":
         """The first ``done.count`` records stored where ``done`` (``Appended``, None
-        when the append raised) says, the others CREATE_MAPEDFILE_FAILED for
-        ``failure``."""
+        when the append raised) says, the others CREATE_MAPEDFILE_FAILED for the reason
+        ``failure()`` gives (asked only then)."""
         n = len(sizes)
         count = done.count if done is not None else 0
+        if count == n:
+            return cls([_PUT_OK] * n, queue_ids, done.queue_offsets, done.physical_offsets,
+                       [store_timestamp] * n, {})
+        failure = failure()
         failed = PutMessageStatus.CREATE_MAPEDFILE_FAILED.value
         return cls([_PUT_OK] * count + [failed] * (n - count),
                    list(queue_ids[:count]) + [-1] * (n - count),
@@ -157,6 +163,10 @@ class SmallResults:
 
     def reply(self, kind: protocol.Kind, request_id: int, store_host: bytes) -> bytes:
         """The SEND_RECORDS_REPLY (the small path takes no other kind)."""
+        if len(self.status) == 1 and not self.reasons:
+            return protocol.encode_one_send_records_reply(
+                request_id, store_host, self.status[0], self.queue_id[0],
+                self.queue_offset[0], self.offset[0], self.store_timestamp[0])
         return protocol.encode_send_records_reply(
             request_id, store_host,
             {"status": self.status, "queue_id": self.queue_id,

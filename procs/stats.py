@@ -25,6 +25,7 @@ from rocketstore.shm.bus import run_dir
 from rocketstore.storage.status import PutMessageStatus
 
 PUBLISH_INTERVAL_S = 1.0
+_OK = PutMessageStatus.PUT_OK.value
 # seconds; RocketMQ's 0, 10, 50, 100, 200, 500 ms, 1-5 s, 10 s, with finer steps below 10 ms
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.2,
                      0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0)
@@ -153,9 +154,14 @@ def count_reply(stats: ProcessStats, statuses, seconds: float) -> None:
     that is not PUT_OK, by status (``statuses``: status values, a numpy array or a
     list)."""
     stats.observe("put_latency_seconds", seconds)
-    ok = PutMessageStatus.PUT_OK.value
-    refused = ([v for v in statuses if v != ok] if type(statuses) is list else
-               statuses[statuses != ok].tolist())
+    count_refused(stats, statuses)
+
+
+def count_refused(stats: ProcessStats, statuses) -> None:
+    """Every result of an answered SEND that is not PUT_OK, by status (``statuses``:
+    status values, a numpy array or a list)."""
+    refused = ([v for v in statuses if v != _OK] if type(statuses) is list else
+               statuses[statuses != _OK].tolist())
     for value in refused:
         stats.add("put_refused_total", 1, status=_status_name(value))
 

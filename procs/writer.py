@@ -117,7 +117,7 @@ from rocketstore.wire.protocol import ErrorCode, ProtocolError
 from rocketstore.procs.replica import Replica
 from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
-from rocketstore.procs.stats import count_puts, count_reply
+from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
@@ -147,6 +147,12 @@ SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
+_SEND_RECORDS = protocol.Kind.SEND_RECORDS
+# pyzmq's constants are enum flags, whose ``&`` and ``|`` run in Python: the loop uses ints
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class _Request:
@@ -157,7 +163,7 @@ class _Request:
                  "queue_ids", "wait", "end", "deadline_ms", "received", "needs_slave")
 
     def __init__(self, envelope: list, kind: protocol.Kind, request_id: int,
-                 results: "SendResults | SmallResults"):
+                 results: "SendResults | SmallResults", received: float):
         self.envelope = envelope
         self.client = envelope[0]
         self.kind = kind
@@ -170,7 +176,7 @@ class _Request:
         self.end = 0                     # CommitLog end of its last stored record
         self.deadline_ms = 0
         self.needs_slave = False         # parked until SLAVE_ACKED covers ``end`` too
-        self.received = time.monotonic()  # for the put latency statistics
+        self.received = received         # the drain's time, for the put latency statistics
 
     def take_cover(self, cover: Cover) -> None:
         """Answer for duplicates too (``storage.idempotence``): not before the CommitLog
@@ -202,7 +208,8 @@ class WriterService(Service):
                      if pool_size else None)
         self.commit_log = self._open_commit_log()
         self.small_path = not self.commit_log.store_host_v6 and self.role != "SLAVE"
-        self.last_store_ts = self.table.read_written()[1]
+        self.written, self.last_store_ts = self.table.read_written()   # this process's own
+        self.drained_at = time.monotonic()   # when the last drain was taken
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
         self.pages_span = bus.pages_span(cfg.flush_commit_log_least_pages)
@@ -330,11 +337,12 @@ class WriterService(Service):
         records = received = 0
         router = self.router
         recv = router.recv_multipart
+        self.drained_at = time.monotonic()
         while records < MAX_BATCH_RECORDS:
-            if received and not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if received and not router.getsockopt(_EVENTS) & _POLLIN:
                 break
             try:
-                parts = recv(zmq.NOBLOCK)
+                parts = recv(_NOBLOCK)
             except zmq.Again:
                 break
             received += 1
@@ -370,7 +378,7 @@ class WriterService(Service):
             if send is None:
                 continue
             req = _Request(envelope, _kind(send), send.request_id,
-                           SendResults(_count(send), prefix))
+                           SendResults(_count(send), prefix), self.drained_at)
             if refusal is not None:
                 req.results.fill(refusal)
                 self._reply(req, counted=False)
@@ -419,36 +427,43 @@ class WriterService(Service):
         than ``SMALL_FRAME`` records, without a producer id, whose every record
         ``check_clean_run`` takes as it is (the common one-message send), are appended
         record by record (``CommitLog.append_small``: no RecordBatch, no numpy), and
-        answered as one drain: WRITTEN once, the replies, one APPENDED. Returns the
+        answered as one drain: WRITTEN once, the replies, one APPENDED; the statistics,
+        the last record and the append's time are taken once for the drain. Returns the
         frames from the first one it does not take, for the batch path, in order (so a
         producer's requests are stored in the order it sent them)."""
         now = max(now_ms(), self.last_store_ts)
-        taken: list[_Request] = []
-        failed = False
+        drain = _SmallDrain()
+        taken = drain.requests
+        began = time.monotonic()
         k = 0
         for k, (envelope, frame, head) in enumerate(frames):
-            req = self._append_small(envelope, frame, head, now)
+            req = self._append_small(envelope, frame, head, now, drain)
             if req is None:
                 break
             taken.append(req)
             if req.results.failed_append:
-                failed = True       # the appends before it stand; nothing after it runs
-                k += 1
+                k += 1              # the appends before it stand; nothing after it runs
                 break
         else:
             k = len(frames)
         if taken:
-            self._answer_drain(taken, now, max(r.end for r in taken))
-        if failed:      # past the WRITTEN just published lie the torn bytes of the failure
-            self.reset_to_written()
+            self._note_append_time(time.monotonic() - began)
+            if drain.topics:
+                self.last_record = LastRecord(drain.last_offset, now)
+                count_puts(self.stats, drain.topics, drain.sizes)
+            self._answer_drain(taken, now, drain.end)
+            if taken[-1].results.failed_append:   # past the WRITTEN just published lie
+                self.reset_to_written()            # the torn bytes of the failure
         return frames[k:]
 
     def _append_small(self, envelope: list, frame: bytes, head: protocol.Header,
-                      now: int) -> "_Request | None":
-        """Append one small request's records and return it with its results; None,
-        with nothing done, when it is not one for the small path."""
-        if head.kind is not protocol.Kind.SEND_RECORDS or not 0 < head.count < SMALL_FRAME \
-                or self.unanswered.get(envelope[0], 0) >= WINDOW:
+                      now: int, drain: "_SmallDrain") -> "_Request | None":
+        """Append one small request's records and return it with its results (what it
+        stored noted in ``drain``); None, with nothing done, when it is not one for the
+        small path."""
+        client = envelope[0]
+        if head.kind is not _SEND_RECORDS or not 0 < head.count < SMALL_FRAME \
+                or self.unanswered.get(client, 0) >= WINDOW:
             return None
         try:
             send = protocol.decode_small_send_records(frame, head)
@@ -460,26 +475,32 @@ class WriterService(Service):
                               verdicts=self.topic_verdicts)
         if run is None:
             return None
+        sizes = run.sizes
         queue_ids = self.queues.choose(run.topics, run.queue_ids)
-        began = time.monotonic()
         try:
-            done = self.commit_log.append_small(send.records, run.starts, run.sizes,
+            done = self.commit_log.append_small(send.records, run.starts, sizes,
                                                 run.topics, queue_ids, run.consumable, now)
         except Exception:  # noqa: BLE001 - whatever it was, the request is refused whole
             log.exception("append of %d records failed; cutting back to WRITTEN once the "
-                          "drain's earlier requests are answered", len(run.sizes))
+                          "drain's earlier requests are answered", len(sizes))
             done = None         # _serve_small cuts back after publishing the others
-        self._note_append_time(time.monotonic() - began)
-        results = SmallResults.stored(done, run.sizes, queue_ids, now,
-                                      self.commit_log.append_failure())
-        req = _Request(envelope, protocol.Kind.SEND_RECORDS, send.request_id, results)
-        if done is not None and done.count:
-            last = done.count - 1
-            req.end = done.physical_offsets[last] + run.sizes[last]
-            req.wait = any(run.waits[:done.count])
-            self.last_record = LastRecord(done.physical_offsets[last], now)
-            count_puts(self.stats, run.topics[:done.count], run.sizes[:done.count])
-        self.unanswered[req.client] = self.unanswered.get(req.client, 0) + 1
+        req = _Request(envelope, _SEND_RECORDS, send.request_id,
+                       SmallResults.stored(done, sizes, queue_ids, now,
+                                           self.commit_log.append_failure),
+                       self.drained_at)
+        count = done.count if done is not None else 0
+        if count:
+            last = done.physical_offsets[count - 1]
+            req.end = drain.end = last + sizes[count - 1]
+            req.wait = any(run.waits[:count])
+            drain.last_offset = last
+            if count == len(sizes):
+                drain.topics += run.topics
+                drain.sizes += sizes
+            else:
+                drain.topics += run.topics[:count]
+                drain.sizes += sizes[:count]
+        self.unanswered[client] = self.unanswered.get(client, 0) + 1
         return req
 
     def _answer_drain(self, accepted: list[_Request], now: int, end: int) -> None:
@@ -504,10 +525,11 @@ class WriterService(Service):
         self._after_append(self._publish_written_slot(end, store_ts), end)
 
     def _publish_written_slot(self, end: int, store_ts: int) -> int:
-        """WRITTEN and LAST_STORE_TS in the table; returns the WRITTEN before."""
-        written = self.table.read_written()[0]
+        """WRITTEN and LAST_STORE_TS in the table; returns the WRITTEN before (the
+        writer's own copy: no other process stores it)."""
+        written = self.written
         self.table.publish_written(end, store_ts)
-        self.last_store_ts = store_ts
+        self.written, self.last_store_ts = end, store_ts
         return written
 
     def _after_append(self, before: int, end: int) -> None:
@@ -688,6 +710,9 @@ class WriterService(Service):
         whose slave is not OK (RocketMQ's isSlaveOK: none connected, or more than
         ``ha_slave_fallbehind_max`` bytes behind) the answer is SLAVE_NOT_AVAILABLE at
         once, after the flush under SYNC_FLUSH."""
+        if not (self.sync_flush or self.sync_master):
+            self._reply_drain(accepted)
+            return
         deadline = monotonic_ms() + self.config.sync_flush_timeout
         slave_ok = not self.sync_master or self._slave_ok(max(r.end for r in accepted))
         for req in accepted:
@@ -764,7 +789,8 @@ class WriterService(Service):
             if send is None:
                 continue
             req = _Request(envelope, _kind(send), send.request_id,
-                           SendResults(_count(send), self.commit_log.msg_id_prefix))
+                           SendResults(_count(send), self.commit_log.msg_id_prefix),
+                           self.drained_at)
             req.results.fill(refusal)
             self._reply(req, counted=False)
 
@@ -775,6 +801,9 @@ class WriterService(Service):
         flush_error = table.get(Slot.FLUSH_ERROR)
         dispatch_error = table.get(Slot.DISPATCH_ERROR)
         state = table.get(Slot.STATE)
+        if not (flush_error or dispatch_error) and state in _OK_STATES and \
+                self.role != "SLAVE" and not table.get(Slot.DISK_FULL):
+            return None     # puts are taken (every cause below clear)
         return refusal(StoreCondition(
             not_running=None if state in _OK_STATES else _state_name(state),
             slave=self.role == "SLAVE",
@@ -788,18 +817,38 @@ class WriterService(Service):
     # ================================================================== replies
     def _reply(self, req: _Request, counted: bool = True) -> None:
         if counted:
-            n = self.unanswered.get(req.client, 0) - 1
-            if n > 0:
-                self.unanswered[req.client] = n
-            else:
-                self.unanswered.pop(req.client, None)
+            self._answered(req.client)
         self._send(req.envelope, req.results.reply(req.kind, req.request_id,
                                                    self.commit_log.store_host_bytes))
         count_reply(self.stats, req.results.status, time.monotonic() - req.received)
 
+    def _reply_drain(self, accepted: list[_Request]) -> None:
+        """Answer every request of one drain now; their latencies (one drain: one
+        receive time) are counted once."""
+        host, send, stats = self.commit_log.store_host_bytes, self._send, self.stats
+        for req in accepted:
+            self._answered(req.client)
+            results = req.results
+            send(req.envelope, results.reply(req.kind, req.request_id, host))
+            count_refused(stats, results.status)
+        stats.observe("put_latency_seconds", time.monotonic() - accepted[0].received,
+                      len(accepted))
+
+    def _answered(self, client: bytes) -> None:
+        """One request of ``client`` less in its window."""
+        unanswered = self.unanswered
+        n = unanswered.get(client, 0) - 1
+        if n > 0:
+            unanswered[client] = n
+        else:
+            unanswered.pop(client, None)
+
     def _send(self, envelope: list, payload: bytes) -> None:
+        """The reply's two parts (``send_multipart``'s two sends, without its checks)."""
+        router = self.router
         try:
-            self.router.send_multipart([*envelope, payload], zmq.NOBLOCK)
+            router.send(envelope[0], _SNDMORE_NOBLOCK)
+            router.send(payload, _NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 return  # the peer is gone; so is its interest in the answer
@@ -841,6 +890,21 @@ def _idempotent(send) -> bool:
     if type(send) is protocol.SendRecords:
         return send.producer_id != 0
     return any(send.producer_ids)
+
+
+class _SmallDrain:
+    """What one drain's small path stored: its requests, the topic and size of each
+    record, where the last one starts and ends (for the statistics, the producer
+    snapshot's last record and WRITTEN, each taken once a drain)."""
+
+    __slots__ = ("requests", "topics", "sizes", "last_offset", "end")
+
+    def __init__(self):
+        self.requests: list[_Request] = []
+        self.topics: list[str] = []
+        self.sizes: list[int] = []
+        self.last_offset = 0
+        self.end = 0            # 0: nothing stored
 
 
 class _Slot:

@@ -51,6 +51,10 @@ SLAVE_ACKED = b"slave_acked\0"
 ARRIVAL = b"arrival"         # a subscription to every arrival (``arrival_topic`` names one)
 
 _OFFSET = struct.Struct(">q")
+# pyzmq's constants are enum flags, whose ``&`` runs in Python: every wake-up uses ints
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 _ARRIVAL_HEAD = struct.Struct(">H")
 _ARRIVAL_QUEUE = struct.Struct(">iq")
 _MAX_IPC_PATH = 100  # sun_path holds 108 bytes on Linux
@@ -119,7 +123,7 @@ class Publisher:
     def publish(self, topic: bytes, payload: bytes = b"") -> None:
         """``topic`` is one of this module's (it ends with a NUL)."""
         try:
-            self.socket.send(topic + payload, zmq.NOBLOCK)
+            self.socket.send(topic + payload, _NOBLOCK)
         except zmq.Again:
             pass
 
@@ -163,12 +167,12 @@ class Subscriber:
         socket = self.socket
         while True:
             try:
-                frame = socket.recv(zmq.NOBLOCK)
+                frame = socket.recv(_NOBLOCK)
             except zmq.Again:
                 return out
             end = frame.find(b"\0") + 1
             out.append((frame[:end], frame[end:]))
-            if not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not socket.getsockopt(_EVENTS) & _POLLIN:
                 return out
 
     def close(self) -> None:

@@ -396,6 +396,51 @@ def test_sync_acks_wait_for_flushed_and_time_out_when_the_flusher_stops(running)
     s.reopen_and_verify()
 
 
+def test_sync_group_commit_one_fdatasync_answers_eight_waiting_producers(running):
+    """Group commit with eight producers, each waiting on one message sent the way a
+    Producer sends it (SEND_RECORDS: the writer's small path): while the flusher is
+    stopped the writer stores and parks all eight; the first flush after it resumes (its
+    FLUSHED on the bus) covers every one of them, and each is answered PUT_OK."""
+    s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=8000).start()
+    flushes = bus.Subscriber(s.context, s.root, ["flusher"], [bus.FLUSHED])
+    clients = [s.client() for _ in range(8)]
+    for i in range(50):             # until the subscription has seen a flush
+        s.put(clients[0], [message(1000 + i, queue_id=0)])
+        if flushes.wait(200):
+            break
+    else:
+        raise AssertionError("no FLUSHED reached the test's subscriber")
+    s.signal("flusher", signal.SIGSTOP)
+    flushed = s.table.get(Slot.FLUSHED)
+    sent = {}
+    for i, c in enumerate(clients):
+        msgs = [message(i, queue_id=i % 4)]
+        data, offsets = record_batch.encode_records(msgs, now_ms())
+        written = s.table.read_written()[0]
+        c.socket.send(protocol.encode_send_records(100 + i, data, offsets))
+        wait_until(lambda: s.table.read_written()[0] > written, f"producer {i}'s message stored")
+        sent[c] = msgs
+    assert clients[0].recv(timeout_s=0.2) is None      # parked: not on disk yet
+    written = s.table.read_written()[0]
+    s.signal("flusher", signal.SIGCONT)
+    for i, c in enumerate(clients):
+        assert c.socket.poll(int(DEADLINE_S * 1000)), f"no answer to producer {i}"
+        request_id, results = protocol.decode_send_records_reply(c.socket.recv())
+        assert request_id == 100 + i and [r.status for r in results] == [PutMessageStatus.PUT_OK]
+        assert results[0].commit_log_offset < written
+        s.record(sent[c], results)
+    first_flush = None
+    while first_flush is None:          # earlier flushes' announcements may still come
+        got = flushes.wait(int(DEADLINE_S * 1000))
+        assert got, "no FLUSHED after the flusher resumed"
+        past = [bus.decode_offset(payload) for _, payload in got
+                if bus.decode_offset(payload) > flushed]
+        first_flush = past[0] if past else None
+    assert first_flush >= written, "the first flush left a parked producer for another"
+    flushes.close()
+    s.reopen_and_verify()
+
+
 def test_sync_window_full_replies_busy_and_stores_nothing(running):
     s = running(flush_disk_type="SYNC_FLUSH", sync_flush_timeout=8000).start()
     c = s.client()

@@ -627,7 +627,7 @@ def decode_small_send_records(frame, head: Header) -> SendRecords:
     buf = frame if type(frame) is bytes else bytes(frame)
     request_id, count = head.request_id, head.count
     producer_id, first_sequence, table_at = _send_records_fixed(buf, request_id, count)
-    offsets = list(struct.unpack_from(f">{count}I", buf, table_at))
+    offsets = _column_values(buf, ">u4", count, table_at)
     return SendRecords(request_id, producer_id, first_sequence, offsets,
                        memoryview(buf)[table_at + 4 * count:])
 
@@ -637,17 +637,20 @@ _SEND_RECORDS_REPLY_COLUMNS = (("status", "u1"), ("queue_id", ">i4"), ("queue_of
 _STRUCT_CODES = {"u1": "B", ">i4": "i", ">i8": "q", ">u4": "I"}
 _ITEM_SIZES = {"u1": 1, ">i4": 4, ">i8": 8, ">u4": 4}
 SMALL_COLUMNS = 16      # fewer values than this are packed with struct, more with numpy
+_SMALL_COLUMNS = {(dtype, n): struct.Struct(f">{n}{code}")     # made once, not per frame
+                  for dtype, code in _STRUCT_CODES.items() for n in range(SMALL_COLUMNS)}
 
 
 def _column_bytes(values, dtype: str) -> bytes:
-    if len(values) < SMALL_COLUMNS:
-        return struct.pack(f">{len(values)}{_STRUCT_CODES[dtype]}", *values)
+    n = len(values)
+    if n < SMALL_COLUMNS:
+        return _SMALL_COLUMNS[dtype, n].pack(*values)
     return np.asarray(values).astype(dtype).tobytes()
 
 
 def _column_values(buf, dtype: str, count: int, at: int) -> list:
     if count < SMALL_COLUMNS:
-        return list(struct.unpack_from(f">{count}{_STRUCT_CODES[dtype]}", buf, at))
+        return list(_SMALL_COLUMNS[dtype, count].unpack_from(buf, at))
     return np.frombuffer(buf, dtype, count, at).tolist()
 
 
@@ -659,10 +662,8 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
     reason (a one-message send's answer) is packed with one ``struct``."""
     count = len(columns["status"])
     if count == 1 and not reasons:
-        return b"".join((HEADER.pack(MAGIC, VERSION, Kind.SEND_RECORDS_REPLY, request_id, 1),
-                         bytes((len(store_host),)), store_host, _ONE_RESULT.pack(
-                             *(columns[name][0] for name, _ in _SEND_RECORDS_REPLY_COLUMNS),
-                             0)))
+        return encode_one_send_records_reply(
+            request_id, store_host, *(columns[name][0] for name, _ in _SEND_RECORDS_REPLY_COLUMNS))
     parts = [_header(Kind.SEND_RECORDS_REPLY, request_id, count),
              bytes((len(store_host),)), store_host]
     for name, dtype in _SEND_RECORDS_REPLY_COLUMNS:
@@ -671,6 +672,17 @@ def encode_send_records_reply(request_id: int, store_host: bytes, columns: dict,
     for i in sorted(reasons):
         parts += (U32.pack(i), _cut16(reasons[i]))
     return _finish(parts, request_id)
+
+
+def encode_one_send_records_reply(request_id: int, store_host: bytes, status: int,
+                                  queue_id: int, queue_offset: int, commit_log_offset: int,
+                                  store_timestamp: int) -> bytes:
+    """``encode_send_records_reply`` of one record without a reason (a one-message send's
+    answer): the header, the store host and the record's columns, each packed once."""
+    return b"".join((HEADER.pack(MAGIC, VERSION, _SEND_RECORDS_REPLY, request_id, 1),
+                     _HOST_LENGTHS[len(store_host)], store_host,
+                     _ONE_RESULT.pack(status, queue_id, queue_offset, commit_log_offset,
+                                      store_timestamp, 0)))
 
 
 def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
@@ -714,6 +726,8 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
 
 
 _ONE_RESULT = struct.Struct(">BiqqqI")    # one record's columns, then the reasons count
+_HOST_LENGTHS = [bytes((n,)) for n in range(256)]
+_SEND_RECORDS_REPLY = int(Kind.SEND_RECORDS_REPLY)
 
 
 def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
