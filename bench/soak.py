@@ -69,9 +69,8 @@ def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> Non
         while time.monotonic() < deadline:
             batch = [_message(worker, n + i, rng) for i in range(rng.choice((1, 1, 20, 100)))]
             n += len(batch)
-            try:
-                results = p.send_batch(batch)
-            except (RequestTimeout, ClientError):
+            results = _send(p, batch, deadline)
+            if results is None:
                 continue                   # the writer was away: unacknowledged
             now = time.monotonic()
             for m, r in zip(batch, results):
@@ -82,6 +81,20 @@ def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> Non
             if any(r.ok for r in results):
                 times.append(now)
     out.put(("producer", worker, acked, longest, times))
+
+
+def _send(p: Producer, batch: list[Message], deadline: float) -> list | None:
+    """The batch's results, or None when it went unanswered. A plain producer gives up
+    at the first ``RequestTimeout`` (``ConnectionLost`` included); an idempotent one
+    already resent a batch the writer's restart left in flight, and sends it again
+    with its own sequences after a timeout (a writer that was paused) until the end."""
+    first = p.next_sequence if p.idempotent else None
+    while True:
+        try:
+            return p.send_batch(batch, first_sequence=first)
+        except (RequestTimeout, ClientError):
+            if not p.idempotent or time.monotonic() > deadline:
+                return None
 
 
 def consumer(store_dir: str, seconds: float, out) -> None:

@@ -192,6 +192,7 @@ class WriterService(Service):
     # ================================================================== life
     def setup(self) -> None:
         cfg = self.config
+        self.table.end_torn_publish()      # a predecessor killed inside publish_written
         self.sync_flush = cfg.sync_flush
         self.role = BROKER_ROLES[self.table.get(Slot.ROLE)]
         self.sync_master = self.role == "SYNC_MASTER"
