@@ -20,7 +20,8 @@ import pytest
 
 from conftest import read_queue
 from rocketstore import ConnectionLost, Consumer, Producer, ReaderClient, RequestTimeout
-from rocketstore.shm.positions import PositionTable, Slot
+from rocketstore.shm.positions import (
+    PROC_STATE, STARTED_MS, PositionTable, ProcessState, Slot, now_ms)
 from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig
 from rocketstore.storage.config import recorded_geometry
 from store_processes import RunningStore, wait_for
@@ -55,7 +56,8 @@ def stored_bodies(store_dir: str) -> Counter:
 
 
 def kill_stopped(rs, name: str) -> float:
-    """SIGKILL the stopped process ``name``; the moment it was killed."""
+    """SIGKILL the (stopped) process ``name`` and wait for the next; the moment it was
+    killed."""
     pid = rs.child_pid(name)
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
@@ -225,3 +227,32 @@ def test_a_writer_killed_inside_its_publish_of_written_is_replaced(store):
         assert "killed while publishing WRITTEN" in rs.log()
     assert rs.stop() == 0, rs.log()
     assert stored_bodies(rs.store_dir) == Counter({b"m0": 1, b"m1": 1})
+
+
+
+def test_a_process_that_ran_is_started_again_at_once_and_one_failing_at_start_backs_off(
+        tmp_path):
+    """The supervisor starts a process that died after ``startsecs`` again at once, as
+    supervisord does (its ``backoff_s`` was slept first: half a second of every writer
+    restart by default, with every producer waiting); one that dies sooner than that
+    still waits out its back-off. The writer's back-off is 30 s here: "at once" is
+    well under it."""
+    rs = RunningStore(tmp_path, processes={"writer": {"backoff_s": 30.0,
+                                                      "backoff_max_s": 60.0,
+                                                      "startsecs": 3.0}}).start()
+    try:
+        table = rs.table()
+        try:
+            wait_for(lambda: now_ms() - table.get_process("writer", STARTED_MS) > 3500, 30,
+                     "the writer to run past its startsecs")
+            killed = kill_stopped(rs, "writer")
+            assert time.monotonic() - killed < AT_ONCE_S
+            assert rs.restarts("writer") == 1
+            os.kill(rs.child_pid("writer"), signal.SIGKILL)     # within its startsecs
+            wait_for(lambda: table.get_process("writer", PROC_STATE) == ProcessState.BACKOFF,
+                     10, "the writer's back-off")
+        finally:
+            table.close()
+        assert rs.restarts("writer") == 1 and rs.child_pid("writer") == 0
+    finally:
+        rs.__exit__(None, None, None)
