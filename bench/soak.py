@@ -15,8 +15,9 @@ For the whole run, in separate processes:
   scheduler or reader) is SIGKILLed; the supervisor restarts it.
 
 At the end, once every delayed message is due and dispatched: every acknowledged
-message is read back exactly once (delayed ones in their real topic), the consumers saw
-no message twice within a process life, and ``rocketstore check`` is clean. The table:
+message is read back exactly once (delayed ones in their real topic, read for as long as
+the scheduler still delivers them), the consumers saw no message twice within a process
+life, and ``rocketstore check`` is clean. The table:
 messages acknowledged, kills and restarts per process, throughput, the longest pause
 between acknowledgements (overall, and per killed process: for each kill, the gap between
 a producer's last acknowledgement before it and its first after it; the querier's answers
@@ -69,9 +70,8 @@ def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> Non
         while time.monotonic() < deadline:
             batch = [_message(worker, n + i, rng) for i in range(rng.choice((1, 1, 20, 100)))]
             n += len(batch)
-            try:
-                results = p.send_batch(batch)
-            except (RequestTimeout, ClientError):
+            results = _send(p, batch, deadline)
+            if results is None:
                 continue                   # the writer was away: unacknowledged
             now = time.monotonic()
             for m, r in zip(batch, results):
@@ -82,6 +82,20 @@ def producer(store_dir: str, worker: int, seconds: float, seed: int, out) -> Non
             if any(r.ok for r in results):
                 times.append(now)
     out.put(("producer", worker, acked, longest, times))
+
+
+def _send(p: Producer, batch: list[Message], deadline: float) -> list | None:
+    """The batch's results, or None when it went unanswered. A plain producer gives up
+    at the first ``RequestTimeout`` (``ConnectionLost`` included); an idempotent one
+    already resent a batch the writer's restart left in flight, and sends it again
+    with its own sequences after a timeout (a writer that was paused) until the end."""
+    first = p.next_sequence if p.idempotent else None
+    while True:
+        try:
+            return p.send_batch(batch, first_sequence=first)
+        except (RequestTimeout, ClientError):
+            if not p.idempotent or time.monotonic() > deadline:
+                return None
 
 
 def consumer(store_dir: str, seconds: float, out) -> None:
@@ -144,6 +158,29 @@ def pauses_per_process(kill_times: list[tuple[str, float]], reports: list) -> di
     return longest
 
 
+def read_back(store_dir: str, acked: set[bytes], quiet_s: float = 10.0) -> dict[bytes, int]:
+    """How many times each body key is in the topic, read by a new group: on until every
+    acknowledged one was read and a poll finds nothing more, or nothing new came for
+    ``quiet_s``. Delayed messages reach the topic only when the scheduler delivers
+    them: one restarted often near the end (and slowed by the load) is still
+    delivering when dispatch has caught up with what was written."""
+    stored: dict[bytes, int] = {}
+    left = set(acked)
+    last_new = time.monotonic()
+    with Consumer(store_dir, "soak-final", TOPIC) as c:
+        while time.monotonic() - last_new < quiet_s:
+            got = c.poll(1024, timeout_ms=1000)
+            if not got and not left:
+                break
+            if got:
+                last_new = time.monotonic()
+            for m in got:
+                key = m.body[:12]
+                stored[key] = stored.get(key, 0) + 1
+                left.discard(key)
+    return stored
+
+
 def run(minutes: float, seed: int) -> dict:
     rng = random.Random(seed)
     seconds = minutes * 60
@@ -180,14 +217,7 @@ def run(minutes: float, seed: int) -> dict:
     wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN), timeout=60,
              what="dispatch to catch up")
     acked = [b for r in reports if r[0] == "producer" for b in r[2]]
-    stored: dict[bytes, int] = {}
-    with Consumer(store.store_dir, "soak-final", TOPIC) as c:
-        while True:
-            got = c.poll(1024, timeout_ms=1000)
-            if not got:
-                break
-            for m in got:
-                stored[m.body[:12]] = stored.get(m.body[:12], 0) + 1
+    stored = read_back(store.store_dir, set(acked))
     restarts = {name: store.restarts(name) for name in PROCESS_NAMES}
     store.stop()
     check = cli("check", "--config", store.config_path)

@@ -11,13 +11,13 @@ socket protocols), ``shm`` and ``storage``; they never import the store's proces
 
 from rocketstore.client.consumer import Consumer
 from rocketstore.client.errors import (
-    BadAddressError, ClientError, HandshakeRefusedError, NoListenerError, NoStoreError,
-    RequestTimeout, StoreUnreachableError)
+    BadAddressError, ClientError, ConnectionLost, HandshakeRefusedError, NoListenerError,
+    NoStoreError, RequestTimeout, StoreUnreachableError)
 from rocketstore.client.producer import PendingSend, Producer, message_batches
 from rocketstore.client.reader_client import ReaderClient
 from rocketstore.client.topics import GroupNotExistError, TopicNotExistError
 
-__all__ = ["BadAddressError", "ClientError", "Consumer", "GroupNotExistError",
-           "HandshakeRefusedError", "NoListenerError", "NoStoreError", "PendingSend",
-           "Producer", "ReaderClient", "RequestTimeout", "StoreUnreachableError",
-           "TopicNotExistError", "message_batches"]
+__all__ = ["BadAddressError", "ClientError", "ConnectionLost", "Consumer",
+           "GroupNotExistError", "HandshakeRefusedError", "NoListenerError", "NoStoreError",
+           "PendingSend", "Producer", "ReaderClient", "RequestTimeout",
+           "StoreUnreachableError", "TopicNotExistError", "message_batches"]

@@ -4,8 +4,29 @@ requests in flight and a deadline per answer, and the errors a caller catches.
 ``reach.locate`` finds the socket from what a user names (a store directory, an
 ``ipc://`` store or socket directory, or a socket's own address) and refuses at once
 what cannot be a store; until the first handshake succeeds the Dealer watches its
-socket's connection (``reach.FirstConnection``) and raises what it shows instead of
+socket's connection (``reach.ConnectionWatch``) and raises what it shows instead of
 waiting out a timeout (client/reach.py lists the cases).
+
+After that the same watch tells when the process at the other end went away (killed,
+or restarting under the supervisor). The requests in flight then, those sent before
+the loss was seen and not yet answered, cannot be answered by that process any more:
+
+    request sent with   on a connection lost                       the caller sees
+    ------------------  -----------------------------------------  --------------------------
+    resends=0           ended at once                              ConnectionLost at its wait
+    resends=n > 0       sent again (the same frame, the same id)   the first answer to either
+                        to the next process, at most n times and
+                        within timeout_ms of the first send; then
+                        ended as above
+
+ZeroMQ connects again by itself and keeps what is sent meanwhile for the next
+connection, so a request sent after a loss goes to the process that takes the place of
+the one gone. A request sent after the loss but before it was seen is ended (or resent)
+too: its outcome is unknown all the same. An answer to a request already answered,
+ended or timed out is dropped.
+
+Cost: nothing at a send once the first handshake succeeded (one dict entry); a wait
+polls the data socket and the monitor together, as before the handshake.
 """
 
 from __future__ import annotations
@@ -17,10 +38,20 @@ import zmq
 
 from rocketstore.client import reach
 from rocketstore.client.errors import (
-    ClientError, RequestTimeout, StoreUnreachableError)
+    ClientError, ConnectionLost, RequestTimeout, StoreUnreachableError)
 from rocketstore.wire import curve, endpoints, protocol
 
-__all__ = ["ClientError", "Dealer", "RequestTimeout", "raise_if_error"]
+__all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_if_error"]
+
+
+class _Resend:
+    """A request to send again if its connection is lost: its frame, how many resends
+    it has left, and until when (monotonic seconds)."""
+
+    __slots__ = ("frame", "left", "until")
+
+    def __init__(self, frame: bytes, left: int, until: float):
+        self.frame, self.left, self.until = frame, left, until
 
 
 class Dealer:
@@ -29,7 +60,12 @@ class Dealer:
     Raises ``StoreUnreachableError`` (a subclass) when made, for an address ZeroMQ
     refuses, and at a send or a wait once the first connection showed that no store
     can be reached (refused, or a failed handshake); from then on every call raises
-    it again, and nothing sent before went out.
+    it again, and nothing sent before went out. Raises ``ConnectionLost`` at the wait
+    for a request whose connection was lost (the module's table).
+
+    Invariants: ``_pending`` holds every request sent and neither answered, ended nor
+    timed out (None, or its ``_Resend``); ``replies`` only answers to requests that
+    were pending when they came; ``_ended`` only requests no longer pending.
     """
 
     def __init__(self, target: reach.Target, timeout_ms: int,
@@ -38,6 +74,9 @@ class Dealer:
         self.timeout_ms = timeout_ms
         self._ids = itertools.count(1)
         self.replies: dict[int, bytes] = {}
+        self._pending: dict[int, _Resend | None] = {}
+        self._ended: set[int] = set()
+        self._lost_seen = 0                  # connections lost handled so far
         self._fault: StoreUnreachableError | None = None
         self.context = zmq.Context()
         try:
@@ -45,14 +84,14 @@ class Dealer:
             self.socket.setsockopt(zmq.LINGER, 0)
             curve.client_options(self.socket, curve_server_key, curve_client_key)
             endpoints.allow_ipv6(self.socket, target.address)
-            self._first = reach.FirstConnection(self.socket, target, bool(curve_server_key))
+            self._watch = reach.ConnectionWatch(self.socket, target, bool(curve_server_key))
             self._connect()
         except BaseException:
             self.close()     # a context left open would hang the garbage collector
             raise
         self._poller = zmq.Poller()          # one for every wait
         self._poller.register(self.socket, zmq.POLLIN)
-        self._poller.register(self._first.monitor, zmq.POLLIN)
+        self._poller.register(self._watch.monitor, zmq.POLLIN)
 
     def _connect(self) -> None:
         try:
@@ -63,35 +102,86 @@ class Dealer:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def send(self, frame: bytes) -> None:
-        self._watch()
+    def send(self, frame: bytes, request_id: int, resends: int = 0) -> None:
+        """Send request ``request_id`` (the id in ``frame``); with ``resends``, send it
+        again after a lost connection, at most that many times, within
+        ``timeout_ms``."""
+        if not self._watch.done or self._fault is not None:
+            self._check_first()
         self.socket.send(frame, copy=len(frame) < 65536)
+        self._pending[request_id] = _Resend(
+            frame, resends, time.monotonic() + self.timeout_ms / 1000) if resends else None
 
     def receive(self, request_id: int) -> bytes:
-        """The reply to ``request_id`` (others that arrive first are kept)."""
+        """The reply to ``request_id`` (others that arrive first are kept). Raises
+        ``ConnectionLost`` when its connection was lost and it is not resent,
+        ``RequestTimeout`` when no answer came within ``timeout_ms``."""
         deadline = time.monotonic() + self.timeout_ms / 1000
         while request_id not in self.replies:
-            self._watch()
+            if request_id in self._ended:
+                self._ended.discard(request_id)
+                raise self._lost(request_id)
+            if not self._watch.done or self._fault is not None:
+                self._check_first()
             left = deadline - time.monotonic()
             if left <= 0:
+                self._pending.pop(request_id, None)
                 raise RequestTimeout(f"no answer to request {request_id} within "
                                      f"{self.timeout_ms} ms; its outcome is unknown"
-                                     + self._first.waiting_for())
+                                     + self._watch.waiting_for())
             for sock, _ in self._poller.poll(int(left * 1000) + 1):
                 if sock is self.socket:
-                    frame = self.socket.recv()
-                    self.replies[protocol.peek_header(frame).request_id] = frame
+                    self._take_reply(self.socket.recv())
+                else:
+                    self._read_watch()
         return self.replies.pop(request_id)
 
-    def _watch(self) -> None:
+    def _take_reply(self, frame: bytes) -> None:
+        request_id = protocol.peek_header(frame).request_id
+        if self._pending.pop(request_id, False) is not False:
+            self.replies[request_id] = frame
+
+    def _lost(self, request_id: int) -> ConnectionLost:
+        return ConnectionLost(
+            f"the connection to {self.target.address} was lost with request {request_id} "
+            "in flight (the store's process went away: killed, or restarting); its "
+            "outcome is unknown. What is sent next goes to the process that takes its "
+            "place")
+
+    def _read_watch(self) -> None:
+        """Read the monitor's events; on a connection lost, end or resend what is in
+        flight."""
+        if not self._watch.done:
+            self._check_first()      # raises the fault it shows, if any
+        else:
+            self._watch.take()
+        if self._watch.lost != self._lost_seen:
+            self._lost_seen = self._watch.lost
+            self._end_in_flight()
+
+    def _end_in_flight(self) -> None:
+        """Every request pending: resent if it may be, else ended. Answers that came
+        before the loss are taken first (they are in the socket already when ZeroMQ
+        reports the loss)."""
+        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._take_reply(self.socket.recv())
+        now = time.monotonic()
+        for request_id, resend in list(self._pending.items()):
+            if resend is not None and resend.left > 0 and now < resend.until:
+                resend.left -= 1
+                self.socket.send(resend.frame, copy=len(resend.frame) < 65536)
+            else:
+                del self._pending[request_id]
+                self._ended.add(request_id)
+
+    def _check_first(self) -> None:
         """Raise the fault the first connection showed, if any (reading its monitor
-        until a handshake succeeds, then never again)."""
-        if self._fault is None and not self._first.done:
-            self._fault = self._first.take()
-            if self._first.done:
-                self._poller.unregister(self._first.monitor)
-                if self._fault is not None:
-                    self._disconnect()
+        until a handshake succeeds, at each send and wait)."""
+        if self._fault is None and not self._watch.done:
+            self._fault = self._watch.take()
+            if self._fault is not None:
+                self._poller.unregister(self._watch.monitor)
+                self._disconnect()
         if self._fault is not None:
             raise self._fault
 
@@ -103,9 +193,9 @@ class Dealer:
             pass
 
     def close(self) -> None:
-        first = getattr(self, "_first", None)
-        if first is not None:
-            first.close()
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()
         socket = getattr(self, "socket", None)
         if socket is not None:
             socket.close(0)

@@ -3,6 +3,9 @@ family under ``ClientError`` (``client.topics`` has the errors of a name not fou
 
     ClientError                  the store answered with an error frame, or cannot be reached
     ├── RequestTimeout           no answer in time: the request's outcome is unknown
+    │   └── ConnectionLost       the process answering went away (killed, restarting)
+    │                            with the request in flight: its outcome is unknown,
+    │                            raised at once instead of at the timeout
     └── StoreUnreachableError    no store can be reached where the client was aimed, and
         │                        the client knows why (``client.reach``); nothing it sent
         │                        reached a store
@@ -20,8 +23,8 @@ from __future__ import annotations
 
 from rocketstore.shm.positions import PositionTableError
 
-__all__ = ["BadAddressError", "ClientError", "HandshakeRefusedError", "NoListenerError",
-           "NoStoreError", "RequestTimeout", "StoreUnreachableError"]
+__all__ = ["BadAddressError", "ClientError", "ConnectionLost", "HandshakeRefusedError",
+           "NoListenerError", "NoStoreError", "RequestTimeout", "StoreUnreachableError"]
 
 
 class ClientError(Exception):
@@ -30,6 +33,13 @@ class ClientError(Exception):
 
 class RequestTimeout(ClientError):
     """No answer in time: the request's outcome is unknown."""
+
+
+class ConnectionLost(RequestTimeout):
+    """The connection to the store's process went away (the process was killed, or is
+    restarting) while the request was in flight: its outcome is unknown, as after a
+    timeout, but known at once. What is sent next goes to the process that takes its
+    place (the client connects again by itself)."""
 
 
 class StoreUnreachableError(ClientError):

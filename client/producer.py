@@ -19,7 +19,10 @@ made there, and a place where no store can be reached is named at once
 A Producer owns its ZeroMQ context and socket and must be used from one thread. A
 request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
 is unknown (the store may have stored it); send it again only if duplicates are fine,
-or from an idempotent producer, whose resends the store stores once:
+or from an idempotent producer, whose resends the store stores once. A request in flight
+when the writer went away (killed, or restarting) raises ``ConnectionLost`` (a
+``RequestTimeout``) at once instead; an idempotent producer sends it again by itself
+to the writer that takes its place (``RESENDS`` times at most, within ``timeout_ms``):
 
     with Producer("store", idempotent=True) as p:   # or producer_id=<your u64 != 0>
         first = p.next_sequence
@@ -49,6 +52,9 @@ def _beyond_send(m: Message) -> bool:
 
 
 MAX_PRODUCER_ID = (1 << 64) - 1
+# times an idempotent producer sends a batch again on its own after the writer went
+# away with it in flight (each time to the writer that took its place; within timeout_ms)
+RESENDS = 8
 WIRE_FORMATS = ("records", "messages")   # SEND_RECORDS, SEND
 # what a message that cannot be laid out as a record raises while being encoded
 _UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
@@ -197,7 +203,7 @@ class Producer:
         frame = self._encode(request_id, messages, seq)
         while len(self._in_flight) >= self.window:
             self._settle(self._in_flight[0])
-        self._dealer.send(frame)
+        self._dealer.send(frame, request_id, RESENDS if self.producer_id else 0)
         self._in_flight.append(request_id)
         if self.producer_id:
             self._next_sequence = max(self._next_sequence, seq + len(messages))

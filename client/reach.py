@@ -32,8 +32,10 @@ whole timeout and ``RequestTimeout``.
 
 "First wait" checks read ZeroMQ's socket monitor of the client's socket, polled beside
 it while the client waits for an answer (and read, without waiting, at each send),
-until one handshake succeeds; then the monitor is closed and a wait costs what it did
-without it. No request is added: the check rides on the client's own first request.
+until one handshake succeeds; after that a send reads nothing more and a wait polls
+the same two sockets, now only for connections lost (``ConnectionWatch``: the process
+at the other end went away; ``Dealer`` ends or resends what was in flight then).
+No request is added: the check rides on the client's own first request.
 ZeroMQ delivers nothing before a handshake succeeds, so a client that raises one of
 these errors has sent nothing to a store; ``Dealer`` then disconnects, so nothing it
 queued goes out later, and raises the same error at every later call.
@@ -57,7 +59,7 @@ from rocketstore.shm.positions import (
     PositionTable, PositionTableAccessError, PositionTableError)
 from rocketstore.wire import endpoints
 
-__all__ = ["FirstConnection", "Target", "locate", "running_table"]
+__all__ = ["ConnectionWatch", "Target", "locate", "running_table"]
 
 _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "HANDSHAKE_FAILED_NO_DETAIL",
@@ -67,7 +69,7 @@ _HANDSHAKE_FAILED = {
 NO_DETAIL_LIMIT = 4    # handshakes failed without a reason before that is the verdict
 _WATCHED = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 
 
 class Target(NamedTuple):
@@ -152,10 +154,19 @@ def bad_address(address: str, error: zmq.ZMQError) -> BadAddressError:
 
 
 # ------------------------------------------------------------------------------ first wait
-class FirstConnection:
-    """ZeroMQ's monitor of a client socket until its first handshake succeeds. Made
-    before the socket connects (so no event is missed); ``done`` once a handshake
-    succeeded or a fault was found, and then closed."""
+class ConnectionWatch:
+    """ZeroMQ's monitor of a client socket, for the socket's life. Made before the
+    socket connects (so no event is missed).
+
+    Until the first handshake succeeds it judges the connection (``take`` returns the
+    fault the events show; ``done`` once a handshake succeeded or a fault was found,
+    and on a fault the monitor is closed). After, it counts the connections lost:
+    ``lost`` grows by one for each DISCONNECTED of a connection whose handshake had
+    succeeded (the process at the other end went away: killed, restarted, stopped).
+    A request sent over such a connection and not answered before it was lost may or
+    may not have been carried out; ZeroMQ connects again by itself, and what is sent
+    meanwhile waits for the next connection.
+    """
 
     def __init__(self, client_socket: zmq.Socket, target: Target, curve: bool):
         self.socket, self.target, self.curve = client_socket, target, curve
@@ -163,17 +174,22 @@ class FirstConnection:
         self.connected = False       # a connection was ever made (for a timeout's message)
         self._attempt_connected = False   # the current attempt made one
         self._no_detail = 0          # handshakes failed without a reason so far
-        self.done = False
+        self.done = False            # the first connection is judged
+        self.live = False            # a connection whose handshake succeeded is up
+        self.lost = 0                # such connections lost so far
+        self.closed = False
 
     def take(self) -> StoreUnreachableError | None:
-        """Read every event waiting, without waiting; the fault they show, if any."""
-        while not self.done:
+        """Read every event waiting, without waiting; the fault they show, if any
+        (None, ever, once the first handshake succeeded)."""
+        while not self.closed:
             try:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return None
             fault = self._judge(event["event"], event["value"])
             if fault is not None:
+                self.done = True
                 self.close()
                 return fault
         return None
@@ -183,7 +199,10 @@ class FirstConnection:
 
             event                   fault
             ----------------------  ---------------------------------------------------
-            HANDSHAKE_SUCCEEDED     none, ever: the watch ends
+            HANDSHAKE_SUCCEEDED     none, ever: the first connection is judged; a
+                                    connection is live
+            DISCONNECTED            none; a live connection is lost (``lost`` + 1)
+            (any other, once done)  none
             HANDSHAKE_FAILED_AUTH   the store refused this client's key
             HANDSHAKE_FAILED_       CURVE on one side only (mechanism mismatch), or a
             PROTOCOL                peer that does not speak ZMTP
@@ -198,7 +217,13 @@ class FirstConnection:
                                     again); else the connection failed: refused
         """
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self.close()
+            self.done = self.live = True
+        elif event == zmq.EVENT_DISCONNECTED:
+            if self.live:
+                self.live = False
+                self.lost += 1
+        elif self.done:
+            pass
         elif event == zmq.EVENT_CONNECTED:
             self.connected = self._attempt_connected = True
         elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
@@ -246,8 +271,8 @@ class FirstConnection:
         return f"; no connection to {self.target.address} was made (is the host reachable?)"
 
     def close(self) -> None:
-        if not self.done:
-            self.done = True
+        if not self.closed:
+            self.closed = True
             try:
                 self.socket.disable_monitor()
             except zmq.ZMQError:

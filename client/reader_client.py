@@ -32,7 +32,10 @@ class ReaderClient:
     Over TCP to a store with CURVE, ``curve_server_key`` (its public certificate) and
     ``curve_client_key`` (this client's secret one) are needed, as for ``Producer``.
     Where no store can be reached it raises a ``StoreUnreachableError`` at once, as a
-    ``Producer`` does (``client.reach``).
+    ``Producer`` does (``client.reach``). A request in flight when the reader went away
+    (killed, or restarting) is sent again once, to the reader that takes its place
+    (every request here is idempotent: a read, or a commit of the same offsets); a
+    second loss raises ``ConnectionLost``.
     """
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
@@ -44,7 +47,7 @@ class ReaderClient:
         self.generation: int | None = None
 
     def _ask(self, frame: bytes, request_id: int) -> bytes:
-        self._dealer.send(frame)
+        self._dealer.send(frame, request_id, resends=1)
         reply = self._dealer.receive(request_id)
         try:
             raise_if_error(reply)

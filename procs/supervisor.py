@@ -11,10 +11,12 @@
    when ``abort`` exists) and create the position table from them (``procs.recovery``);
 3. start the processes by ascending ``priority``, each in a fresh interpreter (spawn),
    and mark the store RUNNING once every one of them has turned its loop;
-4. watch them: a process that exits when it should not is restarted after a back-off
-   that doubles with each consecutive failure (``backoff_s`` .. ``backoff_max_s``); one
-   that dies within ``startsecs`` more than ``startretries`` times in a row is FATAL and
-   the store stops;
+4. watch them: a process that exits when it should not, after running ``startsecs``
+   or longer, is started again at once (supervisord's autorestart: its clients wait for
+   the new one); one that dies sooner is restarted after a back-off that doubles with
+   each consecutive failure (``backoff_s`` .. ``backoff_max_s``), and one that dies
+   within ``startsecs`` more than ``startretries`` times in a row is FATAL and the store
+   stops;
 5. on SIGTERM or SIGINT, stop them by descending priority (reader, scheduler, cleaner,
    writer — which answers everything it accepted —, dispatcher — which catches up —,
    flusher — which flushes the rest), each with ``stopsignal`` and SIGKILL after
@@ -418,8 +420,8 @@ class Supervisor:
         if ran < child.config.startsecs and child.failures > child.config.startretries:
             self._give_up(child, f"{child.name} failed {child.failures} times in a row")
             return
-        delay = min(child.config.backoff_max_s,
-                    child.config.backoff_s * 2 ** (child.failures - 1))
+        delay = 0.0 if ran >= child.config.startsecs else min(
+            child.config.backoff_max_s, child.config.backoff_s * 2 ** (child.failures - 1))
         child.state = ProcessState.BACKOFF
         child.next_start_at = now + delay
         self.table.set_process(child.name, PROC_STATE, child.state)

@@ -24,9 +24,9 @@ processes and their supervisor), ``spark`` and ``cli`` (the ``rocketstore`` comm
 """
 
 from rocketstore.client import (
-    BadAddressError, ClientError, Consumer, GroupNotExistError, HandshakeRefusedError,
-    NoListenerError, NoStoreError, PendingSend, Producer, ReaderClient, RequestTimeout,
-    StoreUnreachableError, TopicNotExistError)
+    BadAddressError, ClientError, ConnectionLost, Consumer, GroupNotExistError,
+    HandshakeRefusedError, NoListenerError, NoStoreError, PendingSend, Producer, ReaderClient,
+    RequestTimeout, StoreUnreachableError, TopicNotExistError)
 from rocketstore.storage import (
     ASYNC_FLUSH, SYNC_FLUSH, AppendMessageStatus, CleanResult, CorruptRecordError,
     GetMessageResult, GetMessageStatus, Message, MessageExt, MessageStore, PutMessageResult,
@@ -37,8 +37,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ASYNC_FLUSH", "SYNC_FLUSH", "AppendMessageStatus", "BadAddressError", "CleanResult",
-    "ClientError", "Consumer", "CorruptRecordError", "GetMessageResult", "GetMessageStatus",
-    "GroupNotExistError", "HandshakeRefusedError", "Message", "MessageExt", "MessageStore",
+    "ClientError", "ConnectionLost", "Consumer", "CorruptRecordError", "GetMessageResult",
+    "GetMessageStatus", "GroupNotExistError", "HandshakeRefusedError", "Message", "MessageExt",
+    "MessageStore",
     "NoListenerError", "NoStoreError", "PendingSend", "Producer", "PutMessageResult",
     "PutMessageStatus", "QueryMessageResult", "ReaderClient", "RequestTimeout",
     "StoreClosedError", "StoreConfig", "StoreConfigError", "StoreError", "StoreFileError",

@@ -27,6 +27,9 @@ and unlinks it at a clean stop.
                                                           dead one whose pid was reused
     8      WRITTEN_SEQ     writer       count  yes        seqlock over WRITTEN + LAST_STORE_TS:
                                                           odd while the pair is being changed
+                                                          (a writer killed then leaves it odd:
+                                                          the next one evens it at its start,
+                                                          ``end_torn_publish``)
     9      WRITTEN         writer       byte   yes        CommitLog end: every byte below it is
                                                           a whole record or BLANK
     10     LAST_STORE_TS   writer       ms     yes        store time of the record ending at
@@ -501,6 +504,27 @@ class PositionTable:
                 pair = slots[Slot.WRITTEN], slots[Slot.LAST_STORE_TS]
                 if slots[Slot.WRITTEN_SEQ] == seq:
                     return pair
+
+    def end_torn_publish(self) -> bool:
+        """Writer only, at its start: end a ``publish_written`` its predecessor was
+        killed inside (between the seqlock's two stores of WRITTEN_SEQ). WRITTEN_SEQ is
+        then odd, and every reader of the pair (this writer's ``read_written`` first,
+        then the flusher's and the dispatcher's) would wait for it forever; the one
+        writer there is makes it even. WRITTEN and LAST_STORE_TS each hold the dead
+        writer's old value or its new one (each stored whole, neither going back):
+        what a kill just before or just after the publish leaves, which recovery from
+        WRITTEN handles. Returns True when a publish was torn."""
+        if self.process != "writer":
+            raise SlotWriterError(f"{self.process or 'a read-only table'} may not write "
+                                  "WRITTEN_SEQ")
+        slots = self._slots
+        seq = slots[Slot.WRITTEN_SEQ]
+        if seq & 1 == 0:
+            return False
+        slots[Slot.WRITTEN_SEQ] = seq + 1
+        log.warning("the last writer was killed while publishing WRITTEN; kept WRITTEN=%d, "
+                    "LAST_STORE_TS=%d", slots[Slot.WRITTEN], slots[Slot.LAST_STORE_TS])
+        return True
 
     def confirm_offset(self) -> int:
         """How far dispatch and readers may go: FLUSHED under SYNC_FLUSH, else WRITTEN,

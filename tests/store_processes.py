@@ -34,7 +34,8 @@ atexit.register(shutil.rmtree, WORK_DIR, True)
 def write_config(path: str, store_dir: str, processes: dict | None = None,
                  **store: object) -> str:
     """A toml config for ``rocketstore up``: small files, quick restarts; ``processes``
-    adds settings to every ``[process.NAME]`` table (``{"cleaner": {...}}``: that one)."""
+    sets settings of a ``[process.NAME]`` table (``{"cleaner": {...}}``: that one), over
+    the quick restarts' own."""
     settings = dict(store_path_root_dir=store_dir, mapped_file_size_commit_log=64 * 1024,
                     mapped_file_size_consume_queue=20 * 512, max_hash_slot_num=1024,
                     max_index_num=4096, flush_interval_commit_log=50,
@@ -44,10 +45,11 @@ def write_config(path: str, store_dir: str, processes: dict | None = None,
     for k, v in settings.items():
         lines.append(f"{k} = " + ("true" if v is True else "false" if v is False else
                                   f'"{v}"' if isinstance(v, str) else repr(v)))
+    quick = {"backoff_s": 0.1, "backoff_max_s": 1.0, "startsecs": 0.5, "startretries": 5,
+             "stopwaitsecs": 20.0}
     for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader", "ha"):
-        lines += [f"[process.{name}]", "backoff_s = 0.1", "backoff_max_s = 1.0",
-                  "startsecs = 0.5", "startretries = 5", "stopwaitsecs = 20.0"]
-        lines += [f"{k} = {v!r}" for k, v in (processes or {}).get(name, {}).items()]
+        lines.append(f"[process.{name}]")
+        lines += [f"{k} = {v!r}" for k, v in {**quick, **(processes or {}).get(name, {})}.items()]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path

@@ -113,6 +113,12 @@ def test_a_regression_is_refused_logged_and_stores_nothing(store_dir, caplog):
         assert writer.get(Slot.WRITTEN_SEQ) % 2 == 0
         writer.publish_written(written + 10, ts + 1)
         assert writer.read_written() == (written + 10, ts + 1)
+        assert writer.end_torn_publish() is False          # nothing torn: nothing done
+        writer._slots[Slot.WRITTEN_SEQ] += 1                # a writer killed mid-publish
+        assert writer.end_torn_publish() is True
+        assert writer.read_written() == (written + 10, ts + 1)
+        with pytest.raises(SlotWriterError):
+            flusher.end_torn_publish()
 
         cleaner.set(Slot.MIN_OFFSET, 100)
         with pytest.raises(SlotRegressionError):
