@@ -114,6 +114,7 @@ import zmq
 
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.wire.protocol import ErrorCode, ProtocolError
+from rocketstore.procs.fencing import Fence
 from rocketstore.procs.replica import Replica
 from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
@@ -231,6 +232,7 @@ class WriterService(Service):
         else:
             replication.forget_following(cfg.config_dir)
         self.replica = Replica(self) if self.role == "SLAVE" else None
+        self.fence = Fence(cfg, self.table, self.role)     # controller mode: the lease
 
     def _open_commit_log(self) -> CommitLog:
         """Map the CommitLog, cut it at WRITTEN, rebuild the topic-queue table.
@@ -771,6 +773,9 @@ class WriterService(Service):
     def _refusal(self) -> PutMessageResult | None:
         """The answer every put gets now, when the store does not take puts
         (``storage.put_path``'s rules over the position table)."""
+        not_master = self.fence.reason()
+        if not_master:
+            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, not_master)
         table = self.table
         flush_error = table.get(Slot.FLUSH_ERROR)
         dispatch_error = table.get(Slot.DISPATCH_ERROR)
@@ -793,6 +798,9 @@ class WriterService(Service):
                 self.unanswered[req.client] = n
             else:
                 self.unanswered.pop(req.client, None)
+        not_master = self.fence.reason()
+        if not_master:      # no PUT_OK from a store that may no longer be master
+            req.results.time_out(not_master, PutMessageStatus.SERVICE_NOT_AVAILABLE)
         self._send(req.envelope, req.results.reply(req.kind, req.request_id,
                                                    self.commit_log.store_host_bytes))
         count_reply(self.stats, req.results.status, time.monotonic() - req.received)

@@ -1,0 +1,333 @@
+"""Automatic failover (controller mode): a broker group elects its master in a real
+ZooKeeper (Debian's package, one server for the module, on a free loopback port in a
+temporary directory), real stores (``rocketstore up``) follow it, and the master that
+lost its session answers no PUT_OK (procs.controller, procs.fencing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rocketstore.client import Producer
+from rocketstore.client.errors import ClientError
+from rocketstore.client.group_address import master as group_master
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message, StoreConfig, epoch_file
+from rocketstore.storage.errors import StoreConfigError
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.wire import group_nodes as nodes
+import zookeeper_server as zookeeper_server_module
+from store_processes import RunningStore, cli, free_port, free_ports, wait_for
+from test_replication import HA_TIMERS, consume_all, files, slot
+from zookeeper_server import ZooKeeperServer
+
+SESSION_MS = 2000
+OK = PutMessageStatus.PUT_OK
+
+
+# ------------------------------------------------------------------ settings
+@pytest.mark.parametrize("settings, message", [
+    (dict(), "enable_controller_mode needs cluster_address"),
+    (dict(cluster_address="127.0.0.1:2181"), "needs broker_name"),
+    (dict(cluster_address="127.0.0.1:2181", broker_name="g"), "needs tcp_listen_address"),
+    (dict(cluster_address="127.0.0.1:2181", broker_name="g", tcp_listen_address="127.0.0.1"),
+     "needs ha_listen_port"),
+    (dict(cluster_address="127.0.0.1:2181", broker_name="g", tcp_listen_address="127.0.0.1",
+          ha_listen_port=10912, broker_role="SLAVE", ha_master_address="127.0.0.1:1"),
+     'needs broker_role = "SYNC_MASTER"'),
+])
+def test_controller_mode_settings_that_cannot_work_are_refused(settings, message):
+    config = StoreConfig(enable_controller_mode=True, **settings)
+    with pytest.raises(StoreConfigError) as e:
+        config.check_replication()
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("settings", [dict(broker_id=-1), dict(broker_name="a/b"),
+                                      dict(cluster_address="zk1"),
+                                      dict(cluster_session_timeout_ms=0),
+                                      dict(ha_max_time_slave_not_catchup=0)])
+def test_controller_mode_values_are_checked(settings):
+    with pytest.raises(StoreConfigError):
+        StoreConfig(**settings)
+
+
+def test_epochs_only_go_up(tmp_path):
+    d = str(tmp_path)
+    assert epoch_file.current(d) == 0
+    assert epoch_file.record(d, 1, 0) and epoch_file.record(d, 3, 4096)
+    assert not epoch_file.record(d, 2, 8192)
+    assert epoch_file.load(d) == [(1, 0), (3, 4096)] and epoch_file.current(d) == 3
+
+
+# ------------------------------------------------------------------ a real ZooKeeper
+@pytest.fixture(scope="module")
+def zookeeper_server(tmp_path_factory):
+    why = zookeeper_server_module.missing()
+    if why:
+        pytest.skip(why)
+    server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper"))).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zookeeper(zookeeper_server) -> str:
+    """``host:port`` of the module's ZooKeeper server, running."""
+    if zookeeper_server.proc is None:
+        zookeeper_server.start()
+    return zookeeper_server.address
+
+
+def member(tmp_path, zookeeper: str, group: str, broker_id: int, **settings) -> RunningStore:
+    where = tmp_path / f"m{broker_id}"
+    where.mkdir(exist_ok=True)
+    return RunningStore(where, enable_controller_mode=True, cluster_address=zookeeper,
+                        broker_name=group, broker_id=broker_id, broker_role="SYNC_MASTER",
+                        tcp_listen_address="127.0.0.1", listen_port=free_ports(-2, 0),
+                        ha_listen_port=free_port(), cluster_session_timeout_ms=SESSION_MS,
+                        ha_max_time_slave_not_catchup=3000, **HA_TIMERS, **settings)
+
+
+def master_of(zookeeper: str, group: str) -> dict | None:
+    try:
+        return group_master(f"zk://{zookeeper}/{group}")
+    except ClientError:
+        return None
+
+
+def is_master(zookeeper: str, group: str, store: RunningStore, broker_id: int) -> bool:
+    """The group names ``broker_id`` master and its store runs as a master with its lease."""
+    doc = master_of(zookeeper, group)
+    return bool(doc) and doc["broker_id"] == broker_id and slot(store, Slot.ROLE) == 1 and \
+        slot(store, Slot.MASTER_LEASE_MS) > 0
+
+
+def follows(store: RunningStore, master: RunningStore) -> bool:
+    return slot(store, Slot.ROLE) == 2 and slot(master, Slot.SLAVES) == 1
+
+
+def in_sync_set(zookeeper: str, group: str) -> list[int] | None:
+    from kazoo.client import KazooClient
+    zk = KazooClient(zookeeper)
+    zk.start(5)
+    try:
+        data, _ = zk.get(nodes.sync_state_set_path(group))
+        return nodes.decode(data).get("members")
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def group_status(store: RunningStore) -> dict:
+    r = cli("status", "--config", store.config_path, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["controller"]
+
+
+def pair(tmp_path, zookeeper: str, group: str) -> tuple[RunningStore, RunningStore]:
+    """Member 0 elected master, member 1 its slave, in the in-sync set."""
+    a, b = member(tmp_path, zookeeper, group, 0), member(tmp_path, zookeeper, group, 1)
+    a.start()
+    wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 to be master")
+    b.start()
+    wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
+    wait_for(lambda: in_sync_set(zookeeper, group) == [0, 1], 15, what="an in-sync set of both")
+    return a, b
+
+
+class IdempotentLoad(threading.Thread):
+    """Sends numbered batches through the group's address with one producer id, each
+    until every message is PUT_OK (resent with its own sequences to whichever store is
+    master); keeps every body acknowledged."""
+
+    def __init__(self, address: str, topic: str, batch: int = 10):
+        super().__init__(daemon=True)
+        self.address, self.topic, self.batch = address, topic, batch
+        self.producer_id = 1 + (os.getpid() << 8) + int(time.monotonic() * 1000) % 255
+        self.acked: list[bytes] = []
+        self.resends = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            n = 0
+            while not self.stop.is_set():
+                bodies = [f"{self.topic} {n + i}".encode() for i in range(self.batch)]
+                self._until_ok(n, bodies)
+                self.acked += bodies
+                n += self.batch
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def _until_ok(self, first: int, bodies: list[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Producer(self.address, producer_id=self.producer_id,
+                              timeout_ms=2000) as p:
+                    while time.monotonic() < deadline:
+                        results = p.send_async([Message(self.topic, b) for b in bodies],
+                                               first_sequence=first).result()
+                        if all(r.status is OK for r in results):
+                            return
+                        self.resends += 1
+                        if any(r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+                               for r in results):
+                            break       # not the master (any more): ask the group again
+                        time.sleep(0.05)
+            except ClientError:
+                self.resends += 1
+            time.sleep(0.1)
+        raise AssertionError(f"batch from {first} never acknowledged")
+
+    def count(self) -> int:
+        return len(self.acked)
+
+
+def test_a_killed_master_is_replaced_and_every_acknowledged_message_survives_once(
+        tmp_path, zookeeper):
+    """SYNC_MASTER group of two. The master's whole process group is SIGKILLed under an
+    idempotent load: the slave is elected (epoch raised), the producer goes on by
+    itself through the group's address, and the old master, started again, rejoins as
+    a slave of the new one and ends byte-identical. Every message ever answered PUT_OK
+    is on the new master exactly once."""
+    group = "kill"
+    a, b = pair(tmp_path, zookeeper, group)
+    load = IdempotentLoad(f"zk://{zookeeper}/{group}", "Kill")
+    try:
+        load.start()
+        wait_for(lambda: load.count() >= 200 or load.error, 30, what="load on the master")
+        a.kill_all()
+        killed_at = load.count()
+        wait_for(lambda: is_master(zookeeper, group, b, 1), SESSION_MS / 1000 + 20,
+                 what="member 1 to be elected")
+        assert master_of(zookeeper, group)["epoch"] == 2
+        assert [e for e, _ in epoch_file.load(os.path.join(b.store_dir, "config"))] == [1, 2]
+        a.start()
+        wait_for(lambda: follows(a, b), 30, what="the old master to rejoin as a slave")
+        wait_for(lambda: [m["broker_id"] for m in group_status(b).get("members") or []]
+                 == [0, 1], 15, what="status to show both members")
+        shown = group_status(b)
+        assert (shown["group"], shown["master"], shown["epoch"]) == (group, 1, 2)
+        assert shown["lease_ms"] > 0 and group_status(a)["lease_ms"] == 0
+        wait_for(lambda: load.count() >= killed_at + 200 or load.error, 60,
+                 what="acknowledgements from the new master")
+        load.stop.set()
+        load.join(70)
+        assert load.error is None, load.error
+        assert load.resends > 0
+        stored = consume_all(b, "Kill")
+        assert sorted(stored) == sorted(set(stored)), "a message stored twice"
+        assert set(load.acked) <= set(stored)
+        wait_for(lambda: slot(a, Slot.WRITTEN) == slot(b, Slot.WRITTEN) ==
+                 slot(a, Slot.DISPATCHED), 30, what="the old master to catch up")
+        assert files(a, "commitlog") == files(b, "commitlog")
+    finally:
+        load.stop.set()
+        for store in (b, a):
+            store.__exit__(None, None, None)
+
+
+def test_a_paused_master_answers_no_put_ok_after_waking_and_rejoins_as_a_slave(
+        tmp_path, zookeeper):
+    """The master is paused (SIGSTOP of its process group) longer than its session:
+    the slave is elected. The puts sent to the paused master meanwhile are answered,
+    once it wakes, with anything but PUT_OK; then it follows the new master."""
+    group = "pause"
+    a, b = pair(tmp_path, zookeeper, group)
+    try:
+        with Producer(a.store_dir) as p:
+            assert p.send("Pause", b"before").status is OK
+            os.killpg(a.proc.pid, signal.SIGSTOP)
+            try:
+                pending = [p.send_async([Message("Pause", f"paused {i}".encode())])
+                           for i in range(5)]
+                wait_for(lambda: is_master(zookeeper, group, b, 1), SESSION_MS / 1000 + 20,
+                         what="member 1 to be elected")
+            finally:
+                os.killpg(a.proc.pid, signal.SIGCONT)
+            answers = []
+            for handle in pending:
+                try:
+                    answers += [r.status for r in handle.result()]
+                except ClientError as e:
+                    answers.append(type(e).__name__)
+        assert OK not in answers, answers
+        wait_for(lambda: follows(a, b), 30, what="the paused master to rejoin as a slave")
+        with Producer(f"zk://{zookeeper}/{group}") as p:
+            assert p.send("Pause", b"after").status is OK
+        assert b"before" in consume_all(b, "Pause")
+    finally:
+        for store in (b, a):
+            store.__exit__(None, None, None)
+
+
+def test_a_slave_out_of_the_in_sync_set_is_never_elected(tmp_path, zookeeper):
+    """The slave stops; the master drops it from the in-sync set and takes more puts;
+    the master dies. The slave, started again, is not elected (the group waits without
+    a master) while enable_elect_unclean_master is off; the old master, back, is
+    elected again (a new epoch) and the slave follows it and catches up."""
+    group = "unsynced"
+    a, b = pair(tmp_path, zookeeper, group)
+    try:
+        assert b.stop() == 0
+        wait_for(lambda: in_sync_set(zookeeper, group) == [0], 15,
+                 what="the stopped slave to leave the in-sync set")
+        with Producer(a.store_dir) as p:
+            p.send_batch([Message("Unsynced", f"only on 0: {i}".encode()) for i in range(20)])
+        a.kill_all()
+        b.start()
+        wait_for(lambda: "not electable" in b.log(), SESSION_MS / 1000 + 20,
+                 what="member 1 to find itself out of the in-sync set")
+        assert master_of(zookeeper, group) is None
+        assert slot(b, Slot.MASTER_LEASE_MS) == 0
+        a.start()
+        wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 elected again")
+        assert master_of(zookeeper, group)["epoch"] == 2
+        wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
+        wait_for(lambda: slot(b, Slot.WRITTEN) == slot(a, Slot.WRITTEN), 30,
+                 what="member 1 to catch up")
+        assert len(consume_all(b, "Unsynced")) == 20
+    finally:
+        for store in (b, a):
+            store.__exit__(None, None, None)
+
+
+def test_with_zookeeper_down_the_group_refuses_puts_and_goes_on_when_it_is_back(
+        tmp_path, zookeeper_server, zookeeper):
+    """No election can happen without ZooKeeper, and no master can renew its lease: the
+    master refuses puts (SERVICE_NOT_AVAILABLE, NOT_MASTER) once it lost ZooKeeper.
+    ZooKeeper back (same data, same port): the group has a master again, taking puts,
+    and nothing acknowledged before is lost."""
+    group = "zkdown"
+    a, b = pair(tmp_path, zookeeper, group)
+    try:
+        with Producer(f"zk://{zookeeper}/{group}") as p:
+            assert p.send("Down", b"before").status is OK
+            zookeeper_server.stop()
+            wait_for(lambda: slot(a, Slot.MASTER_LEASE_MS) == 0, 10,
+                     what="the master to lose its lease")
+            refused = p.send("Down", b"while down")
+            assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+            assert refused.reason.startswith("NOT_MASTER"), refused.reason
+        zookeeper_server.start()
+        wait_for(lambda: is_master(zookeeper, group, a, 0) or is_master(zookeeper, group, b, 1),
+                 30, what="a master again")
+        wait_for(lambda: in_sync_set(zookeeper, group) in ([0, 1], [1, 0]), 30,
+                 what="both members in sync again")
+        with Producer(f"zk://{zookeeper}/{group}") as p:
+            assert p.send("Down", b"after").status is OK
+        master = a if master_of(zookeeper, group)["broker_id"] == 0 else b
+        assert {b"before", b"after"} <= set(consume_all(master, "Down"))
+    finally:
+        for store in (b, a):
+            store.__exit__(None, None, None)
