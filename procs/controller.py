@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 READ_INTERVAL_MS = 250        # how often the master node is read (the lease's renewal)
 REPORT_MS = 500               # how often this member's end is rewritten (when it moved)
-SETTLE_MS = 1000              # no master seen this long: stand for election
+SETTLE_MS = REPORT_MS + 2 * READ_INTERVAL_MS   # no master seen this long: stand (the
+                                              # others have reported their last ends)
 SYNC_SET_INTERVAL_MS = 1000   # how often the master reviews the in-sync set
 CATCH_UP_SLACK_MS = 2 * REPORT_MS
 TURN_S = 0.1
@@ -122,6 +123,7 @@ class ControllerService(Service):
                           "ha": f"{host}:{cfg.ha_listen_port}"}
         self.wake = threading.Event()
         self.session_id = None
+        self.connected_ms = monotonic_ms()   # when ZooKeeper was last seen connected
         self.registered = False
         self.reported: dict = {}
         self.next_report = 0
@@ -166,13 +168,14 @@ class ControllerService(Service):
     def turn(self) -> None:
         self._follow_table()
         if self.zk.connected:
+            self.connected_ms = monotonic_ms()
             self._session()
             if self.registered:
                 self._master_read()
                 self._report()
                 if self._is_master():
                     self._review_in_sync_set()
-        else:
+        elif monotonic_ms() - self.connected_ms > self.session_timeout_ms:
             self._say("disconnected", logging.WARNING,
                       "ZooKeeper at %s not reachable: no PUT_OK until it is",
                       self.config.cluster_address)
@@ -379,6 +382,7 @@ class ControllerService(Service):
         else:
             log.warning("elected master of %s at epoch %d (end %d)", g, epoch, end)
         self._note_epoch(epoch, end)
+        self.stats.add("controller_elections_total")
         self.in_sync, self.caught_up_ms = [self.me], {}
         self.samples.clear()
         self.next_read = 0

@@ -57,6 +57,14 @@ def test_controller_mode_values_are_checked(settings):
         StoreConfig(**settings)
 
 
+def test_promote_refuses_a_group_member(tmp_path):
+    store = RunningStore(tmp_path, enable_controller_mode=True, cluster_address="127.0.0.1:1",
+                         broker_name="g", tcp_listen_address="127.0.0.1",
+                         ha_listen_port=free_port(), broker_role="SYNC_MASTER")
+    r = cli("promote", "--config", store.config_path)
+    assert r.returncode == 1 and "the group elects its master" in r.stderr, r.stderr
+
+
 def test_epochs_only_go_up(tmp_path):
     d = str(tmp_path)
     assert epoch_file.current(d) == 0
@@ -129,7 +137,7 @@ def in_sync_set(zookeeper: str, group: str) -> list[int] | None:
 def group_status(store: RunningStore) -> dict:
     r = cli("status", "--config", store.config_path, "--json")
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["controller"]
+    return json.loads(r.stdout).get("controller") or {}
 
 
 def pair(tmp_path, zookeeper: str, group: str) -> tuple[RunningStore, RunningStore]:
@@ -218,7 +226,10 @@ def test_a_killed_master_is_replaced_and_every_acknowledged_message_survives_onc
                  == [0, 1], 15, what="status to show both members")
         shown = group_status(b)
         assert (shown["group"], shown["master"], shown["epoch"]) == (group, 1, 2)
-        assert shown["lease_ms"] > 0 and group_status(a)["lease_ms"] == 0
+        assert shown["lease_ms"] > 0
+        wait_for(lambda: group_status(a).get("master") == 1, 15,
+                 what="the old master's status to name the new one")
+        assert group_status(a)["lease_ms"] == 0
         wait_for(lambda: load.count() >= killed_at + 200 or load.error, 60,
                  what="acknowledgements from the new master")
         load.stop.set()
