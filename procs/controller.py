@@ -84,6 +84,37 @@ CATCH_UP_SLACK_MS = 2 * REPORT_MS
 TURN_S = 0.1
 
 
+STAND, NOT_REGISTERED, NOT_IN_SYNC, OTHER_BETTER = "STAND", "NOT_REGISTERED", \
+    "NOT_IN_SYNC", "OTHER_BETTER"
+
+
+def stands(me: int, members: dict[int, dict], in_sync: list[int] | None,
+           unclean_allowed: bool) -> str:
+    """Whether member ``me`` stands for election, as a decision table:
+
+        registered  in the set (or no set,   the greatest end among    verdict
+                    or unclean allowed)      those eligible (then the
+                                             lowest broker_id)
+        ----------  -----------------------  ------------------------  --------------
+        no          -                        -                         NOT_REGISTERED
+        yes         no                       -                         NOT_IN_SYNC
+        yes         yes                      no                        OTHER_BETTER
+        yes         yes                      yes                       STAND
+
+    ``members``: the registered members' documents by broker_id (``end`` each);
+    ``in_sync``: the group's in-sync set, None when it never had one."""
+    def eligible(broker_id: int) -> bool:
+        return in_sync is None or broker_id in in_sync or unclean_allowed
+
+    if me not in members:
+        return NOT_REGISTERED
+    if not eligible(me):
+        return NOT_IN_SYNC
+    best = max((b for b in members if eligible(b)),
+               key=lambda b: (members[b].get("end", 0), -b))
+    return STAND if best == me else OTHER_BETTER
+
+
 def current_master(config: StoreConfig, timeout_s: float = 2.0) -> dict | None:
     """The group's master node when another member is master now (the supervisor's
     first start joins as its SLAVE at once, rather than starting as a master without
@@ -341,20 +372,12 @@ class ControllerService(Service):
         sync, sync_stat = self._get(nodes.sync_state_set_path(g))
         in_sync = sync.get("members") if sync_stat is not None else None
         allowed = self.config.enable_elect_unclean_master
-
-        def eligible(broker_id: int) -> bool:
-            return in_sync is None or broker_id in in_sync or allowed
-
-        if self.me not in members:
-            return
-        if not eligible(self.me):
+        verdict = stands(self.me, members, in_sync, allowed)
+        if verdict == NOT_IN_SYNC:
             self._say("not in sync", logging.WARNING,
                       "not in the in-sync set %s of %s: not electable (an election needs a "
                       "member of it; enable_elect_unclean_master allows any)", in_sync, g)
-            return
-        standing = [m for m in members.values() if eligible(m.get("broker_id", -1))]
-        best = max(standing, key=lambda m: (m.get("end", 0), -m.get("broker_id", 0)))
-        if best.get("broker_id") != self.me:
+        if verdict != STAND:
             return
         last, epoch_stat = self._get(nodes.epoch_path(g))
         epoch = max(last.get("epoch", 0) if epoch_stat else 0, self.epoch) + 1

@@ -16,6 +16,7 @@ import pytest
 from rocketstore.client import Producer
 from rocketstore.client.errors import ClientError
 from rocketstore.client.group_address import master as group_master
+from rocketstore.procs.controller import NOT_IN_SYNC, NOT_REGISTERED, OTHER_BETTER, STAND, stands
 from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message, StoreConfig, epoch_file
 from rocketstore.storage.errors import StoreConfigError
@@ -63,6 +64,23 @@ def test_promote_refuses_a_group_member(tmp_path):
                          ha_listen_port=free_port(), broker_role="SYNC_MASTER")
     r = cli("promote", "--config", store.config_path)
     assert r.returncode == 1 and "the group elects its master" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("me, ends, in_sync, unclean, verdict", [
+    (2, {0: 5, 1: 5}, [0, 1], False, NOT_REGISTERED),
+    (1, {0: 9, 1: 5}, [0], False, NOT_IN_SYNC),         # out of sync, however much it holds
+    (1, {1: 5}, [0], False, NOT_IN_SYNC),               # alone, out of sync: the group waits
+    (1, {1: 5}, [0], True, STAND),                      # ... unless unclean is allowed
+    (1, {0: 9, 1: 5}, [0, 1], False, OTHER_BETTER),     # the in-sync member holding more
+    (1, {0: 9, 1: 5}, [1], False, STAND),               # 0 holds more, but out of sync
+    (0, {0: 5, 1: 5}, [0, 1], False, STAND),            # a tie: the lowest broker_id
+    (1, {0: 5, 1: 5}, [0, 1], False, OTHER_BETTER),
+    (1, {0: 0, 1: 0}, None, False, OTHER_BETTER),       # a new group: anyone may stand
+    (0, {0: 0, 1: 0}, None, False, STAND),
+])
+def test_who_stands_for_election(me, ends, in_sync, unclean, verdict):
+    members = {b: {"broker_id": b, "end": end} for b, end in ends.items()}
+    assert stands(me, members, in_sync, unclean) == verdict
 
 
 def test_epochs_only_go_up(tmp_path):
