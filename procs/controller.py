@@ -192,7 +192,10 @@ class ControllerService(Service):
     def _state_changed(self, state: str) -> None:
         """kazoo's thread: never block here. SUSPENDED or LOST ends the lease now."""
         if state != KazooState.CONNECTED:
-            self.table.set(Slot.MASTER_LEASE_MS, 0)
+            try:
+                self.table.set(Slot.MASTER_LEASE_MS, 0)
+            except (TypeError, ValueError):   # the table being swapped (_follow_table):
+                pass                          # the new one starts at 0
         self.wake.set()
 
     # ================================================================== the loop

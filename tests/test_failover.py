@@ -159,13 +159,22 @@ def group_status(store: RunningStore) -> dict:
 
 
 def pair(tmp_path, zookeeper: str, group: str) -> tuple[RunningStore, RunningStore]:
-    """Member 0 elected master, member 1 its slave, in the in-sync set."""
-    a, b = member(tmp_path, zookeeper, group, 0), member(tmp_path, zookeeper, group, 1)
-    a.start()
-    wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 to be master")
-    b.start()
-    wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
-    wait_for(lambda: in_sync_set(zookeeper, group) == [0, 1], 15, what="an in-sync set of both")
+    """Member 0 elected master, member 1 its slave, in the in-sync set. Each member
+    picks its ports once the one before holds its own (two picked together may be
+    the same)."""
+    a = member(tmp_path, zookeeper, group, 0).start()
+    b = None
+    try:
+        wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 to be master")
+        b = member(tmp_path, zookeeper, group, 1).start()
+        wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
+        wait_for(lambda: in_sync_set(zookeeper, group) == [0, 1], 15,
+                 what="an in-sync set of both")
+    except BaseException:
+        for store in (b, a):
+            if store is not None:
+                store.kill_all()
+        raise
     return a, b
 
 
@@ -188,15 +197,19 @@ class IdempotentLoad(threading.Thread):
             n = 0
             while not self.stop.is_set():
                 bodies = [f"{self.topic} {n + i}".encode() for i in range(self.batch)]
-                self._until_ok(n, bodies)
+                if not self._until_ok(n, bodies):
+                    return
                 self.acked += bodies
                 n += self.batch
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
-    def _until_ok(self, first: int, bodies: list[bytes]) -> None:
+    def _until_ok(self, first: int, bodies: list[bytes]) -> bool:
+        """True once every message is PUT_OK; False when told to stop first."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            if self.stop.is_set():
+                return False
             try:
                 with Producer(self.address, producer_id=self.producer_id,
                               timeout_ms=2000) as p:
@@ -204,7 +217,9 @@ class IdempotentLoad(threading.Thread):
                         results = p.send_async([Message(self.topic, b) for b in bodies],
                                                first_sequence=first).result()
                         if all(r.status is OK for r in results):
-                            return
+                            return True
+                        if self.stop.is_set():
+                            return False
                         self.resends += 1
                         if any(r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
                                for r in results):
@@ -219,50 +234,83 @@ class IdempotentLoad(threading.Thread):
         return len(self.acked)
 
 
-def test_a_killed_master_is_replaced_and_every_acknowledged_message_survives_once(
+def test_masters_killed_twice_are_replaced_and_every_acknowledged_message_survives_once(
         tmp_path, zookeeper):
-    """SYNC_MASTER group of two. The master's whole process group is SIGKILLed under an
-    idempotent load: the slave is elected (epoch raised), the producer goes on by
-    itself through the group's address, and the old master, started again, rejoins as
-    a slave of the new one and ends byte-identical. Every message ever answered PUT_OK
-    is on the new master exactly once."""
+    """SYNC_MASTER group of three under an idempotent load through the group's address.
+    The master's whole process group is SIGKILLed: a slave is elected (epoch 2), the
+    other follows it, and the producer goes on by itself; the old master, started
+    again, rejoins as a slave. Then the second master is killed too: a member of the
+    in-sync set is elected (epoch 3). Every message ever answered PUT_OK is on the last
+    master exactly once, and its slaves end byte-identical to it."""
     group = "kill"
-    a, b = pair(tmp_path, zookeeper, group)
+    stores = []
     load = IdempotentLoad(f"zk://{zookeeper}/{group}", "Kill")
+
+    def elected(epoch: int, not_id: int) -> int:
+        wait_for(lambda: (master_of(zookeeper, group) or {}).get("epoch") == epoch,
+                 SESSION_MS / 1000 + 20, what=f"an election (epoch {epoch})")
+        new = master_of(zookeeper, group)["broker_id"]
+        assert new != not_id
+        wait_for(lambda: is_master(zookeeper, group, stores[new], new), 30,
+                 what=f"member {new} to take puts")
+        return new
+
+    def in_sync(members: list[int]) -> None:
+        wait_for(lambda: sorted(in_sync_set(zookeeper, group)) == sorted(members), 30,
+                 what=f"an in-sync set of {members}")
     try:
+        stores.append(member(tmp_path, zookeeper, group, 0).start())
+        wait_for(lambda: is_master(zookeeper, group, stores[0], 0), 30,
+                 what="member 0 to be master")
+        for i in (1, 2):        # each picks its ports once the one before holds its own
+            stores.append(member(tmp_path, zookeeper, group, i).start())
+        in_sync([0, 1, 2])
         load.start()
-        wait_for(lambda: load.count() >= 200 or load.error, 30, what="load on the master")
-        a.kill_all()
-        killed_at = load.count()
-        wait_for(lambda: is_master(zookeeper, group, b, 1), SESSION_MS / 1000 + 20,
-                 what="member 1 to be elected")
-        assert master_of(zookeeper, group)["epoch"] == 2
-        assert [e for e, _ in epoch_file.load(os.path.join(b.store_dir, "config"))] == [1, 2]
-        a.start()
-        wait_for(lambda: follows(a, b), 30, what="the old master to rejoin as a slave")
-        wait_for(lambda: [m["broker_id"] for m in group_status(b).get("members") or []]
-                 == [0, 1], 15, what="status to show both members")
-        shown = group_status(b)
-        assert (shown["group"], shown["master"], shown["epoch"]) == (group, 1, 2)
+        wait_for(lambda: load.count() >= 100 or load.error, 30, what="load on member 0")
+
+        stores[0].kill_all()
+        second = elected(2, not_id=0)
+        other = 3 - second
+        assert [e for e, _ in epoch_file.load(
+            os.path.join(stores[second].store_dir, "config"))] == [1, 2]
+        stores[0].start()
+        wait_for(lambda: slot(stores[second], Slot.SLAVES) == 2 and
+                 slot(stores[0], Slot.ROLE) == slot(stores[other], Slot.ROLE) == 2, 30,
+                 what="the other members to follow the second master")
+        wait_for(lambda: [m["broker_id"] for m in group_status(stores[second]).get("members")
+                          or []] == [0, 1, 2], 15, what="status to show the three members")
+        shown = group_status(stores[second])
+        assert (shown["group"], shown["master"], shown["epoch"]) == (group, second, 2)
         assert shown["lease_ms"] > 0
-        wait_for(lambda: group_status(a).get("master") == 1, 15,
+        wait_for(lambda: group_status(stores[0]).get("master") == second, 15,
                  what="the old master's status to name the new one")
-        assert group_status(a)["lease_ms"] == 0
-        wait_for(lambda: load.count() >= killed_at + 200 or load.error, 60,
-                 what="acknowledgements from the new master")
+        assert group_status(stores[0])["lease_ms"] == 0
+        in_sync([0, 1, 2])
+        killed_at = load.count()
+        wait_for(lambda: load.count() >= killed_at + 100 or load.error, 60,
+                 what="acknowledgements from the second master")
+
+        stores[second].kill_all()
+        third = elected(3, not_id=second)
+        last = 3 - third - second           # the slave left
+        wait_for(lambda: slot(stores[last], Slot.ROLE) == 2 and
+                 slot(stores[third], Slot.SLAVES) == 1, 30, what="the last slave to follow")
+        killed_at = load.count()
+        wait_for(lambda: load.count() >= killed_at + 100 or load.error, 60,
+                 what="acknowledgements from the third master")
         load.stop.set()
         load.join(70)
         assert load.error is None, load.error
         assert load.resends > 0
-        stored = consume_all(b, "Kill")
+        stored = consume_all(stores[third], "Kill")
         assert sorted(stored) == sorted(set(stored)), "a message stored twice"
         assert set(load.acked) <= set(stored)
-        wait_for(lambda: slot(a, Slot.WRITTEN) == slot(b, Slot.WRITTEN) ==
-                 slot(a, Slot.DISPATCHED), 30, what="the old master to catch up")
-        assert files(a, "commitlog") == files(b, "commitlog")
+        wait_for(lambda: slot(stores[last], Slot.WRITTEN) == slot(stores[third], Slot.WRITTEN)
+                 == slot(stores[last], Slot.DISPATCHED), 30, what="the slave to catch up")
+        assert files(stores[last], "commitlog") == files(stores[third], "commitlog")
     finally:
         load.stop.set()
-        for store in (b, a):
+        for store in reversed(stores):
             store.__exit__(None, None, None)
 
 
