@@ -22,10 +22,9 @@ from rocketstore.storage import Message, StoreConfig, epoch_file
 from rocketstore.storage.errors import StoreConfigError
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.wire import group_nodes as nodes
-import zookeeper_server as zookeeper_server_module
 from store_processes import RunningStore, cli, free_port, free_ports, wait_for
 from test_replication import HA_TIMERS, consume_all, files, slot
-from zookeeper_server import ZooKeeperServer
+from zookeeper_server import ZooKeeperServer, missing as zookeeper_missing
 
 SESSION_MS = 2000
 OK = PutMessageStatus.PUT_OK
@@ -94,7 +93,7 @@ def test_epochs_only_go_up(tmp_path):
 # ------------------------------------------------------------------ a real ZooKeeper
 @pytest.fixture(scope="module")
 def zookeeper_server(tmp_path_factory):
-    why = zookeeper_server_module.missing()
+    why = zookeeper_missing()
     if why:
         pytest.skip(why)
     server = ZooKeeperServer(str(tmp_path_factory.mktemp("zookeeper"))).start()
