@@ -108,6 +108,8 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
               f"restarts {p['restarts']}"
               + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else ""))
     _print_replication(st["ha"])
+    if "controller" in st:
+        _print_group(st["controller"])
     groups = st["consumer_groups"]
     print(f"groups     {len(groups)}  (total lag {sum(g['lag'] for g in groups.values())})")
     for key, g in groups.items():
@@ -121,6 +123,17 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
 
 NOT_WRITEABLE_WORDS = {"SLAVE": "a slave takes only its master's bytes",
                        "flush_error": "a flush failed", "disk_full": "disk full"}
+
+
+def _print_group(c: dict) -> None:
+    """Controller mode: the broker group as this member sees it."""
+    print(f"group      {c['group']} member {c['broker_id']}  master {c['master']}  epoch "
+          f"{c['epoch']}  lease {c['lease_ms']} ms"
+          + ("" if c["connected"] else "  ZOOKEEPER UNREACHABLE")
+          + ("  UNCLEAN (elected out of sync)" if c.get("unclean") else ""))
+    for m in c.get("members") or []:
+        print(f"  member {m['broker_id']:<4} {m['role']:<12} end {m['end']:<12} lag "
+              f"{m['lag_bytes']} bytes" + ("  in sync" if m["in_sync"] else ""))
 
 
 def _print_replication(ha: dict) -> None:

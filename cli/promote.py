@@ -33,6 +33,10 @@ def cmd_promote(args: argparse.Namespace, config: StoreConfig, config_path: str 
     if config_path is None:
         return _fail(args, EXIT_USAGE, "promote needs --config FILE: the store's role is "
                                        "written there")
+    if config.enable_controller_mode:
+        return _fail(args, EXIT_FAILED, "the store is a member of broker group "
+                     f"{config.broker_name} (enable_controller_mode): the group elects its "
+                     "master through ZooKeeper; stop the master to have another elected")
     if not config.slave:
         return _fail(args, EXIT_FAILED, f"the store is not a SLAVE (broker_role "
                                         f"{config.broker_role})")

@@ -93,6 +93,9 @@ def locate(where: str, socket_name: str) -> Target:
     """
     if where.startswith("ipc://"):
         return _ipc_target(where, socket_name)
+    if where.startswith("zk://"):         # a broker group: its master (controller mode)
+        from rocketstore.client import group_address
+        return Target(group_address.endpoint(where, socket_name))
     if "://" in where:
         return Target(where)
     meant = endpoints.tcp_meant(where)

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "rocketstore_"
 _STATS_HELP = {
+    "controller_elections_total": "Elections this store won as its broker group's master.",
     "ha_sent_bytes_total": "CommitLog bytes streamed to slaves.",
     "ha_received_bytes_total": "CommitLog bytes received from the master.",
     "ha_refused_total": "HA frames refused, by HAError.",
@@ -113,12 +114,23 @@ def _status_metrics(st: dict):
                  st["disk"]["used_ratio"])
     yield from _process_table_metrics(st["processes"])
     yield from _replication_metrics(st["ha"])
+    if "controller" in st:
+        yield from _controller_metrics(st["controller"])
     lag = GaugeMetricFamily(PREFIX + "consumer_group_lag_messages",
                             "Messages dispatched and not yet committed by the group.",
                             labels=["topic", "group"])
     for group in st["consumer_groups"].values():
         lag.add_metric([group["topic"], group["group"]], group["lag"])
     yield lag
+
+
+def _controller_metrics(c: dict):
+    """Controller mode: the group's epoch, and whether this member is its master now."""
+    yield _gauge("controller_epoch", "The broker group's epoch this store last saw.",
+                 c["epoch"])
+    yield _gauge("controller_master",
+                 "1 while this store is its group's master, holding the lease.",
+                 1.0 if c["master"] == c["broker_id"] and c["lease_ms"] > 0 else 0.0)
 
 
 def _replication_metrics(ha: dict):

@@ -13,6 +13,11 @@ theirs) promotes a slave, with ``rocketstore promote`` (``cli.promote``), which
    runs; the HA process serves slaves when ``ha_listen_port`` is set) and removes the
    request (``clear_request``). A stopped store is a master at its next start.
 
+In controller mode (``procs.controller``) the group makes these requests itself: the
+member elected asks for its master role, and every other member asks to follow the
+master (``request_follow``: the processes start again as a SLAVE of its HA address,
+nothing written into the settings file: which member is master is the group's choice).
+
 The old master, when it comes back, must be configured as a SLAVE of the new one
 (``ha_master_address``): whatever it holds that the new master does not (acknowledged
 by it alone, under ASYNC_MASTER) is cut and kept in its ``quarantine/``
@@ -77,6 +82,19 @@ def requested_role(config_dir: str) -> str | None:
     doc = json_file.load(request_path(config_dir))
     role = (doc or {}).get("role")
     return role if role in MASTER_ROLES else None
+
+
+def requested_master(config_dir: str) -> str | None:
+    """The master's HA address a controller asked this store to follow, when pending."""
+    doc = json_file.load(request_path(config_dir)) or {}
+    master = doc.get("master")
+    return master if doc.get("role") == "SLAVE" and isinstance(master, str) else None
+
+
+def request_follow(config_dir: str, master_address: str) -> None:
+    """Ask a running store's supervisor to run as a SLAVE of ``master_address`` (the
+    group's master's HA socket, "host:port")."""
+    json_file.persist(request_path(config_dir), {"role": "SLAVE", "master": master_address})
 
 
 def request(config_dir: str, role: str) -> None:

@@ -14,6 +14,7 @@ import shutil
 
 from rocketstore.client.consumer import read_offsets, store_config
 from rocketstore.procs.stats import read_published
+from rocketstore.storage.clock import monotonic_ms
 from rocketstore.shm.positions import HEARTBEAT_MS, PositionTable, StoreState, now_ms
 from rocketstore.storage import replication
 from rocketstore.storage.config import BROKER_ROLES
@@ -41,7 +42,7 @@ def store_status(store_dir: str) -> dict:
                      "confirm": table.confirm_offset()}
         if snap["transient_pool"]:
             positions["committed"] = snap["committed"]
-        return {
+        status = {
             "store": os.path.abspath(store_dir),
             "state": StoreState(snap["state"]).name,
             "role": BROKER_ROLES[snap["role"]],
@@ -63,6 +64,10 @@ def store_status(store_dir: str) -> dict:
             "consumer_groups": consumer_groups(store_dir, snap["dispatched"]),
             "ha": replication_status(store_dir, snap, now),
         }
+        group = controller_status(store_dir, snap)
+        if group is not None:
+            status["controller"] = group
+        return status
     finally:
         table.close()
 
@@ -152,6 +157,16 @@ def replication_status(store_dir: str, snap: dict, now: int) -> dict:
     return {"role": role, "listen": published.get("listen"),
             "slave_acked": snap["slave_acked"], "slaves_connected": snap["slaves"],
             "slaves": slaves}
+
+
+def controller_status(store_dir: str, snap: dict) -> dict | None:
+    """Controller mode: the broker group as this member's controller last published it
+    (procs.controller), with the epoch and the lease left now; None without one."""
+    published = (read_published(store_dir, "controller") or {}).get("controller")
+    if "controller" not in snap["processes"] or not published:
+        return None
+    return {**published, "epoch": snap["epoch"],
+            "lease_ms": max(0, snap["master_lease_ms"] - monotonic_ms())}
 
 
 def consumer_groups(store_dir: str, dispatched: int) -> dict:

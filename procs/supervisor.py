@@ -26,13 +26,21 @@
 If the supervisor itself is killed, its children die with it (PR_SET_PDEATHSIG), the
 lock goes with its descriptor, ``abort`` stays, and the next ``up`` recovers.
 
+In controller mode (``enable_controller_mode``) a seventh process, the controller
+(``procs.controller``), keeps the store's membership of its broker group in ZooKeeper;
+it is started first, stopped last, and kept running (not restarted) when the other
+processes restart in another role, so its ZooKeeper session outlives a role change.
+A group member starts in its settings' master role but answers no PUT_OK until the
+controller grants it the master's lease (``procs.fencing``).
+
 A SLAVE runs no scheduler and no HA process; a master runs the HA process only with
 ``ha_listen_port`` (``runs``). Two requests from a SLAVE make the supervisor stop its
 processes and start them again (steps 5, then 2-3, in the same run): a cut of a
 CommitLog that diverged from its master's (``config/haCutRequest.json``, written by the
 writer's follower; recovery makes the cut, ``storage.replication``), and a promotion
 (``config/haPromoteRequest.json``, ``procs.promotion``: the processes start again in
-the master role asked for).
+the master role asked for); in controller mode also a request to follow the group's
+master (the processes start again as a SLAVE of it).
 
     process     priority  owns
     ----------  --------  ------------------------------------------------------------
@@ -45,6 +53,7 @@ the master role asked for).
     ha          25        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
                           (it stops after the writer, whose last SYNC_MASTER replies wait
                           for SLAVE_ACKED)
+    controller  5         controller mode: the group in ZooKeeper, MASTER_LEASE_MS, EPOCH
 """
 
 from __future__ import annotations
@@ -102,13 +111,17 @@ DEFAULT_PROCESSES = {
     "scheduler": ProcessConfig(priority=50),
     "reader": ProcessConfig(priority=60),
     "ha": ProcessConfig(priority=25),     # stops after the writer: SYNC_MASTER acks
+    "controller": ProcessConfig(priority=5),   # stops last: the group's lease ends with it
 }
 MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serves no slave
 
 
 def runs(name: str, config: StoreConfig) -> bool:
     """Whether the store runs process ``name``: a SLAVE no delay scheduler and no HA
-    process; a master the HA process only with ``ha_listen_port`` set."""
+    process; a master the HA process only with ``ha_listen_port`` set; the controller
+    only in controller mode."""
+    if name == "controller":
+        return config.enable_controller_mode
     if config.slave and name in MASTER_ONLY:
         return False
     return name != "ha" or bool(config.ha_listen_port)
@@ -233,6 +246,7 @@ class Supervisor:
     def __init__(self, config: StoreConfig, processes: dict[str, ProcessConfig] | None = None):
         config.check_replication()
         self.config = config
+        self.member_config = config     # the settings' own (the controller's), whatever role
         self.store_dir = config.store_path_root_dir
         self._processes = processes or DEFAULT_PROCESSES
         self.children = self._children()
@@ -258,6 +272,7 @@ class Supervisor:
         """
         for signo in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):   # all: a clean stop
             signal.signal(signo, self._request_stop)
+        self._join_group()
         self.start()
         try:
             announced = False
@@ -285,7 +300,10 @@ class Supervisor:
         if not self.config.slave:       # done, or left by a promotion cut short
             promotion.clear_request(self.config.config_dir)
         for child in self.children.values():
-            self._spawn(child)
+            if child.process is not None and child.process.is_alive():
+                self._adopt(child)         # kept through a restart in another role
+            else:
+                self._spawn(child)
         self._serve_metrics()
 
     def _serve_metrics(self) -> None:
@@ -307,21 +325,57 @@ class Supervisor:
 
     def _restart_if_asked(self) -> bool:
         """Stop and start the processes again when a SLAVE was asked to cut its diverged
-        CommitLog or to become a master (procs.promotion). True when it did."""
+        CommitLog or to become a master (procs.promotion), or, in controller mode, a
+        store to follow another master. True when it did."""
         role = promotion.requested_role(self.config.config_dir) if self.config.slave else None
-        if not role and not self._cut_requested():
+        master = self._requested_master()
+        if not role and not master and not self._cut_requested():
             return False
-        self.stop()
+        self.stop(keep=("controller",))
         if role:
             log.warning("promoted: restarting the store's processes as %s", role)
-            self.config = dataclasses.replace(self.config, broker_role=role)
-            before, self.children = self.children, self._children()
-            for name, child in self.children.items():   # counters since this
-                if name in before:                      # supervisor started
-                    child.restarts = before[name].restarts
-                    child.watchdog_kills = before[name].watchdog_kills
+            self._change_role(broker_role=role)
+        elif master:
+            log.warning("the group's master is at %s: restarting the store's processes as "
+                        "its SLAVE", master)
+            self._change_role(broker_role="SLAVE", ha_master_address=master)
+            promotion.clear_request(self.config.config_dir)
         self.start()
         return True
+
+    def _join_group(self) -> None:
+        """Controller mode: a group that has a master already is joined as its SLAVE."""
+        if not self.config.enable_controller_mode:
+            return
+        from rocketstore.procs.controller import current_master   # kazoo: an extra
+        master = current_master(self.config)
+        if master is not None:
+            log.info("member %s is master of %s: starting as its SLAVE", master["broker_id"],
+                     self.config.broker_name)
+            self._change_role(broker_role="SLAVE", ha_master_address=master["ha"])
+
+    def _requested_master(self) -> str | None:
+        """The master a controller asked this store to follow, unless it follows it."""
+        if not self.config.enable_controller_mode:
+            return None
+        master = promotion.requested_master(self.config.config_dir)
+        if master is not None and self.config.slave and \
+                master == self.config.ha_master_address:
+            promotion.clear_request(self.config.config_dir)
+            return None
+        return master
+
+    def _change_role(self, **settings: Any) -> None:
+        """The processes of the new role (not started yet); counters since this
+        supervisor started, and a process kept running (the controller), carried over."""
+        self.config = dataclasses.replace(self.config, **settings)
+        before, self.children = self.children, self._children()
+        for name, child in self.children.items():
+            if name in before:
+                child.restarts = before[name].restarts
+                child.watchdog_kills = before[name].watchdog_kills
+                child.process = before[name].process
+                child.started_at = before[name].started_at
 
     def _cut_requested(self) -> bool:
         """A SLAVE's writer found its CommitLog diverged from its master's and asked for
@@ -341,9 +395,10 @@ class Supervisor:
 
     # ------------------------------------------------------------------ children
     def _spawn(self, child: Child) -> None:
+        config = self.member_config if child.name == "controller" else self.config
         child.process = self._context.Process(
             target=run_service, name=f"rocketstore-{child.name}",
-            args=(MODULES[child.name], self.store_dir, self.config.to_dict()))
+            args=(MODULES[child.name], self.store_dir, config.to_dict()))
         child.process.start()
         child.started_at = time.monotonic()
         child.state = ProcessState.STARTING
@@ -354,6 +409,17 @@ class Supervisor:
         t.set_process(child.name, RESTARTS, child.restarts)
         t.set_process(child.name, WATCHDOG_KILLS, child.watchdog_kills)
         log.info("started %s (pid %d)", child.name, child.process.pid)
+
+    def _adopt(self, child: Child) -> None:
+        """A process kept running through a restart, entered in the new position table
+        (STARTING until it attaches the new table and turns its loop)."""
+        child.state = ProcessState.STARTING
+        t = self.table
+        t.set_process(child.name, PID, child.process.pid)
+        t.set_process(child.name, STARTED_MS, now_ms())
+        t.set_process(child.name, PROC_STATE, ProcessState.STARTING)
+        t.set_process(child.name, RESTARTS, child.restarts)
+        t.set_process(child.name, WATCHDOG_KILLS, child.watchdog_kills)
 
     def _is_up(self, child: Child) -> bool:
         if child.process is None or not child.process.is_alive():
@@ -434,8 +500,9 @@ class Supervisor:
         log.error("%s; stopping the store", why)
 
     # ------------------------------------------------------------------ stop
-    def stop(self) -> bool:
-        """Stop every child in reverse order; remove ``abort`` only after a clean stop.
+    def stop(self, keep: tuple[str, ...] = ()) -> bool:
+        """Stop every child in reverse order, but those named in ``keep`` (left
+        running through a restart); remove ``abort`` only after a clean stop.
 
         Returns whether the stop was clean.
         """
@@ -447,7 +514,8 @@ class Supervisor:
         self.table.set(Slot.STATE, StoreState.STOPPING)
         clean = not self._fatal
         for child in reversed(list(self.children.values())):
-            clean &= self._stop_child(child)
+            if child.name not in keep:
+                clean &= self._stop_child(child)
         t = self.table
         written = t.get(Slot.WRITTEN)
         caught_up = (t.get(Slot.FLUSHED) == written == t.get(Slot.DISPATCHED)

@@ -114,6 +114,7 @@ import zmq
 
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.wire.protocol import ErrorCode, ProtocolError
+from rocketstore.procs.fencing import Fence
 from rocketstore.procs.replica import Replica
 from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
@@ -240,6 +241,7 @@ class WriterService(Service):
         else:
             replication.forget_following(cfg.config_dir)
         self.replica = Replica(self) if self.role == "SLAVE" else None
+        self.fence = Fence(cfg, self.table, self.role)     # controller mode: the lease
 
     def _open_commit_log(self) -> CommitLog:
         """Map the CommitLog, cut it at WRITTEN, rebuild the topic-queue table.
@@ -804,6 +806,9 @@ class WriterService(Service):
     def _refusal(self) -> PutMessageResult | None:
         """The answer every put gets now, when the store does not take puts
         (``storage.put_path``'s rules over the position table)."""
+        not_master = self.fence.reason()
+        if not_master:
+            return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, not_master)
         table = self.table
         flush_error = table.get(Slot.FLUSH_ERROR)
         dispatch_error = table.get(Slot.DISPATCH_ERROR)
@@ -825,6 +830,9 @@ class WriterService(Service):
     def _reply(self, req: _Request, counted: bool = True) -> None:
         if counted:
             self._answered(req.client)
+        not_master = self.fence.reason()
+        if not_master:      # no PUT_OK from a store that may no longer be master
+            req.results.time_out(not_master, PutMessageStatus.SERVICE_NOT_AVAILABLE)
         self._send(req.envelope, req.results.reply(req.kind, req.request_id,
                                                    self.commit_log.store_host_bytes))
         count_reply(self.stats, req.results.status, time.monotonic() - req.received)
@@ -833,9 +841,12 @@ class WriterService(Service):
         """Answer every request of one drain now; their latencies (one drain: one
         receive time) are counted once."""
         host, send, stats = self.commit_log.store_host_bytes, self._send, self.stats
+        not_master = self.fence.reason()    # no PUT_OK from a store that may not be master
         for req in accepted:
             self._answered(req.client)
             results = req.results
+            if not_master:
+                results.time_out(not_master, PutMessageStatus.SERVICE_NOT_AVAILABLE)
             send(req.envelope, results.reply(req.kind, req.request_id, host))
             count_refused(stats, results.status)
         stats.observe("put_latency_seconds", time.monotonic() - accepted[0].received,

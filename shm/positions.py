@@ -61,6 +61,12 @@ and unlinks it at a clean stop.
                                                           came (0: never)
     22     REPLICA_ERROR   writer       enum   -          slave: != 0 (wire.ha_protocol
                                                           HAError): replication stopped
+    23     MASTER_LEASE_MS controller   ms     -          controller mode: the group's master
+                                                          answers PUT_OK only before it
+                                                          (CLOCK_MONOTONIC; 0: not master,
+                                                          or not told yet; procs.fencing)
+    24     EPOCH           controller   count  -          controller mode: the group's epoch
+                                                          this store last saw
     per process p (PROCESS_NAMES), block at PROCESS_BASE + p * PROCESS_SLOTS:
     +0     PID             supervisor   pid    -          0 when not running
     +1     PROC_STATE      supervisor   enum   -          ProcessState
@@ -175,6 +181,8 @@ class Slot(_SlotEnum):
     MASTER_END = 20, "writer", False
     MASTER_HEARD_MS = 21, "writer", False
     REPLICA_ERROR = 22, "writer", False
+    MASTER_LEASE_MS = 23, "controller", False
+    EPOCH = 24, "controller", False
 
 
 class ProcessField(_SlotEnum):
@@ -204,7 +212,8 @@ class ProcessState(enum.IntEnum):
     FATAL = 6
 
 
-PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader", "ha")
+PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader", "ha",
+                 "controller")
 PROCESS_BASE = 64
 PROCESS_SLOTS = 8
 PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS, WATCHDOG_KILLS = ProcessField

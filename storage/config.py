@@ -144,6 +144,16 @@ class StoreConfig:
     ha_send_heartbeat_interval: int = 5000
     ha_housekeeping_interval: int = 20_000
     ha_transfer_batch_size: int = 32 * 1024
+    ha_max_time_slave_not_catchup: int = 15_000   # out of the in-sync set after this long behind
+    # --- controller mode (procs.controller; docs/OPERATIONS.md "Failover") ---------------
+    # a broker group elects its master through ZooKeeper (cluster_address, a connect
+    # string "host:port[,host:port...]"); every member has the same master broker_role
+    enable_controller_mode: bool = False
+    cluster_address: str = ""
+    broker_name: str = ""                   # the group
+    broker_id: int = 0                      # this member, unique in its group
+    enable_elect_unclean_master: bool = False
+    cluster_session_timeout_ms: int = 6000  # rocketstore's: the ZooKeeper session's timeout
     # --- delayed messages ---------------------------------------------------------
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     flush_delay_offset_interval: int = 10_000
@@ -357,6 +367,22 @@ class StoreConfig:
         if self.broker_role == "SYNC_MASTER" and not self.ha_listen_port:
             raise StoreConfigError('broker_role = "SYNC_MASTER" needs ha_listen_port: its '
                                    "acknowledgements wait for a slave")
+        if self.enable_controller_mode:
+            self._check_controller_mode()
+
+    def _check_controller_mode(self) -> None:
+        """A group member needs ZooKeeper, its group, TCP sockets the others can reach and
+        a master role (which member is master is the group's choice)."""
+        for name in ("cluster_address", "broker_name", "tcp_listen_address"):
+            if not getattr(self, name):
+                raise StoreConfigError(f"enable_controller_mode needs {name}")
+        if not self.ha_listen_port:
+            raise StoreConfigError("enable_controller_mode needs ha_listen_port: any member "
+                                   "may become the master its slaves follow")
+        if self.slave:
+            raise StoreConfigError('enable_controller_mode needs broker_role = "SYNC_MASTER" '
+                                   'or "ASYNC_MASTER" (how the master acknowledges): the group '
+                                   "chooses which member is master")
 
     def _validate_replication(self) -> None:
         if self.ha_master_address:
@@ -375,7 +401,8 @@ class StoreConfig:
             raise StoreConfigError(f"ha_listen_port {self.ha_listen_port} is taken by ingest "
                                    "(listen_port) or the reader (listen_port - 2)")
         for name in ("ha_slave_fallbehind_max", "ha_send_heartbeat_interval",
-                     "ha_housekeeping_interval", "ha_transfer_batch_size"):
+                     "ha_housekeeping_interval", "ha_transfer_batch_size",
+                     "ha_max_time_slave_not_catchup", "cluster_session_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
         if self.ha_transfer_batch_size > 16 << 20:
@@ -385,6 +412,16 @@ class StoreConfig:
             raise StoreConfigError("ha_housekeeping_interval must exceed "
                                    "ha_send_heartbeat_interval: a quiet but live peer "
                                    "would be dropped between heartbeats")
+        if self.broker_id < 0:
+            raise StoreConfigError("broker_id must not be negative")
+        if "/" in self.broker_name:
+            raise StoreConfigError(f"broker_name {self.broker_name!r} must not hold '/' (it "
+                                   "names a ZooKeeper node)")
+        for host in filter(None, self.cluster_address.split(",")):
+            name, sep, port = host.strip().rpartition(":")
+            if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+                raise StoreConfigError(f"cluster_address {self.cluster_address!r} is not "
+                                       '"host:port[,host:port...]" (ZooKeeper\'s servers)')
 
     def geometry(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in GEOMETRY_FIELDS}
@@ -577,6 +614,8 @@ NOTES: dict[str, str] = {
     "ha_transfer_batch_size": "the largest block the HA process sends; blocks end at a "
                               "file's end, never cross it",
     "producer_id_expiration_ms": "rocketstore's",
+    "cluster_address": "a ZooKeeper connect string (RocketMQ's controller is DLedger's)",
+    "cluster_session_timeout_ms": "rocketstore's: the ZooKeeper session's timeout",
     "metrics_port": "rocketstore's",
     "metrics_address": "rocketstore's",
     "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
