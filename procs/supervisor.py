@@ -401,18 +401,12 @@ class Supervisor:
             args=(MODULES[child.name], self.store_dir, config.to_dict()))
         child.process.start()
         child.started_at = time.monotonic()
-        child.state = ProcessState.STARTING
-        t = self.table
-        t.set_process(child.name, PID, child.process.pid)
-        t.set_process(child.name, STARTED_MS, now_ms())
-        t.set_process(child.name, PROC_STATE, ProcessState.STARTING)
-        t.set_process(child.name, RESTARTS, child.restarts)
-        t.set_process(child.name, WATCHDOG_KILLS, child.watchdog_kills)
+        self._adopt(child)
         log.info("started %s (pid %d)", child.name, child.process.pid)
 
     def _adopt(self, child: Child) -> None:
-        """A process kept running through a restart, entered in the new position table
-        (STARTING until it attaches the new table and turns its loop)."""
+        """A process started, or kept running through a restart, entered in the position
+        table (STARTING until it attaches the table and turns its loop)."""
         child.state = ProcessState.STARTING
         t = self.table
         t.set_process(child.name, PID, child.process.pid)
