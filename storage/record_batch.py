@@ -397,10 +397,122 @@ def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id
         parts = [encode_message(m, born_timestamp, (producer_id, first_sequence + i))
                  for i, m in enumerate(messages)]
     else:
-        parts = [encode_message(m, born_timestamp) for m in messages]
+        parts = encode_batch(messages, born_timestamp)
     offsets = list(itertools.accumulate(map(len, parts), initial=0))
     offsets.pop()
     return b"".join(parts), offsets
+
+
+# One record of the common shape in one ``pack``: fields 1-15 (QUEUEOFFSET and
+# PHYSICALOFFSET, STORETIMESTAMP and the placeholder store host as pad bytes: zeros),
+# then BODY, the v1 topic (its length byte and bytes), PROPERTIESLENGTH, PROPERTIES.
+_SHAPE_HEAD = ">iIiii16xiq8s16xiqi"
+assert struct.calcsize(_SHAPE_HEAD) == BODY_POS
+_SHAPES: dict[tuple[int, int, int], struct.Struct] = {}   # (body, topic part, props) sizes
+_MAX_SHAPES = 1024
+_NOTHING = object()
+
+
+def _shape(body_len: int, topic_part_len: int, props_len: int) -> struct.Struct:
+    """The record layout of these part sizes, made once."""
+    key = (body_len, topic_part_len, props_len)
+    s = _SHAPES.get(key)
+    if s is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        s = _SHAPES[key] = struct.Struct(f"{_SHAPE_HEAD}{body_len}s{topic_part_len}sh"
+                                         f"{props_len}s")
+    return s
+
+
+def encode_batch(messages: Sequence[Message], born_timestamp: int) -> list[bytes]:
+    """``encode_message(m, born_timestamp)`` of each message, in one pass over the batch.
+
+    A message of the common shape (no user properties, an IPv4 born host, a v1 topic,
+    tags a str or none, keys none or a list of one key, no delay, waiting for the store,
+    a bytes body) is one ``pack`` of a struct made once per part sizes (``_shape``). Its
+    born host and topic are encoded once for a run of messages naming the same, a tag
+    and one key are one format, and the batch's properties texts are checked for the
+    bytes the layout reserves once, joined. Any other message is ``encode_message``'s:
+    both give the same bytes for any message (a property test holds them to it). Raises
+    as ``encode_message`` does."""
+    out: list = []
+    texts: list[str] = []            # the common shape's properties, checked joined
+    pairs = 0                        # the name\x01value\x02 pairs ``texts`` should hold
+    magic, crc32, no_flags = record.MESSAGE_MAGIC_CODE, zlib.crc32, ~record.HOST_FLAGS
+    shapes, largest = _SHAPES, record.MAX_PROPERTIES_LENGTH
+    last_host = last_topic = _NOTHING          # no message's host or topic
+    host_bytes = topic_part = b""
+    for msg in messages:
+        tags, keys, body, host, topic = msg.tags, msg.keys, msg.body, msg.born_host, msg.topic
+        if (msg.properties or msg.delay_level or not msg.wait_store_msg_ok
+                or type(body) is not bytes):
+            out.append(encode_message(msg, born_timestamp))
+            continue
+        if (host is last_host and topic is last_topic and type(tags) is str and tags
+                and type(keys) is list and len(keys) == 1 and type(keys[0]) is str
+                and keys[0] and KEY_SEPARATOR not in keys[0]):
+            text, n = f"TAGS\x01{tags}\x02KEYS\x01{keys[0]}\x02", 2
+        else:
+            parts = _common_parts(msg, host is last_host, topic is last_topic)
+            if parts is None:
+                out.append(encode_message(msg, born_timestamp))
+                continue
+            text, n, host_bytes, topic_part = parts[0], parts[1], \
+                parts[2] or host_bytes, parts[3] or topic_part
+            last_host, last_topic = host, topic
+        props = text.encode("utf-8")
+        queue_id = msg.queue_id
+        if queue_id is None:
+            queue_id = -1
+        elif queue_id < 0 or len(props) > largest:
+            out.append(encode_message(msg, born_timestamp))
+            continue
+        texts.append(text)
+        pairs += n
+        key = (len(body), len(topic_part), len(props))
+        shape = shapes.get(key) or _shape(*key)
+        out.append(shape.pack(
+            BODY_POS + key[0] + key[1] + 2 + key[2], magic, crc32(body) & 0x7FFFFFFF,
+            queue_id, msg.flag, msg.sys_flag & no_flags,
+            born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
+            host_bytes, msg.reconsume_times, msg.prepared_transaction_offset, key[0], body,
+            topic_part, key[2], props))
+    if texts:
+        joined = "".join(texts)
+        if joined.count("\x01") != pairs or joined.count("\x02") != pairs \
+                or "\x00" in joined:      # a tag or key with a reserved byte: named here
+            return [encode_message(m, born_timestamp) for m in messages]
+    return out
+
+
+def _common_parts(msg: Message, same_host: bool,
+                  same_topic: bool) -> tuple[str, int, bytes, bytes] | None:
+    """For a message without user properties, delay or WAIT=false: its properties text,
+    the pairs in it, its born host's bytes and its topic part (each b"" when the same as
+    the message before); None when it is not of ``encode_batch``'s common shape."""
+    host_bytes = topic_part = b""
+    if not same_host:
+        if ":" in msg.born_host[0]:
+            return None
+        host_bytes = encode_host(msg.born_host)
+    if not same_topic:
+        topic_part = _TOPIC_PARTS.get(msg.topic)
+        if topic_part is None:
+            return None        # encode_message learns a v1 topic's part
+    tags, keys = msg.tags, msg.keys
+    text, n = "", 0
+    if tags:
+        if type(tags) is not str:
+            return None
+        text, n = "TAGS\x01" + tags + "\x02", 1
+    if keys:
+        if type(keys) is not list or len(keys) != 1 or type(keys[0]) is not str \
+                or KEY_SEPARATOR in keys[0]:
+            return None
+        if keys[0]:
+            text, n = text + "KEYS\x01" + keys[0] + "\x02", n + 1
+    return text, n, host_bytes, topic_part
 
 
 # ------------------------------------------------------------------------ writer side
