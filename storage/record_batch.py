@@ -537,11 +537,14 @@ class CheckedRecords(NamedTuple):
 
 def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_v6: bool = False,
                   producer_id: int = 0, first_sequence: int = 0,
-                  topic_verdicts: dict | None = None) -> CheckedRecords:
+                  topic_verdicts: dict | None = None, own_crcs: bool = False) -> CheckedRecords:
     """Judge the records in ``data`` (a bytes-like run, record i at ``offsets[i]``).
 
     Raises ``RecordsFormatError`` when the bytes are not a well-formed run of records.
     ``topic_verdicts`` caches a topic's bytes -> its name or refusal across calls.
+    ``own_crcs``: the records were laid out in this process a moment ago
+    (``encode_records``), so each BODYCRC was computed from the body beside it and the
+    bulk check does not compute it again; a frame from a socket is always checked.
 
     A run of fewer than ``SMALL_CHECK`` records is first read record by record in plain
     Python (``_check_clean_run``): numpy's fixed cost (~60 µs a run, several times that
@@ -559,11 +562,11 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
         if clean is not None:
             return clean
     return _check_bulk(data, offsets, config, store_host_v6, producer_id, first_sequence,
-                       verdicts)
+                       verdicts, own_crcs)
 
 
 def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, producer_id: int,
-                first_sequence: int, verdicts: dict) -> CheckedRecords:
+                first_sequence: int, verdicts: dict, own_crcs: bool = False) -> CheckedRecords:
     """``check_records`` in bulk: numpy over the run, Python per record only where the
     module says."""
     n = len(offsets)
@@ -582,7 +585,8 @@ def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, produce
     for i in np.nonzero(~v6 & ((port < 0) | (port > 0xFFFF)))[0].tolist():
         refusals.setdefault(i, (_ILLEGAL, f"born host port {port[i]} is outside 0..65535"))
     topics, waits, long_way = _check_each(data, starts, head, v6.tolist(), store_host_v6,
-                                          producer_id, first_sequence, verdicts, refusals)
+                                          producer_id, first_sequence, verdicts, refusals,
+                                          own_crcs)
     for i in list(long_way):
         msg = _as_message(data, int(starts[i]), int(sizes[i]), i)
         if isinstance(msg, tuple):
@@ -809,7 +813,7 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
 
 def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,
                 producer_id: int, first_sequence: int, verdicts: dict,
-                refusals: dict) -> tuple[list, list[bool], dict[int, None]]:
+                refusals: dict, own_crcs: bool = False) -> tuple[list, list[bool], dict[int, None]]:
     """Topics (judged once when every record names the same), body CRCs (one
     ``zlib.crc32`` each), and the properties of the whole run at once: one regular
     expression over all of them joined by NUL, one ASCII test, one search for DELAY and
@@ -818,14 +822,10 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
     raw = data if type(data) is bytes else bytes(data)
     topics = _topics(raw, starts, head, verdicts, refusals)
     n = len(starts)
-    body_at = (starts + head.body_pos).tolist()
-    body_end = (starts + head.body_pos + head.body_len).tolist()
     props_at = starts + head.props_pos
     props = [raw[a:b] for a, b in zip(props_at.tolist(), (props_at + head.props_len).tolist())]
-    crc32 = zlib.crc32
-    crcs = np.fromiter([crc32(raw[a:b]) for a, b in zip(body_at, body_end)], np.int64, n)
-    for i in np.flatnonzero(crcs & 0x7FFFFFFF != head.crc).tolist():
-        refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
+    if not own_crcs:
+        _check_crcs(raw, starts, head, refusals)
     if producer_id:
         props = _check_identities(props, producer_id, first_sequence, refusals)
     joined = b"\0".join(props) + b"\0"            # NUL may stand in no property:
@@ -850,6 +850,17 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
                     p.startswith(_DELAY) or b"\x02" + _DELAY in p))):
                 long_way[i] = None
     return topics, waits, long_way
+
+
+def _check_crcs(raw: bytes, starts: np.ndarray, head: Heads, refusals: dict) -> None:
+    """Each record's BODYCRC against its body (one ``zlib.crc32`` a record)."""
+    body_at = (starts + head.body_pos).tolist()
+    body_end = (starts + head.body_pos + head.body_len).tolist()
+    crc32 = zlib.crc32
+    crcs = np.fromiter([crc32(raw[a:b]) for a, b in zip(body_at, body_end)], np.int64,
+                       len(body_at))
+    for i in np.flatnonzero(crcs & 0x7FFFFFFF != head.crc).tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
 
 
 def _check_identities(props: list[bytes], producer_id: int, first_sequence: int,
