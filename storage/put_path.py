@@ -38,7 +38,7 @@ from rocketstore.storage import record_batch
 from rocketstore.storage.commit_log import Appended, CommitLog, EncodedMessage, PutMessageResult
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.message import Message
-from rocketstore.storage.status import AppendMessageStatus, PutMessageStatus
+from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.validation import check_message
 
 # what a message that cannot be laid out as a record raises while being encoded
@@ -175,7 +175,8 @@ def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[
     the writer's path, in one process. A batch with anything else in it (a refusal, a
     delayed message, an IPv6 host, a message that cannot be laid out) takes
     ``prepare_batch`` message by message, which judges and answers each. ``verdicts``
-    caches topic verdicts across calls. One result per message, in order."""
+    caches topic verdicts across calls. One result per message, in order (a clean run's
+    as ``PutResults`` columns; ``stored_slots`` reads which were stored off either)."""
     if not commit_log.store_host_v6:
         try:
             data, offsets = record_batch.encode_records(messages, now)
@@ -187,17 +188,18 @@ def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[
                 return taken
     results: list = [None] * len(messages)
     batch = prepare_batch(commit_log, config, messages, now, selector, results)
-    appended = commit_log.append(batch.records, now) if batch.records else []
-    for i, r in zip(batch.slots, appended):
-        results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK \
-            else PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                          commit_log.append_failure())
+    if batch.records:
+        records = record_batch.RecordBatch.from_encoded(batch.records)
+        done = commit_log.append_batch(records, records.queue_ids, now)
+        answers = _results(commit_log, done, records.sizes.tolist(), records.real_queue_ids, now)
+        for i, r in zip(batch.slots, answers):
+            results[i] = r
     return results
 
 
 def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets: list[int],
                now: int, selector: QueueSelector,
-               verdicts: dict) -> list[PutMessageResult] | None:
+               verdicts: dict) -> PutResults | None:
     """Append a run of records every one of which is taken as it is; None (nothing
     done) when one is not."""
     if len(offsets) < record_batch.SMALL_CHECK:
@@ -225,7 +227,8 @@ class PutResults(Sequence):
     PUT_OK at ``wrote_offsets[i]`` (``wrote_bytes``, ``queue_ids``, ``queue_offsets``
     alike, every one at ``store_timestamp``); each record after it is
     CREATE_MAPEDFILE_FAILED for ``failure``. A ``PutMessageResult`` is made when a
-    caller takes one, once: a change to it (a flush's timeout) stays."""
+    caller takes one, once: a change to it (a flush's timeout) stays. It reads as the
+    list it stands for: index, slice, iterate, compare, and ``+`` with a list (a list)."""
 
     __slots__ = ("stored", "wrote_offsets", "wrote_bytes", "queue_ids", "queue_offsets",
                  "store_timestamp", "msg_id_prefix", "failure", "_count", "_made")
@@ -265,6 +268,12 @@ class PutResults(Sequence):
 
     def __repr__(self) -> str:
         return f"PutResults({list(self)!r})"
+
+    def __add__(self, other) -> list[PutMessageResult]:
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list[PutMessageResult]:
+        return list(other) + list(self)
 
     def _make(self, i: int) -> PutMessageResult:
         if i >= self.stored:

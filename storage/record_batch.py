@@ -15,8 +15,8 @@ for the whole run at once (numpy over the buffer; a short struct loop for a hand
     STOREHOSTADDRESS the store's host (records a producer encoded carry zeros)
 
 Producer side (``encode_records``): a SEND_RECORDS frame carries records already in
-this layout, made by ``encode_message`` exactly as ``CommitLog.prepare`` would make
-them (same property order, body CRC, v1/v2 magic), with QUEUEOFFSET, PHYSICALOFFSET,
+this layout, made by ``encode_message`` (a batch: ``encode_batch``, the same bytes in one
+pass) exactly as ``CommitLog.prepare`` would make them (same property order, body CRC, v1/v2 magic), with QUEUEOFFSET, PHYSICALOFFSET,
 STORETIMESTAMP and STOREHOSTADDRESS zero and an IPv4-width store host. An idempotent
 producer's identity is in the properties already (``__PID``, ``__SEQ``), where the
 writer would have put it.

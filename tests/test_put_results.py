@@ -48,6 +48,10 @@ def test_put_batch_answers_as_a_list_of_its_results(tmp_path):
         got = store.put_batch(msgs)
         assert len(got) == 40 and all(r.ok for r in got)
         assert list(got) == got and got == list(got)
+        both = got + [store.put(msgs[0])]
+        assert type(both) is list and len(both) == 41 and both[:40] == got
+        front = [store.put(msgs[1])] + got
+        assert type(front) is list and front[0].ok and front[1:] == list(got)
         assert [r.queue_offset for r in got[:4]] == [0, 0, 1, 1]
         for i in (0, 39):
             ext = store.look_message_by_offset(got[i].wrote_offset)
