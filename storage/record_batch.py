@@ -408,20 +408,29 @@ def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id
 # then BODY, the v1 topic (its length byte and bytes), PROPERTIESLENGTH, PROPERTIES.
 _SHAPE_HEAD = ">iIiii16xiq8s16xiqi"
 assert struct.calcsize(_SHAPE_HEAD) == BODY_POS
-_SHAPES: dict[tuple[int, int, int], struct.Struct] = {}   # (body, topic part, props) sizes
-_MAX_SHAPES = 1024
+_SHAPES: dict[tuple[int, int], dict[int, struct.Struct]] = {}  # (body, topic part) sizes
+_MAX_SHAPES = 1024                                             # -> props size -> layout
 _NOTHING = object()
 
 
-def _shape(body_len: int, topic_part_len: int, props_len: int) -> struct.Struct:
-    """The record layout of these part sizes, made once."""
-    key = (body_len, topic_part_len, props_len)
-    s = _SHAPES.get(key)
-    if s is None:
+def _shapes(body_len: int, topic_part_len: int) -> dict[int, struct.Struct]:
+    """The record layouts of these body and topic part sizes, by properties size."""
+    key = (body_len, topic_part_len)
+    by_props = _SHAPES.get(key)
+    if by_props is None:
         if len(_SHAPES) >= _MAX_SHAPES:
             _SHAPES.clear()
-        s = _SHAPES[key] = struct.Struct(f"{_SHAPE_HEAD}{body_len}s{topic_part_len}sh"
-                                         f"{props_len}s")
+        by_props = _SHAPES[key] = {}
+    return by_props
+
+
+def _shape(by_props: dict[int, struct.Struct], body_len: int, topic_part_len: int,
+           props_len: int) -> struct.Struct:
+    """The record layout of these part sizes, made once (into ``by_props``)."""
+    if len(by_props) >= _MAX_SHAPES:
+        by_props.clear()
+    s = by_props[props_len] = struct.Struct(f"{_SHAPE_HEAD}{body_len}s{topic_part_len}sh"
+                                            f"{props_len}s")
     return s
 
 
@@ -440,20 +449,24 @@ def encode_batch(messages: Sequence[Message], born_timestamp: int) -> list[bytes
     texts: list[str] = []            # the common shape's properties, checked joined
     pairs = 0                        # the name\x01value\x02 pairs ``texts`` should hold
     magic, crc32, no_flags = record.MESSAGE_MAGIC_CODE, zlib.crc32, ~record.HOST_FLAGS
-    shapes, largest = _SHAPES, record.MAX_PROPERTIES_LENGTH
-    last_host = last_topic = _NOTHING          # no message's host or topic
+    largest = record.MAX_PROPERTIES_LENGTH
+    last_host = last_topic = last_part = _NOTHING      # no message's host, topic, part
     host_bytes = topic_part = b""
+    last_body_len, by_props, size_base = -1, {}, 0
     for msg in messages:
-        tags, keys, body, host, topic = msg.tags, msg.keys, msg.body, msg.born_host, msg.topic
-        if (msg.properties or msg.delay_level or not msg.wait_store_msg_ok
+        tags, keys, body = msg.tags, msg.keys, msg.body
+        if (msg.born_host is last_host and msg.topic is last_topic and type(tags) is str
+                and type(keys) is list and type(body) is bytes and len(keys) == 1
+                and not msg.properties and not msg.delay_level and msg.wait_store_msg_ok
+                and tags and type(key := keys[0]) is str and key
+                and KEY_SEPARATOR not in key):
+            text, n = f"TAGS\x01{tags}\x02KEYS\x01{key}\x02", 2
+        elif (msg.properties or msg.delay_level or not msg.wait_store_msg_ok
                 or type(body) is not bytes):
             out.append(encode_message(msg, born_timestamp))
             continue
-        if (host is last_host and topic is last_topic and type(tags) is str and tags
-                and type(keys) is list and len(keys) == 1 and type(keys[0]) is str
-                and keys[0] and KEY_SEPARATOR not in keys[0]):
-            text, n = f"TAGS\x01{tags}\x02KEYS\x01{keys[0]}\x02", 2
         else:
+            host, topic = msg.born_host, msg.topic
             parts = _common_parts(msg, host is last_host, topic is last_topic)
             if parts is None:
                 out.append(encode_message(msg, born_timestamp))
@@ -462,22 +475,28 @@ def encode_batch(messages: Sequence[Message], born_timestamp: int) -> list[bytes
                 parts[2] or host_bytes, parts[3] or topic_part
             last_host, last_topic = host, topic
         props = text.encode("utf-8")
+        props_len = len(props)
         queue_id = msg.queue_id
+        if props_len > largest or (queue_id is not None and queue_id < 0):
+            out.append(encode_message(msg, born_timestamp))     # which names the fault
+            continue
         if queue_id is None:
             queue_id = -1
-        elif queue_id < 0 or len(props) > largest:
-            out.append(encode_message(msg, born_timestamp))
-            continue
         texts.append(text)
         pairs += n
-        key = (len(body), len(topic_part), len(props))
-        shape = shapes.get(key) or _shape(*key)
+        body_len = len(body)
+        if body_len != last_body_len or topic_part is not last_part:
+            by_props = _shapes(body_len, len(topic_part))
+            last_body_len, last_part = body_len, topic_part
+            size_base = BODY_POS + body_len + len(topic_part) + 2
+        shape = by_props.get(props_len) or _shape(by_props, body_len, len(topic_part),
+                                                  props_len)
         out.append(shape.pack(
-            BODY_POS + key[0] + key[1] + 2 + key[2], magic, crc32(body) & 0x7FFFFFFF,
-            queue_id, msg.flag, msg.sys_flag & no_flags,
+            size_base + props_len, magic, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag,
+            msg.sys_flag & no_flags,
             born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
-            host_bytes, msg.reconsume_times, msg.prepared_transaction_offset, key[0], body,
-            topic_part, key[2], props))
+            host_bytes, msg.reconsume_times, msg.prepared_transaction_offset, body_len, body,
+            topic_part, props_len, props))
     if texts:
         joined = "".join(texts)
         if joined.count("\x01") != pairs or joined.count("\x02") != pairs \

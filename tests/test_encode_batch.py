@@ -104,3 +104,24 @@ def test_encode_records_is_the_batch_back_to_back():
     parts = [record_batch.encode_message(m, BORN_TS) for m in batch]
     assert data == b"".join(parts)
     assert offsets == [sum(map(len, parts[:i])) for i in range(5)]
+
+
+def test_a_message_encode_message_refuses_is_refused_in_a_batch():
+    """Properties over 32767 bytes and a negative queue id, amid the common shape."""
+    ok = Message("TopicA", b"x", tags="t", keys=["k"], born_host=SHARED_HOST)
+    for bad in (Message("TopicA", b"x", tags="t" * 40000, keys=["k"], born_host=SHARED_HOST),
+                Message("TopicA", b"x", tags="t", keys=["k" * 40000], queue_id=2,
+                        born_host=SHARED_HOST),
+                Message("TopicA", b"x", tags="t", keys=["k"], queue_id=-2,
+                        born_host=SHARED_HOST)):
+        for batch in ([bad], [ok, bad, ok]):
+            try:
+                record_batch.encode_message(bad, BORN_TS)
+            except ValueError as e:
+                want = str(e)
+            try:
+                record_batch.encode_batch(batch, BORN_TS)
+            except ValueError as e:
+                assert str(e) == want
+            else:
+                raise AssertionError("encode_batch took what encode_message refuses")
