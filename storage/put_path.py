@@ -9,7 +9,8 @@ The embedded ``MessageStore`` and the writer process (``procs.writer``) both run
         admit(i, msg)                the caller's say (an idempotent producer's sequence)
         QueueSelector.select         the message's queue, or round robin per topic
         CommitLog.prepare            the record bytes, or a size refusal
-    CommitLog.append             the single appender stamps offsets and copies
+    CommitLog.append_batch       the single appender stamps offsets and copies; its
+                                 ``Appended`` says what was stored and, short, why not
 
 so the rules are written once. A refused message costs the others nothing: it gets its
 status and reason and the batch goes on.
