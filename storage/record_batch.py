@@ -396,6 +396,8 @@ def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id
     if producer_id:
         parts = [encode_message(m, born_timestamp, (producer_id, first_sequence + i))
                  for i, m in enumerate(messages)]
+    elif len(messages) == 1:        # a single put: the batch's set-up costs more
+        parts = [encode_message(messages[0], born_timestamp)]
     else:
         parts = encode_batch(messages, born_timestamp)
     offsets = list(itertools.accumulate(map(len, parts), initial=0))
