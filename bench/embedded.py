@@ -1,10 +1,13 @@
 """Benchmark of the embedded store: put, dispatch, pull and query throughput.
 
 Not a test: it prints a table and asserts nothing about time. Run from the project
-root (``python bench/embedded.py [--count N] [--body 128,1024] [--repeat N]``); every
-run uses a fresh temporary directory on the working directory's file system. Each rate
-is the best of ``--repeat`` runs, counted against the thread's CPU time (what a busy
-machine distorts least), with the wall-clock rate beside it for the pull and the puts.
+root (``python bench/embedded.py [--count N] [--body 128,1024] [--repeat N]
+[--rows async-batch,async-one,sync-batch,sync-one]``); every run uses a fresh temporary
+directory on the working directory's file system. Each rate is the best of ``--repeat``
+runs, counted against the thread's CPU time (what a busy machine distorts least), with
+the wall-clock rate beside it for the pull and the puts. To compare two trees, run each
+one's bench in turn, A, B, A, B, with the same ``--rows``: the load of the machine moves
+between runs, and only rates taken side by side compare.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rocketstore.storage import Message, MessageStore, StoreConfig  # noqa: E402
 
 BATCH = 256
+ROWS = {"async-batch": (1, "ASYNC_FLUSH", BATCH), "async-one": (4, "ASYNC_FLUSH", 1),
+        "sync-batch": (4, "SYNC_FLUSH", BATCH), "sync-one": (40, "SYNC_FLUSH", 1)}
+# row name -> (the share of --count it puts, 1/N; flush; messages a put)
 
 
 def _config(root: str, flush: str) -> StoreConfig:
@@ -104,14 +110,13 @@ def main() -> None:
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--body", default="128,1024")
     p.add_argument("--repeat", type=int, default=3, help="runs per row; the best is shown")
+    p.add_argument("--rows", default=",".join(ROWS), help="which of " + ", ".join(ROWS))
     args = p.parse_args()
     rows = []
     for body in (int(b) for b in args.body.split(",")):
-        for count, flush, batch in ((args.count, "ASYNC_FLUSH", BATCH),
-                                    (args.count // 4, "ASYNC_FLUSH", 1),
-                                    (args.count // 4, "SYNC_FLUSH", BATCH),
-                                    (args.count // 40, "SYNC_FLUSH", 1)):
-            rows.append(_best([run(count, body, flush, batch)
+        for name in args.rows.split(","):
+            share, flush, batch = ROWS[name]
+            rows.append(_best([run(args.count // share, body, flush, batch)
                                for _ in range(max(1, args.repeat))]))
     cols = list(rows[0])
     print(" | ".join(f"{c:>11}" for c in cols))

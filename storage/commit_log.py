@@ -134,11 +134,13 @@ class PutMessageResult:
 
 class Appended(NamedTuple):
     """What ``append_batch`` stored: the first ``count`` records, where each landed and
-    the queue offset each took."""
+    the queue offset each took; ``error``, when it stopped short, is why (the reason the
+    records not stored are given)."""
 
     count: int
     physical_offsets: list[int]
     queue_offsets: list[int]
+    error: str = ""
 
 
 def _discard_unallocated_files(directory: str, file_size: int, written: int) -> None:
@@ -388,7 +390,8 @@ class CommitLog:
             done = k
         self._advance_queues(batch, queue_ids, queue_offsets, done)
         self._keep_ahead(mf)
-        return Appended(done, physical, queue_offsets[:done])
+        return Appended(done, physical, queue_offsets[:done],
+                        self.append_failure() if done < n else "")
 
     def append_small(self, data, starts: list[int], sizes: list[int], topics: list[str],
                      queue_ids: list[int], consumable: list[bool],
@@ -440,7 +443,8 @@ class CommitLog:
             physical.append(phy)
             queue_offsets.append(queue_offset)
         self._keep_ahead(mf)
-        return Appended(len(physical), physical, queue_offsets)
+        return Appended(len(physical), physical, queue_offsets,
+                        self.append_failure() if len(physical) < len(sizes) else "")
 
     def _file_taking(self, mf: MappedFile | None, size: int) -> MappedFile:
         """The file the next record of ``size`` bytes goes into: ``mf``, or the next one

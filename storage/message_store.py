@@ -60,7 +60,8 @@ from rocketstore.storage.record import SCHEDULE_TOPIC
 from rocketstore.storage.reput import ArrivingListener, ReputMessageService
 from rocketstore.storage.running_flags import Flag, RunningFlags
 from rocketstore.storage.schedule_message import ScheduleMessageService
-from rocketstore.storage.put_path import QueueSelector, StoreCondition, put_messages, refusal
+from rocketstore.storage.put_path import (QueueSelector, StoreCondition, put_messages, refusal,
+                                          stored_slots)
 from rocketstore.storage.check import check_store
 from rocketstore.storage.store_services import StoreServices
 from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
@@ -380,7 +381,7 @@ class MessageStore:
         """Store one message; the result's status says whether, and why not."""
         return self.put_batch([msg])[0]
 
-    def put_batch(self, msgs: Sequence[Message]) -> list[PutMessageResult]:
+    def put_batch(self, msgs: Sequence[Message]) -> Sequence[PutMessageResult]:
         """Store messages in order, one result each; a refused message stores nothing and
         does not stop the others. Under SYNC_FLUSH it returns once the stored ones are
         flushed, or after ``sync_flush_timeout`` with FLUSH_DISK_TIMEOUT."""
@@ -392,8 +393,7 @@ class MessageStore:
             self._last_put_ms = now
             results = put_messages(self.commit_log, self.config, msgs, now,
                                    self._queue_selector, self._topic_verdicts)
-            ok = PutMessageStatus.PUT_OK
-            stored = [i for i, r in enumerate(results) if r.status is ok]
+            stored = stored_slots(results)
             services = self.services
             if services is None:
                 if stored:

@@ -9,7 +9,8 @@ The embedded ``MessageStore`` and the writer process (``procs.writer``) both run
         admit(i, msg)                the caller's say (an idempotent producer's sequence)
         QueueSelector.select         the message's queue, or round robin per topic
         CommitLog.prepare            the record bytes, or a size refusal
-    CommitLog.append             the single appender stamps offsets and copies
+    CommitLog.append_batch       the single appender stamps offsets and copies; its
+                                 ``Appended`` says what was stored and, short, why not
 
 so the rules are written once. A refused message costs the others nothing: it gets its
 status and reason and the batch goes on.
@@ -29,7 +30,8 @@ reason naming the cause, as RocketMQ's ``checkStoreStatus``):
 from __future__ import annotations
 
 import struct
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from rocketstore.storage import record_batch
 from rocketstore.storage.commit_log import Appended, CommitLog, EncodedMessage, PutMessageResult
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.message import Message
-from rocketstore.storage.status import AppendMessageStatus, PutMessageStatus
+from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.validation import check_message
 
 # what a message that cannot be laid out as a record raises while being encoded
@@ -166,7 +168,7 @@ def prepare_batch(commit_log: CommitLog, config: StoreConfig, messages: Sequence
 
 def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[Message],
                  now: int, selector: QueueSelector,
-                 verdicts: dict) -> list[PutMessageResult]:
+                 verdicts: dict) -> Sequence[PutMessageResult]:
     """The embedded store's put: the messages laid out as records as a producer lays out
     a SEND_RECORDS frame (``record_batch.encode_records``), checked as the writer checks
     one (record by record below ``record_batch.SMALL_CHECK``, else in bulk), queues
@@ -174,7 +176,8 @@ def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[
     the writer's path, in one process. A batch with anything else in it (a refusal, a
     delayed message, an IPv6 host, a message that cannot be laid out) takes
     ``prepare_batch`` message by message, which judges and answers each. ``verdicts``
-    caches topic verdicts across calls. One result per message, in order."""
+    caches topic verdicts across calls. One result per message, in order (a clean run's
+    as ``PutResults`` columns; ``stored_slots`` reads which were stored off either)."""
     if not commit_log.store_host_v6:
         try:
             data, offsets = record_batch.encode_records(messages, now)
@@ -186,17 +189,18 @@ def put_messages(commit_log: CommitLog, config: StoreConfig, messages: Sequence[
                 return taken
     results: list = [None] * len(messages)
     batch = prepare_batch(commit_log, config, messages, now, selector, results)
-    appended = commit_log.append(batch.records, now) if batch.records else []
-    for i, r in zip(batch.slots, appended):
-        results[i] = PutMessageResult.stored(r) if r.status is AppendMessageStatus.PUT_OK \
-            else PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                          commit_log.append_failure())
+    if batch.records:
+        records = record_batch.RecordBatch.from_encoded(batch.records)
+        done = commit_log.append_batch(records, records.queue_ids, now)
+        answers = _results(commit_log, done, records.sizes.tolist(), records.real_queue_ids, now)
+        for i, r in zip(batch.slots, answers):
+            results[i] = r
     return results
 
 
 def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets: list[int],
                now: int, selector: QueueSelector,
-               verdicts: dict) -> list[PutMessageResult] | None:
+               verdicts: dict) -> PutResults | None:
     """Append a run of records every one of which is taken as it is; None (nothing
     done) when one is not."""
     if len(offsets) < record_batch.SMALL_CHECK:
@@ -209,7 +213,7 @@ def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets:
                                        run.consumable, now)
     else:
         checked = record_batch.check_records(data, np.asarray(offsets, np.int64), config,
-                                             topic_verdicts=verdicts)
+                                             topic_verdicts=verdicts, own_crcs=True)
         if checked.refusals or checked.long_way:
             return None
         topics, sizes = checked.topics, checked.sizes.tolist()
@@ -219,14 +223,80 @@ def _put_clean(commit_log: CommitLog, config: StoreConfig, data: bytes, offsets:
     return _results(commit_log, done, sizes, queue_ids, now)
 
 
+class PutResults(Sequence):
+    """One result per record of an append, kept as columns: record i < ``stored`` is
+    PUT_OK at ``wrote_offsets[i]`` (``wrote_bytes``, ``queue_ids``, ``queue_offsets``
+    alike, every one at ``store_timestamp``); each record after it is
+    CREATE_MAPEDFILE_FAILED for ``failure``. A ``PutMessageResult`` is made when a
+    caller takes one, once: a change to it (a flush's timeout) stays. It reads as the
+    list it stands for: index, slice, iterate, compare, and ``+`` with a list (a list)."""
+
+    __slots__ = ("stored", "wrote_offsets", "wrote_bytes", "queue_ids", "queue_offsets",
+                 "store_timestamp", "msg_id_prefix", "failure", "_count", "_made")
+
+    def __init__(self, count: int, stored: int, wrote_offsets: list[int],
+                 wrote_bytes: list[int], queue_ids: list[int], queue_offsets: list[int],
+                 store_timestamp: int, msg_id_prefix: str, failure: str):
+        self._count, self.stored = count, stored
+        self.wrote_offsets, self.wrote_bytes = wrote_offsets, wrote_bytes
+        self.queue_ids, self.queue_offsets = queue_ids, queue_offsets
+        self.store_timestamp, self.msg_id_prefix = store_timestamp, msg_id_prefix
+        self.failure = failure
+        self._made: dict[int, PutMessageResult] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if type(i) is slice:
+            return [self[k] for k in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError("result index out of range")
+        r = self._made.get(i)
+        if r is None:
+            r = self._made[i] = self._make(i)
+        return r
+
+    def __iter__(self):
+        return map(self.__getitem__, range(self._count))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (list, tuple, PutResults)):
+            return len(other) == self._count and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PutResults({list(self)!r})"
+
+    def __add__(self, other) -> list[PutMessageResult]:
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list[PutMessageResult]:
+        return list(other) + list(self)
+
+    def _make(self, i: int) -> PutMessageResult:
+        if i >= self.stored:
+            return PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                                            self.failure)
+        off = self.wrote_offsets[i]
+        return PutMessageResult(PutMessageStatus.PUT_OK, f"{self.msg_id_prefix}{off:016X}",
+                                off, self.wrote_bytes[i], self.queue_ids[i],
+                                self.queue_offsets[i], self.store_timestamp)
+
+
+def stored_slots(results: Sequence[PutMessageResult]) -> Sequence[int]:
+    """The indices of the PUT_OK results (of ``PutResults``, read off its columns)."""
+    if type(results) is PutResults:
+        return range(results.stored)
+    ok = PutMessageStatus.PUT_OK
+    return [i for i, r in enumerate(results) if r.status is ok]
+
+
 def _results(commit_log: CommitLog, done: Appended, sizes: list[int], queue_ids: list[int],
-             now: int) -> list[PutMessageResult]:
-    """One result per record: stored where ``done`` says, or CREATE_MAPEDFILE_FAILED."""
-    ok, prefix = PutMessageStatus.PUT_OK, commit_log.msg_id_prefix
-    out = [PutMessageResult(ok, f"{prefix}{off:016X}", off, size, queue_id, queue_offset, now)
-           for off, size, queue_id, queue_offset in zip(done.physical_offsets, sizes,
-                                                         queue_ids, done.queue_offsets)]
-    out += [PutMessageResult.refused(PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                                     commit_log.append_failure())
-            for _ in range(len(sizes) - done.count)]
-    return out
+             now: int) -> PutResults:
+    """One result per record: stored where ``done`` says, or CREATE_MAPEDFILE_FAILED for
+    the reason it gives."""
+    return PutResults(len(sizes), done.count, done.physical_offsets, sizes, queue_ids,
+                      done.queue_offsets, now, commit_log.msg_id_prefix, done.error)

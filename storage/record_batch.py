@@ -15,8 +15,8 @@ for the whole run at once (numpy over the buffer; a short struct loop for a hand
     STOREHOSTADDRESS the store's host (records a producer encoded carry zeros)
 
 Producer side (``encode_records``): a SEND_RECORDS frame carries records already in
-this layout, made by ``encode_message`` exactly as ``CommitLog.prepare`` would make
-them (same property order, body CRC, v1/v2 magic), with QUEUEOFFSET, PHYSICALOFFSET,
+this layout, made by ``encode_message`` (a batch: ``encode_batch``, the same bytes in one
+pass) exactly as ``CommitLog.prepare`` would make them (same property order, body CRC, v1/v2 magic), with QUEUEOFFSET, PHYSICALOFFSET,
 STORETIMESTAMP and STOREHOSTADDRESS zero and an IPv4-width store host. An idempotent
 producer's identity is in the properties already (``__PID``, ``__SEQ``), where the
 writer would have put it.
@@ -396,11 +396,144 @@ def encode_records(messages: Sequence[Message], born_timestamp: int, producer_id
     if producer_id:
         parts = [encode_message(m, born_timestamp, (producer_id, first_sequence + i))
                  for i, m in enumerate(messages)]
+    elif len(messages) == 1:        # a single put: the batch's set-up costs more
+        parts = [encode_message(messages[0], born_timestamp)]
     else:
-        parts = [encode_message(m, born_timestamp) for m in messages]
+        parts = encode_batch(messages, born_timestamp)
     offsets = list(itertools.accumulate(map(len, parts), initial=0))
     offsets.pop()
     return b"".join(parts), offsets
+
+
+# One record of the common shape in one ``pack``: fields 1-15 (QUEUEOFFSET and
+# PHYSICALOFFSET, STORETIMESTAMP and the placeholder store host as pad bytes: zeros),
+# then BODY, the v1 topic (its length byte and bytes), PROPERTIESLENGTH, PROPERTIES.
+_SHAPE_HEAD = ">iIiii16xiq8s16xiqi"
+assert struct.calcsize(_SHAPE_HEAD) == BODY_POS
+_SHAPES: dict[tuple[int, int], dict[int, struct.Struct]] = {}  # (body, topic part) sizes
+_MAX_SHAPES = 1024                                             # -> props size -> layout
+_NOTHING = object()
+
+
+def _shapes(body_len: int, topic_part_len: int) -> dict[int, struct.Struct]:
+    """The record layouts of these body and topic part sizes, by properties size."""
+    key = (body_len, topic_part_len)
+    by_props = _SHAPES.get(key)
+    if by_props is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        by_props = _SHAPES[key] = {}
+    return by_props
+
+
+def _shape(by_props: dict[int, struct.Struct], body_len: int, topic_part_len: int,
+           props_len: int) -> struct.Struct:
+    """The record layout of these part sizes, made once (into ``by_props``)."""
+    if len(by_props) >= _MAX_SHAPES:
+        by_props.clear()
+    s = by_props[props_len] = struct.Struct(f"{_SHAPE_HEAD}{body_len}s{topic_part_len}sh"
+                                            f"{props_len}s")
+    return s
+
+
+def encode_batch(messages: Sequence[Message], born_timestamp: int) -> list[bytes]:
+    """``encode_message(m, born_timestamp)`` of each message, in one pass over the batch.
+
+    A message of the common shape (no user properties, an IPv4 born host, a v1 topic,
+    tags a str or none, keys none or a list of one key, no delay, waiting for the store,
+    a bytes body) is one ``pack`` of a struct made once per part sizes (``_shape``). Its
+    born host and topic are encoded once for a run of messages naming the same, a tag
+    and one key are one format, and the batch's properties texts are checked for the
+    bytes the layout reserves once, joined. Any other message is ``encode_message``'s:
+    both give the same bytes for any message (a property test holds them to it). Raises
+    as ``encode_message`` does."""
+    out: list = []
+    texts: list[str] = []            # the common shape's properties, checked joined
+    pairs = 0                        # the name\x01value\x02 pairs ``texts`` should hold
+    magic, crc32, no_flags = record.MESSAGE_MAGIC_CODE, zlib.crc32, ~record.HOST_FLAGS
+    largest = record.MAX_PROPERTIES_LENGTH
+    last_host = last_topic = last_part = _NOTHING      # no message's host, topic, part
+    host_bytes = topic_part = b""
+    last_body_len, by_props, size_base = -1, {}, 0
+    for msg in messages:
+        tags, keys, body = msg.tags, msg.keys, msg.body
+        if (msg.born_host is last_host and msg.topic is last_topic and type(tags) is str
+                and type(keys) is list and type(body) is bytes and len(keys) == 1
+                and not msg.properties and not msg.delay_level and msg.wait_store_msg_ok
+                and tags and type(key := keys[0]) is str and key
+                and KEY_SEPARATOR not in key):
+            text, n = f"TAGS\x01{tags}\x02KEYS\x01{key}\x02", 2
+        elif (msg.properties or msg.delay_level or not msg.wait_store_msg_ok
+                or type(body) is not bytes):
+            out.append(encode_message(msg, born_timestamp))
+            continue
+        else:
+            host, topic = msg.born_host, msg.topic
+            parts = _common_parts(msg, host is last_host, topic is last_topic)
+            if parts is None:
+                out.append(encode_message(msg, born_timestamp))
+                continue
+            text, n, host_bytes, topic_part = parts[0], parts[1], \
+                parts[2] or host_bytes, parts[3] or topic_part
+            last_host, last_topic = host, topic
+        props = text.encode("utf-8")
+        props_len = len(props)
+        queue_id = msg.queue_id
+        if props_len > largest or (queue_id is not None and queue_id < 0):
+            out.append(encode_message(msg, born_timestamp))     # which names the fault
+            continue
+        if queue_id is None:
+            queue_id = -1
+        texts.append(text)
+        pairs += n
+        body_len = len(body)
+        if body_len != last_body_len or topic_part is not last_part:
+            by_props = _shapes(body_len, len(topic_part))
+            last_body_len, last_part = body_len, topic_part
+            size_base = BODY_POS + body_len + len(topic_part) + 2
+        shape = by_props.get(props_len) or _shape(by_props, body_len, len(topic_part),
+                                                  props_len)
+        out.append(shape.pack(
+            size_base + props_len, magic, crc32(body) & 0x7FFFFFFF, queue_id, msg.flag,
+            msg.sys_flag & no_flags,
+            born_timestamp if msg.born_timestamp is None else msg.born_timestamp,
+            host_bytes, msg.reconsume_times, msg.prepared_transaction_offset, body_len, body,
+            topic_part, props_len, props))
+    if texts:
+        joined = "".join(texts)
+        if joined.count("\x01") != pairs or joined.count("\x02") != pairs \
+                or "\x00" in joined:      # a tag or key with a reserved byte: named here
+            return [encode_message(m, born_timestamp) for m in messages]
+    return out
+
+
+def _common_parts(msg: Message, same_host: bool,
+                  same_topic: bool) -> tuple[str, int, bytes, bytes] | None:
+    """For a message without user properties, delay or WAIT=false: its properties text,
+    the pairs in it, its born host's bytes and its topic part (each b"" when the same as
+    the message before); None when it is not of ``encode_batch``'s common shape."""
+    host_bytes = topic_part = b""
+    if not same_host:
+        if ":" in msg.born_host[0]:
+            return None
+        host_bytes = encode_host(msg.born_host)
+    if not same_topic:
+        topic_part = _TOPIC_PARTS.get(msg.topic)
+        if topic_part is None:
+            return None        # encode_message learns a v1 topic's part
+    tags, keys = msg.tags, msg.keys
+    text, n = "", 0
+    if tags:
+        if type(tags) is not str:
+            return None
+        text, n = "TAGS\x01" + tags + "\x02", 1
+    if keys:
+        if type(keys) is not list or len(keys) != 1 or type(keys[0]) is not str \
+                or KEY_SEPARATOR in keys[0]:
+            return None
+        if keys[0]:
+            text, n = text + "KEYS\x01" + keys[0] + "\x02", n + 1
+    return text, n, host_bytes, topic_part
 
 
 # ------------------------------------------------------------------------ writer side
@@ -425,11 +558,14 @@ class CheckedRecords(NamedTuple):
 
 def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_v6: bool = False,
                   producer_id: int = 0, first_sequence: int = 0,
-                  topic_verdicts: dict | None = None) -> CheckedRecords:
+                  topic_verdicts: dict | None = None, own_crcs: bool = False) -> CheckedRecords:
     """Judge the records in ``data`` (a bytes-like run, record i at ``offsets[i]``).
 
     Raises ``RecordsFormatError`` when the bytes are not a well-formed run of records.
     ``topic_verdicts`` caches a topic's bytes -> its name or refusal across calls.
+    ``own_crcs``: the records were laid out in this process a moment ago
+    (``encode_records``), so each BODYCRC was computed from the body beside it and the
+    bulk check does not compute it again; a frame from a socket is always checked.
 
     A run of fewer than ``SMALL_CHECK`` records is first read record by record in plain
     Python (``_check_clean_run``): numpy's fixed cost (~60 µs a run, several times that
@@ -447,11 +583,11 @@ def check_records(data, offsets: np.ndarray, config: StoreConfig, *, store_host_
         if clean is not None:
             return clean
     return _check_bulk(data, offsets, config, store_host_v6, producer_id, first_sequence,
-                       verdicts)
+                       verdicts, own_crcs)
 
 
 def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, producer_id: int,
-                first_sequence: int, verdicts: dict) -> CheckedRecords:
+                first_sequence: int, verdicts: dict, own_crcs: bool = False) -> CheckedRecords:
     """``check_records`` in bulk: numpy over the run, Python per record only where the
     module says."""
     n = len(offsets)
@@ -470,7 +606,8 @@ def _check_bulk(data, offsets, config: StoreConfig, store_host_v6: bool, produce
     for i in np.nonzero(~v6 & ((port < 0) | (port > 0xFFFF)))[0].tolist():
         refusals.setdefault(i, (_ILLEGAL, f"born host port {port[i]} is outside 0..65535"))
     topics, waits, long_way = _check_each(data, starts, head, v6.tolist(), store_host_v6,
-                                          producer_id, first_sequence, verdicts, refusals)
+                                          producer_id, first_sequence, verdicts, refusals,
+                                          own_crcs)
     for i in list(long_way):
         msg = _as_message(data, int(starts[i]), int(sizes[i]), i)
         if isinstance(msg, tuple):
@@ -697,7 +834,7 @@ def _read_heads(u8: np.ndarray, s: np.ndarray, gaps: np.ndarray) -> tuple[np.nda
 
 def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_host_v6: bool,
                 producer_id: int, first_sequence: int, verdicts: dict,
-                refusals: dict) -> tuple[list, list[bool], dict[int, None]]:
+                refusals: dict, own_crcs: bool = False) -> tuple[list, list[bool], dict[int, None]]:
     """Topics (judged once when every record names the same), body CRCs (one
     ``zlib.crc32`` each), and the properties of the whole run at once: one regular
     expression over all of them joined by NUL, one ASCII test, one search for DELAY and
@@ -706,14 +843,10 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
     raw = data if type(data) is bytes else bytes(data)
     topics = _topics(raw, starts, head, verdicts, refusals)
     n = len(starts)
-    body_at = (starts + head.body_pos).tolist()
-    body_end = (starts + head.body_pos + head.body_len).tolist()
     props_at = starts + head.props_pos
     props = [raw[a:b] for a, b in zip(props_at.tolist(), (props_at + head.props_len).tolist())]
-    crc32 = zlib.crc32
-    crcs = np.fromiter([crc32(raw[a:b]) for a, b in zip(body_at, body_end)], np.int64, n)
-    for i in np.flatnonzero(crcs & 0x7FFFFFFF != head.crc).tolist():
-        refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
+    if not own_crcs:
+        _check_crcs(raw, starts, head, refusals)
     if producer_id:
         props = _check_identities(props, producer_id, first_sequence, refusals)
     joined = b"\0".join(props) + b"\0"            # NUL may stand in no property:
@@ -738,6 +871,17 @@ def _check_each(data, starts: np.ndarray, head: Heads, v6: list[bool], store_hos
                     p.startswith(_DELAY) or b"\x02" + _DELAY in p))):
                 long_way[i] = None
     return topics, waits, long_way
+
+
+def _check_crcs(raw: bytes, starts: np.ndarray, head: Heads, refusals: dict) -> None:
+    """Each record's BODYCRC against its body (one ``zlib.crc32`` a record)."""
+    body_at = (starts + head.body_pos).tolist()
+    body_end = (starts + head.body_pos + head.body_len).tolist()
+    crc32 = zlib.crc32
+    crcs = np.fromiter([crc32(raw[a:b]) for a, b in zip(body_at, body_end)], np.int64,
+                       len(body_at))
+    for i in np.flatnonzero(crcs & 0x7FFFFFFF != head.crc).tolist():
+        refusals.setdefault(i, (_ILLEGAL, f"body CRC {head.crc[i]} does not match the body"))
 
 
 def _check_identities(props: list[bytes], producer_id: int, first_sequence: int,
