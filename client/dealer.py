@@ -26,7 +26,10 @@ too: its outcome is unknown all the same. An answer to a request already answere
 ended or timed out is dropped.
 
 Cost: nothing at a send once the first handshake succeeded (one dict entry); a wait
-polls the data socket and the monitor together, as before the handshake.
+polls the data socket and the monitor together, as before the handshake, and reads an
+answer's request id with one ``struct`` (``protocol.reply_request_id``); the answer
+awaited is handed back at once, others are kept. ZeroMQ's flags are passed as ints:
+pyzmq's are enum flags, whose conversions run in Python on every call.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ from rocketstore.client.errors import (
 from rocketstore.wire import curve, endpoints, protocol
 
 __all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_if_error"]
+
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_COPY_BELOW = 65536          # frames shorter than this are copied by ZeroMQ, not tracked
 
 
 class _Resend:
@@ -89,9 +96,8 @@ class Dealer:
         except BaseException:
             self.close()     # a context left open would hang the garbage collector
             raise
-        self._poller = zmq.Poller()          # one for every wait
-        self._poller.register(self.socket, zmq.POLLIN)
-        self._poller.register(self._watch.monitor, zmq.POLLIN)
+        # what every wait polls: the data socket, and the monitor while it is watched
+        self._poll_items = [(self.socket, _POLLIN), (self._watch.monitor, _POLLIN)]
 
     def _connect(self) -> None:
         try:
@@ -108,7 +114,7 @@ class Dealer:
         ``timeout_ms``."""
         if not self._watch.done or self._fault is not None:
             self._check_first()
-        self.socket.send(frame, copy=len(frame) < 65536)
+        self.socket.send(frame, 0, len(frame) < _COPY_BELOW)
         self._pending[request_id] = _Resend(
             frame, resends, time.monotonic() + self.timeout_ms / 1000) if resends else None
 
@@ -117,7 +123,8 @@ class Dealer:
         ``ConnectionLost`` when its connection was lost and it is not resent,
         ``RequestTimeout`` when no answer came within ``timeout_ms``."""
         deadline = time.monotonic() + self.timeout_ms / 1000
-        while request_id not in self.replies:
+        socket, replies = self.socket, self.replies
+        while request_id not in replies:
             if request_id in self._ended:
                 self._ended.discard(request_id)
                 raise self._lost(request_id)
@@ -129,15 +136,25 @@ class Dealer:
                 raise RequestTimeout(f"no answer to request {request_id} within "
                                      f"{self.timeout_ms} ms; its outcome is unknown"
                                      + self._watch.waiting_for())
-            for sock, _ in self._poller.poll(int(left * 1000) + 1):
-                if sock is self.socket:
-                    self._take_reply(self.socket.recv())
+            answer = None
+            for sock, _ in zmq.zmq_poll(self._poll_items, int(left * 1000) + 1):
+                if sock is socket:
+                    frame = socket.recv()
+                    answers = protocol.reply_request_id(frame)
+                    if self._pending.pop(answers, False) is not False:
+                        if answers == request_id:
+                            answer = frame
+                        else:
+                            replies[answers] = frame
                 else:
                     self._read_watch()
-        return self.replies.pop(request_id)
+            if answer is not None:
+                return answer
+        return replies.pop(request_id)
 
     def _take_reply(self, frame: bytes) -> None:
-        request_id = protocol.peek_header(frame).request_id
+        """Keep ``frame`` if it answers a pending request."""
+        request_id = protocol.reply_request_id(frame)
         if self._pending.pop(request_id, False) is not False:
             self.replies[request_id] = frame
 
@@ -163,13 +180,13 @@ class Dealer:
         """Every request pending: resent if it may be, else ended. Answers that came
         before the loss are taken first (they are in the socket already when ZeroMQ
         reports the loss)."""
-        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while self.socket.getsockopt(_EVENTS) & _POLLIN:
             self._take_reply(self.socket.recv())
         now = time.monotonic()
         for request_id, resend in list(self._pending.items()):
             if resend is not None and resend.left > 0 and now < resend.until:
                 resend.left -= 1
-                self.socket.send(resend.frame, copy=len(resend.frame) < 65536)
+                self.socket.send(resend.frame, 0, len(resend.frame) < _COPY_BELOW)
             else:
                 del self._pending[request_id]
                 self._ended.add(request_id)
@@ -180,7 +197,7 @@ class Dealer:
         if self._fault is None and not self._watch.done:
             self._fault = self._watch.take()
             if self._fault is not None:
-                self._poller.unregister(self._watch.monitor)
+                self._poll_items = self._poll_items[:1]
                 self._disconnect()
         if self._fault is not None:
             raise self._fault
@@ -203,6 +220,6 @@ class Dealer:
 
 
 def raise_if_error(frame: bytes) -> None:
-    if protocol.peek_header(frame).kind == protocol.Kind.ERROR:
+    if protocol.peek_header(frame).kind is protocol.Kind.ERROR:
         err = protocol.decode_error(frame)
         raise ClientError(f"{err.code.name}: {err.message}")

@@ -116,7 +116,7 @@ class Producer:
         self.window = window
         self.producer_id = producer_id   # 0: not idempotent
         self._next_sequence = 0
-        self._in_flight: list[int] = []
+        self._in_flight: dict[int, None] = {}    # request ids in the order sent
         self._done: dict[int, list[protocol.SendResult] | Exception] = {}
 
     @property
@@ -146,7 +146,7 @@ class Producer:
             raise TypeError(f"send(topic, body) takes the body as bytes, not "
                             f"{type(body).__name__} (a Message goes to send_batch([message]))")
         msg = Message(topic=topic, body=body, tags=tags, keys=list(keys) if keys else None,
-                      properties=dict(properties or {}), queue_id=queue_id,
+                      properties=dict(properties) if properties else {}, queue_id=queue_id,
                       delay_level=delay_level)
         return self._send_batch([msg], None)[0]
 
@@ -159,10 +159,10 @@ class Producer:
 
     def _send_batch(self, messages: list[Message],
                     first_sequence: int | None) -> list[protocol.SendResult]:
-        pending = self._send_async(messages, first_sequence)
-        results = pending.result()
+        request_id, seq = self._send_frame(messages, first_sequence)
+        results = self._result(request_id)
         if self.producer_id:
-            self._take_back(pending.first_sequence, results)
+            self._take_back(seq, results)
         return results
 
     def _take_back(self, first: int, results: list[protocol.SendResult]) -> None:
@@ -187,9 +187,14 @@ class Producer:
         ``Message``, ``ValueError`` for ``first_sequence`` without a producer id, or for
         a message that does not fit the wire (nothing is sent, no sequence is taken).
         """
-        return self._send_async(message_list(messages, "send_async"), first_sequence)
+        request_id, seq = self._send_frame(message_list(messages, "send_async"),
+                                           first_sequence)
+        return PendingSend(self, request_id, seq if self.producer_id else None)
 
-    def _send_async(self, messages: list[Message], first_sequence: int | None) -> "PendingSend":
+    def _send_frame(self, messages: list[Message], first_sequence: int | None
+                    ) -> tuple[int, int]:
+        """Send ``messages`` in one frame, at most ``window`` frames unanswered; the
+        request id and the first record's sequence (0 when not idempotent)."""
         seq = 0
         if self.producer_id:
             seq = self._next_sequence if first_sequence is None else first_sequence
@@ -201,13 +206,14 @@ class Producer:
             raise ValueError("first_sequence needs a producer id (idempotent=True)")
         request_id = self._dealer.next_id()
         frame = self._encode(request_id, messages, seq)
-        while len(self._in_flight) >= self.window:
-            self._settle(self._in_flight[0])
+        in_flight = self._in_flight
+        while len(in_flight) >= self.window:
+            self._settle(next(iter(in_flight)))
         self._dealer.send(frame, request_id, RESENDS if self.producer_id else 0)
-        self._in_flight.append(request_id)
+        in_flight[request_id] = None
         if self.producer_id:
             self._next_sequence = max(self._next_sequence, seq + len(messages))
-        return PendingSend(self, request_id, seq if self.producer_id else None)
+        return request_id, seq
 
     def _encode(self, request_id: int, messages: list[Message], seq: int) -> bytes:
         """A SEND_RECORDS frame: records in CommitLog layout, which the writer checks
@@ -217,9 +223,15 @@ class Producer:
         ``prepared_transaction_offset``), and when a message cannot be laid out as a
         record at all (the store then answers it with the status it earns). An item
         that is no ``Message`` fails both: ``TypeError`` naming it (looked for only
-        then, so a batch of Messages pays nothing for the look)."""
+        then, so a batch of Messages pays nothing for the look). A frame of one record
+        (``send``) is packed with one ``struct`` before its record."""
         if self.wire == "records" or any(_beyond_send(m) for m in messages):
             try:
+                if len(messages) == 1:
+                    identity = (self.producer_id, seq) if self.producer_id else None
+                    record = record_batch.encode_message(messages[0], now_ms(), identity)
+                    return protocol.encode_one_send_record(request_id, record,
+                                                           self.producer_id, seq)
                 data, offsets = record_batch.encode_records(messages, now_ms(),
                                                             self.producer_id, seq)
                 return protocol.encode_send_records(request_id, data, offsets,
@@ -250,8 +262,10 @@ class Producer:
         try:
             frame = self._dealer.receive(request_id)
         finally:
-            if request_id in self._in_flight:
-                self._in_flight.remove(request_id)
+            self._in_flight.pop(request_id, None)
+        one = protocol.decode_one_send_result(frame)   # a one-message send's answer
+        if one is not None:
+            return [one]
         raise_if_error(frame)
         if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
             return protocol.decode_send_records_reply(frame)[1]

@@ -138,7 +138,7 @@ import threading
 import time
 from typing import Callable
 
-from rocketstore.procs.service import MAX_TURN_MS, Service
+from rocketstore.procs.service import MAX_TURN_MS, TURN_MS, Service
 from rocketstore.shm.bus import (
     APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
@@ -159,7 +159,6 @@ CHUNK_RECORDS = 2048              # records per dispatch pass between two public
 DISPATCH_BUDGET_MS = MAX_TURN_MS * 3 // 4
 STALL_WAIT_MS = 5                 # behind, but the next bytes are not whole yet
 REPUT_INTERVAL_S = 0.001          # a woken pass starts at least this long after the last
-TURN_MS = 10                      # passes of one turn, from the first that dispatched
 SPACE_RETRY_MS = 1000             # a full disk: dispatch is tried again this often
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 FLUSH_TICK_MIN_S = 0.005          # the flush thread's shortest wait (an interval of 0)

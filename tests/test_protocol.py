@@ -859,7 +859,7 @@ def test_random_bodies_decode_or_raise_protocol_error(kind, count, body):
 
 @given(st.binary(max_size=40))
 def test_random_bytes_never_leak_other_exceptions(frame):
-    for decode in [P.peek_header] + DECODERS:
+    for decode in [P.peek_header, P.reply_request_id, P.decode_one_send_result] + DECODERS:
         try:
             decode(frame)
         except ProtocolError:
@@ -881,6 +881,49 @@ def test_send_records_reply_round_trip(request_id, rows, host):
     assert got == [P.SendResult(status, f"{host.hex().upper()}{off:016X}" if off >= 0 else "",
                                 qid, qoff, off, ts, reason)
                    for status, qid, qoff, off, ts, reason in rows]
+
+
+@given(U64, st.sampled_from(list(PutMessageStatus)), st.integers(-1, 99), INT64,
+       st.integers(-1, 2**62), INT64, st.one_of(st.just(""), _text(1, 20)),
+       st.sampled_from([bytes(0), bytes(8), bytes(range(20))]))
+def test_one_send_result_reads_what_the_general_decoder_reads(request_id, status, qid, qoff,
+                                                             off, ts, reason, host):
+    columns = {"status": [status.value], "queue_id": [qid], "queue_offset": [qoff],
+               "commit_log_offset": [off], "store_timestamp": [ts]}
+    frame = P.encode_send_records_reply(request_id, host, columns, {0: reason} if reason else {})
+    one = P.decode_one_send_result(frame)
+    assert P.reply_request_id(frame) == request_id
+    if reason:
+        assert one is None                  # the general decoder reads a reason
+    else:
+        assert one == P.decode_send_records_reply(frame)[1][0]
+
+
+def test_one_send_result_leaves_other_frames_to_the_general_decoders():
+    columns = {"status": [0, 0], "queue_id": [0, 1], "queue_offset": [0, 1],
+               "commit_log_offset": [0, 100], "store_timestamp": [1, 1]}
+    two = P.encode_send_records_reply(3, bytes(8), columns, {})
+    one = P.encode_one_send_records_reply(4, bytes(8), 0, 1, 2, 3, 4)
+    error = P.encode_error(5, ErrorCode.MALFORMED_FRAME, "bad")
+    for frame in (two, error, one[:-1], one + b"\0", b"RS\x02" + one[3:], b"XX" + one[2:]):
+        assert P.decode_one_send_result(frame) is None
+    assert P.reply_request_id(error) == 5
+    with pytest.raises(ProtocolError):
+        P.reply_request_id(b"XX" + one[2:])
+    with pytest.raises(ProtocolError):
+        P.reply_request_id(one[:10])
+
+
+@given(U64, st.one_of(st.just(0), st.integers(1, 2**64 - 1)), U64, st.binary(max_size=300))
+def test_one_send_record_frame_is_a_send_records_frame_of_one(request_id, producer_id,
+                                                              sequence, record):
+    frame = P.encode_one_send_record(request_id, record, producer_id, sequence)
+    assert frame == P.encode_send_records(request_id, record, [0], producer_id, sequence)
+    got = P.decode_send_records(frame)
+    assert (got.request_id, got.producer_id, list(got.offsets), bytes(got.records)) == \
+        (request_id, producer_id, [0], record)
+    with pytest.raises(ValueError):
+        P.encode_one_send_record(2**64, record)
 
 
 def test_send_records_reply_with_an_unknown_status_is_malformed():

@@ -596,6 +596,27 @@ def encode_send_records(request_id: int, records: bytes, offsets: Sequence[int],
                     records], request_id)
 
 
+_ONE_SEND_RECORDS = struct.Struct(">2sBBQIQQI")   # header, producer id, sequence, offset 0
+assert _ONE_SEND_RECORDS.size == HEADER_SIZE + SEND_RECORDS_FIXED.size + 4
+_SEND_RECORDS = int(Kind.SEND_RECORDS)
+
+
+def encode_one_send_record(request_id: int, record: bytes, producer_id: int = 0,
+                           sequence: int = 0) -> bytes:
+    """``encode_send_records`` of one record (``record_batch.encode_message``): the
+    header, the fixed fields and the offsets table (one 0) packed with one ``struct``,
+    then the record; a one-message send's frame."""
+    try:
+        head = _ONE_SEND_RECORDS.pack(MAGIC, VERSION, _SEND_RECORDS, request_id, 1,
+                                      producer_id, sequence if producer_id else 0, 0)
+    except struct.error:
+        raise ValueError(f"request id {request_id!r} / producer id {producer_id!r} / "
+                         f"sequence {sequence!r} are not u64s") from None
+    if len(record) + _ONE_SEND_RECORDS.size > MAX_FRAME_BYTES:
+        check_frame_size(len(record) + _ONE_SEND_RECORDS.size)
+    return head + record
+
+
 def decode_send_records(frame) -> SendRecords:
     """The parts of a SEND_RECORDS frame; the records themselves are the store's to check
     (``record_batch.check_records``). Raises ``ProtocolError``."""
@@ -728,6 +749,36 @@ def decode_send_records_reply(frame) -> tuple[int, list[SendResult]]:
 _ONE_RESULT = struct.Struct(">BiqqqI")    # one record's columns, then the reasons count
 _HOST_LENGTHS = [bytes((n,)) for n in range(256)]
 _SEND_RECORDS_REPLY = int(Kind.SEND_RECORDS_REPLY)
+
+
+_REPLY_ID = struct.Struct(">2sBxQ")    # magic, version, (kind), request id
+
+
+def reply_request_id(frame) -> int:
+    """The request id of a reply frame, read with one ``struct`` (a client matches
+    answers to requests with it; the decoder of its kind checks the rest). Raises
+    ``ProtocolError`` as ``peek_header`` does for a frame too short, with a wrong magic
+    or another version."""
+    if len(frame) >= HEADER_SIZE:
+        magic, version, request_id = _REPLY_ID.unpack_from(frame, 0)
+        if magic == MAGIC and version == VERSION:
+            return request_id
+    return peek_header(frame).request_id
+
+
+def decode_one_send_result(frame) -> SendResult | None:
+    """The result of a SEND_RECORDS_REPLY of one record without a reason (a one-message
+    send's answer), its header and body read once; None for any other frame (another
+    kind, an ERROR, more records, a reason, bytes out of place), which the general
+    decoders read and name what is wrong."""
+    n = len(frame)
+    if n <= HEADER_SIZE:
+        return None
+    magic, version, kind, request_id, count = HEADER.unpack_from(frame, 0)
+    if magic != MAGIC or version != VERSION or kind != _SEND_RECORDS_REPLY or count != 1:
+        return None
+    buf = frame if type(frame) is bytes else bytes(frame)
+    return _decode_one_send_records_reply(buf, request_id)
 
 
 def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
