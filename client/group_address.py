@@ -66,6 +66,7 @@ MIN_ATTEMPT_S = 0.5        # the shortest wait for an answer before looking agai
 # reasons of a put refused whole, nothing stored, by a member that is not the master:
 # procs.fencing's, a slave's and a store restarting in its new role (storage.put_path)
 NOT_MASTER_REASONS = ("NOT_MASTER", "a SLAVE store does not accept puts", "the store is ")
+_REFUSALS = tuple(reason.encode() for reason in NOT_MASTER_REASONS)
 
 
 def parse(address: str) -> tuple[str, str]:
@@ -267,6 +268,8 @@ def _not_master(reply: bytes, resendable: bool) -> bool:
     """A put reply to resend to the next master: every record refused as by a member
     that is not the master, nothing stored, or (``resendable``) any record so
     answered (``NOT_MASTER`` after being stored, too)."""
+    if not any(reason in reply for reason in _REFUSALS):
+        return False        # no such reason anywhere in the frame (a search in C)
     kind = protocol.peek_header(reply).kind
     if kind is protocol.Kind.SEND_RECORDS_REPLY:
         results = protocol.decode_send_records_reply(reply)[1]

@@ -382,35 +382,34 @@ def test_a_paused_master_answers_no_put_ok_after_waking_and_rejoins_as_a_slave(
     assert b"before" in consume_all(slave, "Pause")
 
 
-def test_a_slave_out_of_the_in_sync_set_is_never_elected(tmp_path, zookeeper):
+def test_a_slave_out_of_the_in_sync_set_is_never_elected(zookeeper, shared_pair):
     """The slave stops; the master drops it from the in-sync set and takes more puts;
     the master dies. The slave, started again, is not elected (the group waits without
     a master) while enable_elect_unclean_master is off; the old master, back, is
     elected again (a new epoch) and the slave follows it and catches up."""
-    group = "unsynced"
-    a, b = pair(tmp_path, zookeeper, group)
-    try:
-        assert b.stop() == 0
-        wait_for(lambda: in_sync_set(zookeeper, group) == [0], 15,
-                 what="the stopped slave to leave the in-sync set")
-        with Producer(a.store_dir) as p:
-            p.send_batch([Message("Unsynced", f"only on 0: {i}".encode()) for i in range(20)])
-        a.kill_all()
-        b.start()
-        wait_for(lambda: "not electable" in b.log(), SESSION_MS / 1000 + 20,
-                 what="member 1 to find itself out of the in-sync set")
-        assert master_of(zookeeper, group) is None
-        assert slot(b, Slot.MASTER_LEASE_MS) == 0
-        a.start()
-        wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 elected again")
-        assert master_of(zookeeper, group)["epoch"] == 2
-        wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
-        wait_for(lambda: slot(b, Slot.WRITTEN) == slot(a, Slot.WRITTEN), 30,
-                 what="member 1 to catch up")
-        assert len(consume_all(b, "Unsynced")) == 20
-    finally:
-        for store in (b, a):
-            store.__exit__(None, None, None)
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    assert slave.stop() == 0
+    wait_for(lambda: in_sync_set(zookeeper, SHARED) == [m], 15,
+             what="the stopped slave to leave the in-sync set")
+    with Producer(master.store_dir) as p:
+        p.send_batch([Message("Unsynced", f"only on {m}: {i}".encode()) for i in range(20)])
+    master.kill_all()
+    mark = os.path.getsize(slave.log_path)
+    slave.start()
+    wait_for(lambda: "not electable" in logged_since(slave, mark), SESSION_MS / 1000 + 20,
+             what=f"member {s} to find itself out of the in-sync set")
+    assert master_of(zookeeper, SHARED) is None
+    assert slot(slave, Slot.MASTER_LEASE_MS) == 0
+    master.start()
+    wait_for(lambda: is_master(zookeeper, SHARED, master, m), 30,
+             what=f"member {m} elected again")
+    assert master_of(zookeeper, SHARED)["epoch"] == epoch + 1
+    wait_for(lambda: follows(slave, master), 30, what=f"member {s} to follow member {m}")
+    wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 30,
+             what=f"member {s} to catch up")
+    assert len(consume_all(slave, "Unsynced")) == 20
 
 
 def test_with_zookeeper_down_the_group_refuses_puts_and_goes_on_when_it_is_back(
@@ -449,11 +448,13 @@ def test_a_slave_of_a_newer_epoch_refuses_its_master_which_then_takes_no_puts(
         assert p.send("Epoch", b"before").status is OK
         wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 15,
                  what="the slave to hold all")
+        mark = os.path.getsize(master.log_path)
         set_epoch(slave, epoch + 1)
         wait_for(lambda: slot(slave, Slot.REPLICA_ERROR) == hp.HAError.STALE_EPOCH, 15,
                  what="the slave to refuse its master's stream")
         wait_for(lambda: f"holds epoch {epoch + 1}, newer than this store's {epoch}"
-                 in master.log(), 15, what="the master's controller to end its lease")
+                 in logged_since(master, mark), 15,
+                 what="the master's controller to end its lease")
         held = slot(slave, Slot.WRITTEN)
         refused = p.send("Epoch", b"refused")
         assert refused.status is not OK, refused
@@ -465,6 +466,13 @@ def test_a_slave_of_a_newer_epoch_refuses_its_master_which_then_takes_no_puts(
     wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 15,
              what="the slave to catch up")
     assert {b"before", b"after"} <= set(consume_all(slave, "Epoch"))
+
+
+def logged_since(store: RunningStore, offset: int) -> str:
+    """What a store's log gained past byte ``offset`` (it is kept across restarts)."""
+    with open(store.log_path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def set_epoch(store: RunningStore, epoch: int) -> None:
