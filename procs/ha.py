@@ -165,7 +165,7 @@ class HAService(Service):
         self.more = False
         for s in list(self.sessions.values()):
             self._stream(s, end)
-        self._housekeeping(end)
+        self._tend_sessions(end)
 
     def _timeout(self) -> int:
         if not self.sessions:
@@ -381,7 +381,7 @@ class HAService(Service):
         self._send(s.peer, hp.encode_error(code, why))
         self.sessions.pop(s.peer, None)
 
-    def _housekeeping(self, end: int) -> None:
+    def _tend_sessions(self, end: int) -> None:
         now = monotonic_ms()
         min_offset = self.table.get(Slot.MIN_OFFSET)
         if min_offset != self.min_offset:     # the cleaner deleted files: let them go
