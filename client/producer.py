@@ -37,8 +37,8 @@ import secrets
 import struct
 from typing import Iterable, Sequence
 
-from rocketstore.client.dealer import ClientError, Dealer, raise_if_error
-from rocketstore.client.reach import locate
+from rocketstore.client import group_address
+from rocketstore.client.dealer import ClientError, raise_if_error
 from rocketstore.storage import record_batch
 from rocketstore.storage.message import Message, now_ms
 from rocketstore.wire import protocol
@@ -110,8 +110,8 @@ class Producer:
             raise ValueError(f"producer_id {producer_id!r} is not a u64 other than 0")
         if wire not in WIRE_FORMATS:
             raise ValueError(f"wire {wire!r} is not one of {', '.join(WIRE_FORMATS)}")
-        self._dealer = Dealer(locate(store_dir_or_endpoint, "ingest"), timeout_ms,
-                               curve_server_key, curve_client_key)
+        self._dealer = group_address.dealer(store_dir_or_endpoint, "ingest", timeout_ms,
+                                            curve_server_key, curve_client_key)
         self.wire = wire
         self.window = window
         self.producer_id = producer_id   # 0: not idempotent

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from rocketstore.client.dealer import ClientError, Dealer, raise_if_error
-from rocketstore.client.reach import locate
+from rocketstore.client import group_address
+from rocketstore.client.dealer import ClientError, raise_if_error
 from rocketstore.storage.read_path import subscription_tags
 from rocketstore.wire import protocol
 
@@ -40,9 +40,9 @@ class ReaderClient:
 
     def __init__(self, store_dir_or_endpoint: str, *, timeout_ms: int = 10_000,
                  curve_server_key: str | None = None, curve_client_key: str | None = None):
-        target = locate(store_dir_or_endpoint, "reader")
-        self.address = target.address
-        self._dealer = Dealer(target, timeout_ms, curve_server_key, curve_client_key)
+        self._dealer = group_address.dealer(store_dir_or_endpoint, "reader", timeout_ms,
+                                            curve_server_key, curve_client_key)
+        self.address = self._dealer.target.address
         self.dispatched: int | None = None
         self.generation: int | None = None
 

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from rocketstore.spark.arrow_codec import records_to_batch
 from rocketstore.spark.offsets import DataLossError, QueueBounds, QueueRange
 from rocketstore.wire import endpoints
-from rocketstore.client import BadAddressError, ReaderClient
+from rocketstore.client import BadAddressError, ReaderClient, group_address
 from rocketstore.client.consumer import store_config, update_offsets
 from rocketstore.client.reach import running_table
 from rocketstore.shm.positions import Slot
@@ -67,8 +67,12 @@ def socket_of(endpoint: str, name: str) -> str:
     """What a client is given for the ``ingest`` or ``reader`` socket of the
     ``endpoint`` option (``wire.endpoints``): an ``ipc://`` store or socket directory
     as it is (the client finds the socket, and for a store directory tells a store not
-    running by its table), a ``tcp://`` one's socket. Raises ``BadAddressError`` (a
-    ``ValueError``) for an endpoint of another form."""
+    running by its table), a broker group's ``zk://`` address as it is (the client
+    follows the group's master, ``client.group_address``), a ``tcp://`` one's socket.
+    Raises ``BadAddressError`` (a ``ValueError``) for an endpoint of another form."""
+    if endpoint.startswith(group_address.SCHEME):
+        group_address.parse(endpoint)
+        return endpoint
     try:
         address = getattr(endpoints.resolve(endpoint), name)
     except ValueError as e:

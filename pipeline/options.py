@@ -8,8 +8,10 @@
                                         ``ipc:///path/store/run`` or ``tcp://host:port``
                                         (the store's listen_port, with tcp_listen_address
                                         set; the reader is on port - 2: both must be
-                                        reachable; ``wire.endpoints``); exactly one of
-                                        store/endpoint
+                                        reachable; ``wire.endpoints``), or a broker
+                                        group's ``zk://host:port/BROKER_NAME`` (its
+                                        master, followed across a failover); exactly
+                                        one of store/endpoint
     topic / topics         yes   yes    one topic / a comma list (write: the default topic
                                         of rows without a ``topic`` column value)
     topicPattern           yes          a regular expression matched against every topic

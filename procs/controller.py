@@ -67,6 +67,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from rocketstore.procs import fencing, promotion
 from rocketstore.procs.service import Service
+from rocketstore.shm import bus
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot, StoreState
 from rocketstore.storage import epoch_file
 from rocketstore.storage.clock import monotonic_ms
@@ -171,6 +172,9 @@ class ControllerService(Service):
         self.samples: collections.deque = collections.deque()   # (ms, WRITTEN), master
         self.next_sync_review = 0
         self.unclean = False
+        self.fenced_until = 0         # no lease before (a slave showed a newer epoch)
+        self.epoch_news = bus.Subscriber(self.context, self.store_dir, ["ha"],
+                                         [fencing.NEWER_EPOCH])
         self.zk = KazooClient(hosts=cfg.cluster_address,
                               timeout=self.session_timeout_ms / 1000,
                               connection_retry={"max_tries": -1, "delay": 0.1,
@@ -183,6 +187,7 @@ class ControllerService(Service):
 
     def teardown(self) -> None:
         self.table.set(Slot.MASTER_LEASE_MS, 0)
+        self.epoch_news.close()
         try:
             self.zk.stop()       # closes the session: its nodes go at once
             self.zk.close()
@@ -201,6 +206,7 @@ class ControllerService(Service):
     # ================================================================== the loop
     def turn(self) -> None:
         self._follow_table()
+        self._hear_newer_epochs()
         if self.zk.connected:
             self.connected_ms = monotonic_ms()
             self._session()
@@ -216,6 +222,18 @@ class ControllerService(Service):
         self._publish_status()
         self.wake.wait(TURN_S)
         self.wake.clear()
+
+    def _hear_newer_epochs(self) -> None:
+        """The HA process heard of a newer epoch than this store's: no lease for a
+        session timeout from now (``procs.fencing``)."""
+        for _, payload in self.epoch_news.wait(0):
+            epoch = bus.decode_offset(payload)
+            if epoch > self.epoch:
+                if monotonic_ms() >= self.fenced_until:
+                    log.error("a slave holds epoch %d, newer than this store's %d: no "
+                              "lease until the group names its master", epoch, self.epoch)
+                self.fenced_until = monotonic_ms() + self.session_timeout_ms
+                self.table.set(Slot.MASTER_LEASE_MS, 0)
 
     def _follow_table(self) -> None:
         """After the supervisor restarted the other processes (a new role), write into
@@ -311,7 +329,7 @@ class ControllerService(Service):
         self.absent_since = None
         self.master = doc
         if doc.get("broker_id") == self.me and stat.ephemeralOwner == self.session_id:
-            self.table.set(Slot.MASTER_LEASE_MS,
+            self.table.set(Slot.MASTER_LEASE_MS, 0 if sent < self.fenced_until else
                            fencing.lease_until(sent, self.session_timeout_ms))
             self._lead(doc)
         elif doc.get("broker_id") == self.me:     # an earlier session's: it expires soon

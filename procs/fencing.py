@@ -23,6 +23,14 @@ before another master can exist. The writer checks it twice (``Fence.reason``):
   master holds them too; an idempotent producer's resend to the new master is stored
   once).
 
+The HA frames carry the group's epoch (docs/PROTOCOL.md §10). When the HA process of
+a master hears of a newer epoch than its own (a slave's HELLO, or a slave refusing its
+stream as STALE_EPOCH) it announces ``NEWER_EPOCH`` on its bus, and again at each
+refusal; the controller, hearing it, ends the lease and renews none for
+``cluster_session_timeout_ms`` after the last announcement (within that time ZooKeeper
+names the master of the newer epoch, if there is one; a slave that merely claims one
+holds the group up no longer than that).
+
 A paused writer that wakes up reads the clock after the pause, past the lease: nothing
 it answers after waking is PUT_OK. Without ``enable_controller_mode`` the fence is open
 and costs nothing.
@@ -36,6 +44,7 @@ from rocketstore.storage.config import StoreConfig
 
 LEASE_FRACTION = 0.6     # of the session timeout: what clock rates and a slow turn may eat
 NOT_MASTER = "NOT_MASTER"
+NEWER_EPOCH = b"newer_epoch\0"   # bus topic, HA -> controller: int64 epoch (shm.bus)
 
 
 class Fence:

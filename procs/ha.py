@@ -11,6 +11,12 @@ connect DEALER sockets to its ROUTER at
    the slave holds bytes this master does not, and cuts them itself, procs.replica; a
    SYNC_MASTER says SYNC_DIVERGED, and the slave keeps what it was sent, which this
    master may have acknowledged before a crash took its unflushed tail).
+   A slave whose epoch (HELLO) is above this store's EPOCH was elected after this
+   master, or follows one that was: it is refused (STALE_EPOCH), and so is an ERROR
+   STALE_EPOCH from a slave that refused this master's DATA; either way this store
+   stops taking puts (``_newer_epoch`` announces NEWER_EPOCH on the bus; the controller
+   ends the lease, ``procs.fencing``). DATA carries this store's epoch (0 outside a
+   broker group).
    An empty slave is sent everything from offset 0: a full copy, where RocketMQ starts
    a new slave at its master's last file. A slave end below MIN_OFFSET (those files
    expired here; an empty slave of a master whose file 0 expired, too) is
@@ -64,10 +70,11 @@ import os
 import zmq
 
 from rocketstore.wire import curve, endpoints, ha_protocol as hp
+from rocketstore.procs import fencing
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot, now_ms
-from rocketstore.storage import replication
+from rocketstore.storage import epoch_file, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.commit_log import CommitLog
 
@@ -118,6 +125,8 @@ class HAService(Service):
         self.commit_log.mapped_file_queue.refresh(self.min_offset)
         self.sessions: dict[bytes, _Session] = {}
         self.acked = self.table.get(Slot.SLAVE_ACKED)
+        self.epoch_floor = epoch_file.current(cfg.config_dir) if cfg.enable_controller_mode \
+            else 0
         self.pooled = bool(self.table.get(Slot.TRANSIENT_POOL))
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -156,7 +165,7 @@ class HAService(Service):
         self.more = False
         for s in list(self.sessions.values()):
             self._stream(s, end)
-        self._housekeeping(end)
+        self._tend_sessions(end)
 
     def _timeout(self) -> int:
         if not self.sessions:
@@ -193,6 +202,10 @@ class HAService(Service):
                 elif isinstance(frame, hp.Error):
                     log.warning("slave %s says %s: %s", peer.hex(), hp.error_name(frame.code),
                                 frame.text)
+                    if frame.code == hp.HAError.STALE_EPOCH:
+                        self.sessions.pop(peer, None)
+                        self._newer_epoch(self._epoch() + 1,
+                                          f"slave {peer.hex()} refused this master's stream")
                 else:
                     raise hp.HAProtocolError(hp.HAError.MALFORMED,
                                              "DATA and RANGE go to slaves")
@@ -218,6 +231,13 @@ class HAService(Service):
         """Where a session starts, and whether the slave's bytes below it are shown to
         be this store's (at 0, or its last bytes matched). Raises ``HAProtocolError``
         when it cannot start."""
+        mine = self._epoch()
+        if hello.epoch > mine:
+            self._newer_epoch(hello.epoch, f"a slave of epoch {hello.epoch} said HELLO")
+            raise hp.HAProtocolError(
+                hp.HAError.STALE_EPOCH,
+                f"the slave's epoch {hello.epoch} is newer than this master's {mine}: "
+                "another member was elected since; this store takes no more puts")
         if hello.file_size != self.file_size:
             raise hp.HAProtocolError(
                 hp.HAError.FILE_SIZE_MISMATCH,
@@ -263,6 +283,20 @@ class HAService(Service):
         proven = hello.offset == 0 or (hello.tail_len > 0 and
                                        mine == (hello.tail_len, hello.tail_crc))
         return hello.offset, proven
+
+    def _epoch(self) -> int:
+        """This store's group epoch: EPOCH, or the epoch file's while the controller has
+        not set the slot of a table made since (a role switch starts a new one)."""
+        return max(self.epoch_floor, self.table.get(Slot.EPOCH))
+
+    def _newer_epoch(self, epoch: int, why: str) -> None:
+        """Another member was elected after this store: the controller is told, and
+        ends the lease (``procs.fencing``); reading the group, it makes this store a
+        slave."""
+        log.error("%s: epoch %d is newer than this master's %d; it takes no more puts",
+                  why, epoch, self._epoch())
+        self.publisher.publish(fencing.NEWER_EPOCH, bus.encode_offset(epoch))
+        self.stats.add("ha_newer_epoch_total", 1)
 
     def _probe(self, peer: bytes, probe: hp.Probe) -> None:
         """A diverged slave comparing: this store's bytes at ``probe.offset``."""
@@ -311,7 +345,8 @@ class HAService(Service):
                 self._drop(s, hp.HAError.OFFSET_UNAVAILABLE,
                            f"the master's CommitLog has no file holding {s.next} any more")
                 return
-            if not self._send(s.peer, hp.data_head(s.session, s.next, end) + block):
+            if not self._send(s.peer, hp.data_head(s.session, s.next, end,
+                                                   self._epoch()) + block):
                 return
             s.next += len(block)
             s.last_sent = monotonic_ms()
@@ -346,7 +381,7 @@ class HAService(Service):
         self._send(s.peer, hp.encode_error(code, why))
         self.sessions.pop(s.peer, None)
 
-    def _housekeeping(self, end: int) -> None:
+    def _tend_sessions(self, end: int) -> None:
         now = monotonic_ms()
         min_offset = self.table.get(Slot.MIN_OFFSET)
         if min_offset != self.min_offset:     # the cleaner deleted files: let them go
@@ -359,7 +394,7 @@ class HAService(Service):
                             s.address, now - s.heard)
                 del self.sessions[s.peer]
             elif now - s.last_sent >= self.config.ha_send_heartbeat_interval:
-                self._send(s.peer, hp.data_head(s.session, s.next, end))
+                self._send(s.peer, hp.data_head(s.session, s.next, end, self._epoch()))
                 s.last_sent = now     # sent or not (a full queue, a gone peer): no spin
             if now >= s.files_due:
                 s.files_due = now + self.config.ha_send_heartbeat_interval

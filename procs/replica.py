@@ -14,6 +14,12 @@ speaks ``wire.ha_protocol``:
    (``storage.replication.tail_check``), so the master streams from exactly what this
    store holds and notices when it holds something else. Each HELLO has a new session
    number; DATA of an older session (frames already on the way) is dropped unseen.
+   HELLO carries this store's EPOCH (its broker group's, 0 outside one); DATA of a
+   master whose epoch is below it (a master replaced by a later election that does not
+   know it yet) is refused: nothing appended, nothing reported, ERROR STALE_EPOCH sent
+   (that master then stops taking puts, procs.ha), REPLICA_ERROR set, HELLO again after
+   ``ha_housekeeping_interval`` ms. So a SYNC_MASTER cut off from its group can have
+   none of its puts acknowledged by a slave that knows of the newer epoch.
 2. DATA is appended (``CommitLog.append_verbatim``) when it continues the received end;
    anything else starts a new session from WRITTEN. After each drain the writer
    publishes WRITTEN up to the last record that arrived whole
@@ -69,7 +75,7 @@ import zmq
 
 from rocketstore.wire import curve, endpoints, ha_protocol as hp
 from rocketstore.shm.positions import Slot, now_ms
-from rocketstore.storage import json_file, replication
+from rocketstore.storage import epoch_file, json_file, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.errors import StoreFileError
 
@@ -109,6 +115,8 @@ class Replica:
         self.next_report = 0
         self.search: _Search | None = None
         self.kept_end = -1           # the end at which a SYNC_DIVERGED cut was refused
+        self.epoch_floor = epoch_file.current(cfg.config_dir) if cfg.enable_controller_mode \
+            else 0                   # the slot's, until the controller sets a new table's
         writer.stats.extra["ha"] = {"master": self.address}
         self.connect()
 
@@ -142,7 +150,8 @@ class Replica:
             self.received = written
         n, crc = replication.tail_check(w.config.commit_log_dir, self.file_size, written)
         self.session = (self.session + 1) & 0xFFFFFFFF
-        self._send(hp.encode_hello(self.session, self.file_size, written, n, crc))
+        self._send(hp.encode_hello(self.session, self.file_size, written, n, crc,
+                                   self.epoch()))
         self.next_report = monotonic_ms() + w.config.ha_send_heartbeat_interval
         self.retry_at = 0
         self.search = None
@@ -182,6 +191,9 @@ class Replica:
         if d.session != self.session or self.retry_at:
             return False
         table = self.writer.table
+        if d.epoch < self.epoch():
+            self._stale(d.epoch, self.epoch())
+            return False
         table.set(Slot.MASTER_END, d.master_end)
         table.set(Slot.MASTER_HEARD_MS, now_ms())
         self._note_caught_up(d.master_end)
@@ -248,6 +260,20 @@ class Replica:
                 break
             pos = base + end
         return pos, ts
+
+    def epoch(self) -> int:
+        """This store's group epoch (0 outside a broker group)."""
+        return max(self.epoch_floor, self.writer.table.get(Slot.EPOCH))
+
+    def _stale(self, theirs: int, mine: int) -> None:
+        """The master streams at an older epoch than this store's: refused."""
+        why = (f"the master's epoch {theirs} is older than this store's {mine}: another "
+               "member was elected since; its stream is refused")
+        log.error("the master at %s: %s (retrying in %d ms)", self.address, why,
+                  self.writer.config.ha_housekeeping_interval)
+        self._send(hp.encode_error(hp.HAError.STALE_EPOCH, why))
+        self.writer.table.set(Slot.REPLICA_ERROR, hp.HAError.STALE_EPOCH)
+        self._wait_and_retry()
 
     def _not_a_master(self, what: str, code: int) -> None:
         """The peer sent what no master sends: not answered (an error answered with an

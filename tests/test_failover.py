@@ -14,14 +14,14 @@ import time
 import pytest
 
 from rocketstore.client import Producer
-from rocketstore.client.errors import ClientError
-from rocketstore.client.group_address import master as group_master
+from rocketstore.client.errors import ClientError, ConnectionLost
 from rocketstore.procs.controller import NOT_IN_SYNC, NOT_REGISTERED, OTHER_BETTER, STAND, stands
-from rocketstore.shm.positions import Slot
+from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage import Message, StoreConfig, epoch_file
 from rocketstore.storage.errors import StoreConfigError
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.wire import group_nodes as nodes
+from rocketstore.wire import ha_protocol as hp
 from store_processes import RunningStore, cli, free_port, free_ports, wait_for
 from test_replication import HA_TIMERS, consume_all, files, slot
 from zookeeper_server import ZooKeeperServer, missing as zookeeper_missing
@@ -100,6 +100,10 @@ def zookeeper_server(tmp_path_factory):
     try:
         yield server
     finally:
+        reader = _readers.pop(server.address, None)
+        if reader is not None:
+            reader.stop()
+            reader.close()
         server.stop()
 
 
@@ -121,11 +125,29 @@ def member(tmp_path, zookeeper: str, group: str, broker_id: int, **settings) -> 
                         ha_max_time_slave_not_catchup=3000, **HA_TIMERS, **settings)
 
 
-def master_of(zookeeper: str, group: str) -> dict | None:
+_readers: dict = {}      # one ZooKeeper session per server for the tests' reads
+
+
+def read_node(zookeeper: str, path: str) -> dict | None:
+    """A group node as the tests' shared session reads it; None when absent or when
+    ZooKeeper does not answer within 2 s."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+    zk = _readers.get(zookeeper)
+    if zk is None:
+        zk = _readers[zookeeper] = KazooClient(zookeeper, timeout=5, connection_retry={
+            "max_tries": -1, "delay": 0.1, "max_delay": 0.5})
+        zk.start(10)
     try:
-        return group_master(f"zk://{zookeeper}/{group}")
-    except ClientError:
+        data, _ = zk.get_async(path).get(timeout=2)
+    except (KazooException, KazooTimeoutError):
         return None
+    return nodes.decode(data)
+
+
+def master_of(zookeeper: str, group: str) -> dict | None:
+    return read_node(zookeeper, nodes.master_path(group))
 
 
 def is_master(zookeeper: str, group: str, store: RunningStore, broker_id: int) -> bool:
@@ -140,15 +162,7 @@ def follows(store: RunningStore, master: RunningStore) -> bool:
 
 
 def in_sync_set(zookeeper: str, group: str) -> list[int] | None:
-    from kazoo.client import KazooClient
-    zk = KazooClient(zookeeper)
-    zk.start(5)
-    try:
-        data, _ = zk.get(nodes.sync_state_set_path(group))
-        return nodes.decode(data).get("members")
-    finally:
-        zk.stop()
-        zk.close()
+    return (read_node(zookeeper, nodes.sync_state_set_path(group)) or {}).get("members")
 
 
 def group_status(store: RunningStore) -> dict:
@@ -177,67 +191,89 @@ def pair(tmp_path, zookeeper: str, group: str) -> tuple[RunningStore, RunningSto
     return a, b
 
 
+SHARED = "shared"
+
+
+@pytest.fixture(scope="module")
+def shared_pair(zookeeper_server, tmp_path_factory):
+    """One group of two (members 0 and 1, by index) for the tests that leave it as they
+    found it: a master and a slave following it in sync, whichever is which."""
+    if zookeeper_server.proc is None:
+        zookeeper_server.start()
+    stores = pair(tmp_path_factory.mktemp("pair"), zookeeper_server.address, SHARED)
+    try:
+        yield stores
+    finally:
+        for store in reversed(stores):
+            store.__exit__(None, None, None)
+
+
+def roles(zookeeper: str, stores) -> tuple[int, int]:
+    """(master, slave) of the shared pair, once the slave follows in sync."""
+    def settled():
+        m = (master_of(zookeeper, SHARED) or {}).get("broker_id")
+        if m not in (0, 1):
+            return None
+        return (m, 1 - m) if is_master(zookeeper, SHARED, stores[m], m) and \
+            follows(stores[1 - m], stores[m]) and \
+            sorted(in_sync_set(zookeeper, SHARED) or []) == [0, 1] else None
+    return wait_for(settled, 30, what="the shared pair: a master, its slave in sync")
+
+
 class IdempotentLoad(threading.Thread):
-    """Sends numbered batches through the group's address with one producer id, each
-    until every message is PUT_OK (resent with its own sequences to whichever store is
-    master); keeps every body acknowledged."""
+    """Sends numbered batches through the group's address from one idempotent Producer,
+    which follows the master by itself: no batch may raise or come back NOT_MASTER
+    (``timeout_ms`` covers an election). A batch stored but not yet on a slave
+    (SLAVE_NOT_AVAILABLE while the new master has none) is sent again with its
+    sequences until PUT_OK. Keeps every body acknowledged."""
 
     def __init__(self, address: str, topic: str, batch: int = 10):
         super().__init__(daemon=True)
         self.address, self.topic, self.batch = address, topic, batch
-        self.producer_id = 1 + (os.getpid() << 8) + int(time.monotonic() * 1000) % 255
         self.acked: list[bytes] = []
-        self.resends = 0
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            n = 0
-            while not self.stop.is_set():
-                bodies = [f"{self.topic} {n + i}".encode() for i in range(self.batch)]
-                if not self._until_ok(n, bodies):
-                    return
-                self.acked += bodies
-                n += self.batch
+            with Producer(self.address, idempotent=True, timeout_ms=30_000) as p:
+                n = 0
+                while not self.stop.is_set():
+                    bodies = [f"{self.topic} {n + i}".encode() for i in range(self.batch)]
+                    wait_for(lambda: self._stored(p, n, bodies), 60, interval=0.05,
+                             what=f"batch {n} acknowledged")
+                    self.acked += bodies
+                    n += self.batch
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.error = e
 
-    def _until_ok(self, first: int, bodies: list[bytes]) -> bool:
-        """True once every message is PUT_OK; False when told to stop first."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.stop.is_set():
-                return False
-            try:
-                with Producer(self.address, producer_id=self.producer_id,
-                              timeout_ms=2000) as p:
-                    while time.monotonic() < deadline:
-                        results = p.send_async([Message(self.topic, b) for b in bodies],
-                                               first_sequence=first).result()
-                        if all(r.status is OK for r in results):
-                            return True
-                        if self.stop.is_set():
-                            return False
-                        self.resends += 1
-                        if any(r.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
-                               for r in results):
-                            break       # not the master (any more): ask the group again
-                        time.sleep(0.05)
-            except ClientError:
-                self.resends += 1
-            time.sleep(0.1)
-        raise AssertionError(f"batch from {first} never acknowledged")
+    def _stored(self, p: Producer, first: int, bodies: list[bytes]) -> bool:
+        results = p.send_batch([Message(self.topic, b) for b in bodies], first_sequence=first)
+        refused = [r.reason for r in results if r.reason.startswith("NOT_MASTER")]
+        assert not refused, refused
+        return all(r.status is OK for r in results)
 
     def count(self) -> int:
         return len(self.acked)
+
+
+def send_after_failover(p: Producer, topic: str, body: bytes):
+    """A plain producer's send after its master died: the first may raise
+    ConnectionLost at once (sent before the loss was seen: its outcome unknown, here
+    stored nowhere, the master being dead), the next goes to the new master."""
+    try:
+        return p.send(topic, body)
+    except ConnectionLost:
+        return p.send(topic, body)
 
 
 def test_masters_killed_twice_are_replaced_and_every_acknowledged_message_survives_once(
         tmp_path, zookeeper):
     """SYNC_MASTER group of three under an idempotent load through the group's address.
     The master's whole process group is SIGKILLed: a slave is elected (epoch 2), the
-    other follows it, and the producer goes on by itself; the old master, started
+    other follows it, and the producers go on by themselves (the idempotent one's
+    batches each answered PUT_OK once sent, a plain one's next send stored on the new
+    master); the old master, started
     again, rejoins as a slave. Then the second master is killed too: a member of the
     in-sync set is elected (epoch 3). Every message ever answered PUT_OK is on the last
     master exactly once, and its slaves end byte-identical to it."""
@@ -267,22 +303,26 @@ def test_masters_killed_twice_are_replaced_and_every_acknowledged_message_surviv
         load.start()
         wait_for(lambda: load.count() >= 100 or load.error, 30, what="load on member 0")
 
-        stores[0].kill_all()
-        second = elected(2, not_id=0)
-        other = 3 - second
-        assert [e for e, _ in epoch_file.load(
-            os.path.join(stores[second].store_dir, "config"))] == [1, 2]
-        stores[0].start()
-        wait_for(lambda: slot(stores[second], Slot.SLAVES) == 2 and
-                 slot(stores[0], Slot.ROLE) == slot(stores[other], Slot.ROLE) == 2, 30,
-                 what="the other members to follow the second master")
+        with Producer(f"zk://{zookeeper}/{group}", timeout_ms=30_000) as plain:
+            assert plain.send("Kill", b"plain before").status is OK
+            stores[0].kill_all()
+            second = elected(2, not_id=0)
+            other = 3 - second
+            assert [e for e, _ in epoch_file.load(
+                os.path.join(stores[second].store_dir, "config"))] == [1, 2]
+            stores[0].start()
+            wait_for(lambda: slot(stores[second], Slot.SLAVES) == 2 and
+                     slot(stores[0], Slot.ROLE) == slot(stores[other], Slot.ROLE) == 2, 30,
+                     what="the other members to follow the second master")
+            assert send_after_failover(plain, "Kill", b"plain after").status is OK
         wait_for(lambda: [m["broker_id"] for m in group_status(stores[second]).get("members")
-                          or []] == [0, 1, 2], 15, what="status to show the three members")
+                          or []] == [0, 1, 2], 15, what="status to show the three members",
+                 interval=0.25)     # each look runs `rocketstore status`
         shown = group_status(stores[second])
         assert (shown["group"], shown["master"], shown["epoch"]) == (group, second, 2)
         assert shown["lease_ms"] > 0
         wait_for(lambda: group_status(stores[0]).get("master") == second, 15,
-                 what="the old master's status to name the new one")
+                 what="the old master's status to name the new one", interval=0.25)
         assert group_status(stores[0])["lease_ms"] == 0
         in_sync([0, 1, 2])
         killed_at = load.count()
@@ -300,10 +340,9 @@ def test_masters_killed_twice_are_replaced_and_every_acknowledged_message_surviv
         load.stop.set()
         load.join(70)
         assert load.error is None, load.error
-        assert load.resends > 0
         stored = consume_all(stores[third], "Kill")
         assert sorted(stored) == sorted(set(stored)), "a message stored twice"
-        assert set(load.acked) <= set(stored)
+        assert set(load.acked) | {b"plain before", b"plain after"} <= set(stored)
         wait_for(lambda: slot(stores[last], Slot.WRITTEN) == slot(stores[third], Slot.WRITTEN)
                  == slot(stores[last], Slot.DISPATCHED), 30, what="the slave to catch up")
         assert files(stores[last], "commitlog") == files(stores[third], "commitlog")
@@ -314,96 +353,153 @@ def test_masters_killed_twice_are_replaced_and_every_acknowledged_message_surviv
 
 
 def test_a_paused_master_answers_no_put_ok_after_waking_and_rejoins_as_a_slave(
-        tmp_path, zookeeper):
+        zookeeper, shared_pair):
     """The master is paused (SIGSTOP of its process group) longer than its session:
     the slave is elected. The puts sent to the paused master meanwhile are answered,
     once it wakes, with anything but PUT_OK; then it follows the new master."""
-    group = "pause"
-    a, b = pair(tmp_path, zookeeper, group)
-    try:
-        with Producer(a.store_dir) as p:
-            assert p.send("Pause", b"before").status is OK
-            os.killpg(a.proc.pid, signal.SIGSTOP)
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    with Producer(master.store_dir) as p:
+        assert p.send("Pause", b"before").status is OK
+        os.killpg(master.proc.pid, signal.SIGSTOP)
+        try:
+            pending = [p.send_async([Message("Pause", f"paused {i}".encode())])
+                       for i in range(5)]
+            wait_for(lambda: is_master(zookeeper, SHARED, slave, s), SESSION_MS / 1000 + 20,
+                     what=f"member {s} to be elected")
+        finally:
+            os.killpg(master.proc.pid, signal.SIGCONT)
+        answers = []
+        for handle in pending:
             try:
-                pending = [p.send_async([Message("Pause", f"paused {i}".encode())])
-                           for i in range(5)]
-                wait_for(lambda: is_master(zookeeper, group, b, 1), SESSION_MS / 1000 + 20,
-                         what="member 1 to be elected")
-            finally:
-                os.killpg(a.proc.pid, signal.SIGCONT)
-            answers = []
-            for handle in pending:
-                try:
-                    answers += [r.status for r in handle.result()]
-                except ClientError as e:
-                    answers.append(type(e).__name__)
-        assert OK not in answers, answers
-        wait_for(lambda: follows(a, b), 30, what="the paused master to rejoin as a slave")
-        with Producer(f"zk://{zookeeper}/{group}") as p:
-            assert p.send("Pause", b"after").status is OK
-        assert b"before" in consume_all(b, "Pause")
-    finally:
-        for store in (b, a):
-            store.__exit__(None, None, None)
+                answers += [r.status for r in handle.result()]
+            except ClientError as e:
+                answers.append(type(e).__name__)
+    assert OK not in answers, answers
+    wait_for(lambda: follows(master, slave), 30, what="the paused master to rejoin as a slave")
+    with Producer(f"zk://{zookeeper}/{SHARED}") as p:
+        assert p.send("Pause", b"after").status is OK
+    assert b"before" in consume_all(slave, "Pause")
 
 
-def test_a_slave_out_of_the_in_sync_set_is_never_elected(tmp_path, zookeeper):
+def test_a_slave_out_of_the_in_sync_set_is_never_elected(zookeeper, shared_pair):
     """The slave stops; the master drops it from the in-sync set and takes more puts;
     the master dies. The slave, started again, is not elected (the group waits without
     a master) while enable_elect_unclean_master is off; the old master, back, is
     elected again (a new epoch) and the slave follows it and catches up."""
-    group = "unsynced"
-    a, b = pair(tmp_path, zookeeper, group)
-    try:
-        assert b.stop() == 0
-        wait_for(lambda: in_sync_set(zookeeper, group) == [0], 15,
-                 what="the stopped slave to leave the in-sync set")
-        with Producer(a.store_dir) as p:
-            p.send_batch([Message("Unsynced", f"only on 0: {i}".encode()) for i in range(20)])
-        a.kill_all()
-        b.start()
-        wait_for(lambda: "not electable" in b.log(), SESSION_MS / 1000 + 20,
-                 what="member 1 to find itself out of the in-sync set")
-        assert master_of(zookeeper, group) is None
-        assert slot(b, Slot.MASTER_LEASE_MS) == 0
-        a.start()
-        wait_for(lambda: is_master(zookeeper, group, a, 0), 30, what="member 0 elected again")
-        assert master_of(zookeeper, group)["epoch"] == 2
-        wait_for(lambda: follows(b, a), 30, what="member 1 to follow member 0")
-        wait_for(lambda: slot(b, Slot.WRITTEN) == slot(a, Slot.WRITTEN), 30,
-                 what="member 1 to catch up")
-        assert len(consume_all(b, "Unsynced")) == 20
-    finally:
-        for store in (b, a):
-            store.__exit__(None, None, None)
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    assert slave.stop() == 0
+    wait_for(lambda: in_sync_set(zookeeper, SHARED) == [m], 15,
+             what="the stopped slave to leave the in-sync set")
+    with Producer(master.store_dir) as p:
+        p.send_batch([Message("Unsynced", f"only on {m}: {i}".encode()) for i in range(20)])
+    master.kill_all()
+    mark = os.path.getsize(slave.log_path)
+    slave.start()
+    wait_for(lambda: "not electable" in logged_since(slave, mark), SESSION_MS / 1000 + 20,
+             what=f"member {s} to find itself out of the in-sync set")
+    assert master_of(zookeeper, SHARED) is None
+    assert slot(slave, Slot.MASTER_LEASE_MS) == 0
+    master.start()
+    wait_for(lambda: is_master(zookeeper, SHARED, master, m), 30,
+             what=f"member {m} elected again")
+    assert master_of(zookeeper, SHARED)["epoch"] == epoch + 1
+    wait_for(lambda: follows(slave, master), 30, what=f"member {s} to follow member {m}")
+    wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 30,
+             what=f"member {s} to catch up")
+    assert len(consume_all(slave, "Unsynced")) == 20
 
 
 def test_with_zookeeper_down_the_group_refuses_puts_and_goes_on_when_it_is_back(
-        tmp_path, zookeeper_server, zookeeper):
+        zookeeper_server, zookeeper, shared_pair):
     """No election can happen without ZooKeeper, and no master can renew its lease: the
     master refuses puts (SERVICE_NOT_AVAILABLE, NOT_MASTER) once it lost ZooKeeper.
     ZooKeeper back (same data, same port): the group has a master again, taking puts,
     and nothing acknowledged before is lost."""
-    group = "zkdown"
-    a, b = pair(tmp_path, zookeeper, group)
+    m, _ = roles(zookeeper, shared_pair)
+    with Producer(f"zk://{zookeeper}/{SHARED}", timeout_ms=3000) as p:
+        assert p.send("Down", b"before").status is OK
+        zookeeper_server.stop()
+        wait_for(lambda: slot(shared_pair[m], Slot.MASTER_LEASE_MS) == 0, 10,
+                 what="the master to lose its lease")
+        refused = p.send("Down", b"while down")
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert refused.reason.startswith("NOT_MASTER"), refused.reason
+    zookeeper_server.start()
+    m, _ = roles(zookeeper, shared_pair)
+    with Producer(f"zk://{zookeeper}/{SHARED}") as p:
+        assert p.send("Down", b"after").status is OK
+    assert {b"before", b"after"} <= set(consume_all(shared_pair[m], "Down"))
+
+
+def test_a_slave_of_a_newer_epoch_refuses_its_master_which_then_takes_no_puts(
+        zookeeper, shared_pair):
+    """The epoch in HA frames. The slave is made to hold a newer epoch than its master
+    (its EPOCH slot set as its controller sets it on hearing of an election the master
+    missed: the one fault a live group cannot be put in on demand). It refuses the
+    master's DATA (STALE_EPOCH, nothing appended); the master, told so, takes no more
+    puts. Back at the group's epoch, the slave follows again and puts are taken."""
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    with Producer(master.store_dir, timeout_ms=5000) as p:
+        assert p.send("Epoch", b"before").status is OK
+        wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 15,
+                 what="the slave to hold all")
+        mark = os.path.getsize(master.log_path)
+        set_epoch(slave, epoch + 1)
+        wait_for(lambda: slot(slave, Slot.REPLICA_ERROR) == hp.HAError.STALE_EPOCH, 15,
+                 what="the slave to refuse its master's stream")
+        wait_for(lambda: f"holds epoch {epoch + 1}, newer than this store's {epoch}"
+                 in logged_since(master, mark), 15,
+                 what="the master's controller to end its lease")
+        held = slot(slave, Slot.WRITTEN)
+        refused = p.send("Epoch", b"refused")
+        assert refused.status is not OK, refused
+        assert slot(slave, Slot.WRITTEN) == held
+        set_epoch(slave, epoch)
+        wait_for(lambda: follows(slave, master) and slot(slave, Slot.REPLICA_ERROR) == 0
+                 and slot(master, Slot.MASTER_LEASE_MS) > 0, 30, what="the pair to go on")
+        assert p.send("Epoch", b"after").status is OK
+    wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 15,
+             what="the slave to catch up")
+    assert {b"before", b"after"} <= set(consume_all(slave, "Epoch"))
+
+
+def logged_since(store: RunningStore, offset: int) -> str:
+    """What a store's log gained past byte ``offset`` (it is kept across restarts)."""
+    with open(store.log_path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def set_epoch(store: RunningStore, epoch: int) -> None:
+    """Write a store's EPOCH slot as its controller does."""
+    table = PositionTable.attach(store.store_dir, process="controller")
     try:
-        with Producer(f"zk://{zookeeper}/{group}") as p:
-            assert p.send("Down", b"before").status is OK
-            zookeeper_server.stop()
-            wait_for(lambda: slot(a, Slot.MASTER_LEASE_MS) == 0, 10,
-                     what="the master to lose its lease")
-            refused = p.send("Down", b"while down")
-            assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
-            assert refused.reason.startswith("NOT_MASTER"), refused.reason
-        zookeeper_server.start()
-        wait_for(lambda: is_master(zookeeper, group, a, 0) or is_master(zookeeper, group, b, 1),
-                 30, what="a master again")
-        wait_for(lambda: in_sync_set(zookeeper, group) in ([0, 1], [1, 0]), 30,
-                 what="both members in sync again")
-        with Producer(f"zk://{zookeeper}/{group}") as p:
-            assert p.send("Down", b"after").status is OK
-        master = a if master_of(zookeeper, group)["broker_id"] == 0 else b
-        assert {b"before", b"after"} <= set(consume_all(master, "Down"))
+        table.set(Slot.EPOCH, epoch)
     finally:
-        for store in (b, a):
-            store.__exit__(None, None, None)
+        table.close()
+
+
+def test_spark_endpoint_takes_the_group_address(zookeeper, shared_pair):
+    """Spark's ``endpoint`` option takes ``zk://host:port/BROKER_NAME``: the sink's
+    producer and the source's reader find the group's master (and follow it)."""
+    from rocketstore.spark.access import RemoteStore, socket_of
+    from rocketstore.client.errors import BadAddressError
+    address = f"zk://{zookeeper}/{SHARED}"
+    assert socket_of(address, "ingest") == socket_of(address, "reader") == address
+    with pytest.raises(BadAddressError):
+        socket_of(f"zk://{zookeeper}", "reader")
+    roles(zookeeper, shared_pair)
+    with Producer(socket_of(address, "ingest"), idempotent=True) as p:
+        assert all(r.status is OK for r in
+                   p.send_batch([Message("Spark", b"one"), Message("Spark", b"two")]))
+    remote = RemoteStore(address, timeout_ms=10_000)
+    try:
+        wait_for(lambda: sum(b.max_offset for b in remote.bounds(["Spark"])) == 2, 15,
+                 what="the master's reader to show both")
+    finally:
+        remote.close()

@@ -23,9 +23,9 @@ from typing import NamedTuple
 MAGIC = b"RH"
 VERSION = 1
 HEAD = struct.Struct(">2sBB")
-HELLO = struct.Struct(">IQQII")
+HELLO = struct.Struct(">IQQQII")   # session, epoch, file_size, offset, tail
 REPORT = struct.Struct(">Q")
-DATA = struct.Struct(">IQQ")
+DATA = struct.Struct(">IQQQ")
 ERROR = struct.Struct(">H")
 PROBE = struct.Struct(">IQI")
 RANGE = struct.Struct(">IQQ")
@@ -58,6 +58,9 @@ class HAError(enum.IntEnum):
     ACK_BEYOND_END = 7        # a REPORT past what the session was sent (RocketMQ #3015)
     SYNC_DIVERGED = 8         # DIVERGED, from a SYNC_MASTER: the slave's bytes it sent may
                               # have been acknowledged, so the slave does not cut them
+    STALE_EPOCH = 9           # the other side was elected in (or follows) a newer epoch:
+                              # a slave refuses an older master's stream, and a master
+                              # that hears of a newer epoch stops taking puts
 
 
 
@@ -75,12 +78,14 @@ class Hello(NamedTuple):
     offset: int
     tail_len: int
     tail_crc: int
+    epoch: int = 0           # the slave's group epoch (0: no controller mode)
 
 
 class Data(NamedTuple):
     session: int
     offset: int
     master_end: int
+    epoch: int               # the master's group epoch (0: no controller mode)
     payload: memoryview
 
 
@@ -112,17 +117,18 @@ def _head(kind: Kind) -> bytes:
 
 
 def encode_hello(session: int, file_size: int, offset: int, tail_len: int,
-                 tail_crc: int) -> bytes:
-    return _head(Kind.HELLO) + HELLO.pack(session, file_size, offset, tail_len, tail_crc)
+                 tail_crc: int, epoch: int = 0) -> bytes:
+    return _head(Kind.HELLO) + HELLO.pack(session, epoch, file_size, offset, tail_len,
+                                          tail_crc)
 
 
 def encode_report(offset: int) -> bytes:
     return _head(Kind.REPORT) + REPORT.pack(offset)
 
 
-def data_head(session: int, offset: int, master_end: int) -> bytes:
+def data_head(session: int, offset: int, master_end: int, epoch: int = 0) -> bytes:
     """A DATA frame up to its CommitLog bytes (alone: a heartbeat)."""
-    return _head(Kind.DATA) + DATA.pack(session, offset, master_end)
+    return _head(Kind.DATA) + DATA.pack(session, offset, master_end, epoch)
 
 
 def encode_probe(session: int, offset: int, length: int) -> bytes:
@@ -160,12 +166,12 @@ def decode(frame) -> Hello | int | Data | Error | Probe | Range | File:
     body = mv[HEAD.size:]
     try:
         if kind == Kind.HELLO and len(body) == HELLO.size:
-            return Hello(*HELLO.unpack_from(body))
+            session, epoch, file_size, offset, tail_len, tail_crc = HELLO.unpack_from(body)
+            return Hello(session, file_size, offset, tail_len, tail_crc, epoch)
         if kind == Kind.REPORT and len(body) == REPORT.size:
             return REPORT.unpack_from(body)[0]
         if kind == Kind.DATA and len(body) >= DATA.size:
-            session, offset, end = DATA.unpack_from(body)
-            return Data(session, offset, end, body[DATA.size:])
+            return Data(*DATA.unpack_from(body), body[DATA.size:])
         if kind == Kind.PROBE and len(body) == PROBE.size:
             return Probe(*PROBE.unpack_from(body))
         if kind == Kind.RANGE and len(body) >= RANGE.size:
