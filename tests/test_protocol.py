@@ -1053,7 +1053,7 @@ def test_the_ha_frames_are_laid_out_as_protocol_md_section_10_says():
     ("| 2 | REPORT | slave | `offset u64` |", "| 2 | REPORT | slave | `offset u32` |"),
     ("| 7 | FILE |", "| 8 | FILE |"),                            # a kind's number
     ("`code u16`, then UTF-8 text", "`code u16`"),               # a tail dropped
-    ("| 2 | 1 | version: 1 |", "| 2 | 1 | version: 2 |"),
+    ("| 2 | 1 | version: 2 |", "| 2 | 1 | version: 3 |"),
 ])
 def test_the_section_10_check_sees_a_drifted_table(old, new):
     section = ha_doc_section()

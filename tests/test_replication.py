@@ -45,10 +45,10 @@ def test_ha_frames_round_trip_and_bad_ones_are_named():
     e = hp.decode(hp.encode_error(hp.HAError.DIVERGED, "why"))
     assert e == hp.Error(hp.HAError.DIVERGED, "why")
     for bad, code in [(b"R", hp.HAError.MALFORMED), (b"XX\x01\x01", hp.HAError.MALFORMED),
-                      (b"RH\x02\x01" + bytes(28), hp.HAError.UNSUPPORTED_VERSION),
+                      (b"RH\x01\x01" + bytes(28), hp.HAError.UNSUPPORTED_VERSION),
                       (hp.encode_hello(1, 2, 3, 4, 5)[:-1], hp.HAError.MALFORMED),
                       (hp.encode_report(1) + b"x", hp.HAError.MALFORMED),
-                      (b"RH\x01\x09", hp.HAError.MALFORMED),
+                      (b"RH\x02\x09", hp.HAError.MALFORMED),
                       (hp.encode_file("../../etc/passwd", b"x"), hp.HAError.MALFORMED)]:
         with pytest.raises(hp.HAProtocolError) as info:
             hp.decode(bad)

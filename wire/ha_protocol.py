@@ -21,7 +21,7 @@ import struct
 from typing import NamedTuple
 
 MAGIC = b"RH"
-VERSION = 1
+VERSION = 2
 HEAD = struct.Struct(">2sBB")
 HELLO = struct.Struct(">IQQQII")   # session, epoch, file_size, offset, tail
 REPORT = struct.Struct(">Q")
