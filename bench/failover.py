@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from rocketstore.client import ClientError, Producer  # noqa: E402
-from rocketstore.client.group_address import master  # noqa: E402
+from rocketstore.client.group_lookup import master  # noqa: E402
 from rocketstore.storage.status import PutMessageStatus  # noqa: E402
 from store_processes import RunningStore, free_port, free_ports, wait_for  # noqa: E402
 from zookeeper_server import ZooKeeperServer, missing  # noqa: E402

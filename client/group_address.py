@@ -5,10 +5,9 @@ from one master to the next.
     Producer("zk://127.0.0.1:2181/broker-a", idempotent=True)
     ReaderClient("zk://127.0.0.1:2181/broker-a")
 
-``master`` reads the group's master node once; ``endpoint`` gives the address of the
-master's socket (``ingest`` or ``reader``). When the group has no master (an election
-under way, ZooKeeper unreachable) they raise ``NoStoreError`` at once, and so does a
-client made from the group's address then.
+``client.group_lookup`` finds the master's sockets (``master``, ``endpoint``); when the
+group has no master (an election under way, ZooKeeper unreachable) a client made from
+the group's address raises ``NoStoreError`` at once.
 
 A client made from the group's address talks through a ``GroupDealer``: a ``Dealer``
 to the master's socket that looks the master up again and resends when the master it
@@ -52,63 +51,18 @@ from typing import NamedTuple
 
 from rocketstore.client.dealer import Dealer
 from rocketstore.client.errors import (
-    BadAddressError, ClientError, ConnectionLost, NoStoreError, RequestTimeout,
-    StoreUnreachableError)
+    ClientError, ConnectionLost, NoStoreError, RequestTimeout, StoreUnreachableError)
+from rocketstore.client.group_lookup import CONNECT_TIMEOUT_S, SCHEME, master
 from rocketstore.client.reach import Target, locate
 from rocketstore.storage.status import PutMessageStatus
-from rocketstore.wire import group_nodes as nodes
 from rocketstore.wire import protocol
 
-SCHEME = "zk://"
-CONNECT_TIMEOUT_S = 5.0
 FOLLOW_INTERVAL_S = 0.1    # between two looks for the next master
 MIN_ATTEMPT_S = 0.5        # the shortest wait for an answer before looking again
 # reasons of a put refused whole, nothing stored, by a member that is not the master:
 # procs.fencing's, a slave's and a store restarting in its new role (storage.put_path)
 NOT_MASTER_REASONS = ("NOT_MASTER", "a SLAVE store does not accept puts", "the store is ")
 _REFUSALS = tuple(reason.encode() for reason in NOT_MASTER_REASONS)
-
-
-def parse(address: str) -> tuple[str, str]:
-    """``(connect string, broker_name)`` of a ``zk://`` address. Raises
-    ``BadAddressError``."""
-    hosts, sep, name = address[len(SCHEME):].partition("/")
-    if not address.startswith(SCHEME) or not sep or not hosts or not name or "/" in name:
-        raise BadAddressError(f"{address!r} is not a broker group's address: "
-                              "zk://host:port[,host:port...]/BROKER_NAME")
-    return hosts, name
-
-
-def master(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> dict:
-    """The group's master node (``wire.group_nodes``). Raises ``NoStoreError`` when
-    ZooKeeper cannot be reached or the group has no master now."""
-    from kazoo.client import KazooClient
-    from kazoo.exceptions import KazooException, NoNodeError
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    hosts, name = parse(address)
-    zk = KazooClient(hosts=hosts, timeout=timeout_s)
-    try:
-        zk.start(timeout=timeout_s)
-        data, _ = zk.get(nodes.master_path(name))
-    except NoNodeError:
-        raise NoStoreError(f"broker group {name} has no master now (an election may be "
-                           f"under way): {address}") from None
-    except (KazooException, KazooTimeoutError) as e:
-        raise NoStoreError(f"ZooKeeper at {hosts} cannot be reached ({e or type(e).__name__})"
-                           f": no master of {name} can be found") from None
-    finally:
-        zk.stop()
-        zk.close()
-    return nodes.decode(data)
-
-
-def endpoint(address: str, socket_name: str) -> str:
-    """The address of the master's ``socket_name`` (``ingest`` or ``reader``) socket."""
-    found = master(address).get(socket_name)
-    if not isinstance(found, str):
-        raise NoStoreError(f"the master node of {address} names no {socket_name} socket")
-    return found
 
 
 def dealer(where: str, socket_name: str, timeout_ms: int, curve_server_key: str | None = None,

@@ -51,6 +51,7 @@ from typing import NamedTuple
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from rocketstore.client import group_lookup
 from rocketstore.client.errors import (
     BadAddressError, HandshakeRefusedError, NoListenerError, NoStoreError,
     StoreUnreachableError)
@@ -94,8 +95,7 @@ def locate(where: str, socket_name: str) -> Target:
     if where.startswith("ipc://"):
         return _ipc_target(where, socket_name)
     if where.startswith("zk://"):         # a broker group: its master (controller mode)
-        from rocketstore.client import group_address
-        return Target(group_address.endpoint(where, socket_name))
+        return Target(group_lookup.endpoint(where, socket_name))
     if "://" in where:
         return Target(where)
     meant = endpoints.tcp_meant(where)

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from rocketstore.spark.arrow_codec import records_to_batch
 from rocketstore.spark.offsets import DataLossError, QueueBounds, QueueRange
 from rocketstore.wire import endpoints
-from rocketstore.client import BadAddressError, ReaderClient, group_address
+from rocketstore.client import BadAddressError, ReaderClient, group_lookup
 from rocketstore.client.consumer import store_config, update_offsets
 from rocketstore.client.reach import running_table
 from rocketstore.shm.positions import Slot
@@ -70,8 +70,8 @@ def socket_of(endpoint: str, name: str) -> str:
     running by its table), a broker group's ``zk://`` address as it is (the client
     follows the group's master, ``client.group_address``), a ``tcp://`` one's socket.
     Raises ``BadAddressError`` (a ``ValueError``) for an endpoint of another form."""
-    if endpoint.startswith(group_address.SCHEME):
-        group_address.parse(endpoint)
+    if endpoint.startswith(group_lookup.SCHEME):
+        group_lookup.parse(endpoint)
         return endpoint
     try:
         address = getattr(endpoints.resolve(endpoint), name)
