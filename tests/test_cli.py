@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -604,7 +605,6 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
     """Ctrl-C while ``consume --follow`` writes a batch into a pipe nobody reads yet:
     the commit on its way out used to take the whole batch, the unprinted rest lost for
     the group. Every committed offset must now have been printed."""
-    import signal
     from rocketstore.client.consumer import read_offsets
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir) as p:
@@ -614,20 +614,41 @@ def test_consume_stopped_while_printing_commits_only_what_it_printed(tmp_path):
                      for i in range(500)]))
         printed: set = set()
         for attempt in range(2):
+            stderr = open(tmp_path / f"consume-{attempt}.err", "w+")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "rocketstore.cli", "consume", "--config", rs.config_path,
-                 "--group", "g", "--topic", "T", "--follow"], cwd=WORK_DIR, env=ENV,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                 "--group", "g", "--topic", "T", "--follow"], cwd=WORK_DIR,
+                env={**ENV, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                stderr=stderr, text=True)
             lines = [proc.stdout.readline() for _ in range(100 + 37 * attempt)]
             wait_for(lambda: _writing_to_a_full_pipe(proc.pid), 30,
                      "consume blocked on the full pipe, mid-batch")
             proc.send_signal(signal.SIGINT)
-            lines += proc.stdout.readlines()
+            lines += _rest_of_output(proc, stderr)
             assert proc.wait(30) == 0
             printed |= {int(line.split()[0].split("#")[1]) for line in lines
                         if line.startswith("T/0#")}
             committed = read_offsets(os.path.join(rs.store_dir, "config"))["T@g"]["0"]
             assert 0 < committed <= 4000 and set(range(committed)) <= printed
+
+
+def _rest_of_output(proc: subprocess.Popen, stderr, timeout: float = 60) -> list[str]:
+    """The lines ``proc`` prints until it exits (read from the stream the test has read
+    from, whose buffer may hold some). One that has not stopped within ``timeout`` s of
+    its Ctrl-C is made to dump every thread's stack (SIGABRT, with PYTHONFAULTHANDLER
+    set) and the test fails showing where it hung."""
+    import threading
+    rest: list[str] = []
+    reader = threading.Thread(target=lambda: rest.extend(proc.stdout.readlines()),
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.send_signal(signal.SIGABRT)
+        reader.join(30)
+        stderr.seek(0)
+        pytest.fail(f"consume did not stop within {timeout} s of Ctrl-C:\n{stderr.read()}")
+    return rest
 
 
 def _writing_to_a_full_pipe(pid: int) -> bool:
