@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 
@@ -74,7 +75,17 @@ def test_consume_queue_deletions_pause_between_queues(tmp_path, monkeypatch):
     """``delete_consume_queue_files_interval``: after each queue that lost files, the
     cleaner pauses (recorded, not timed)."""
     pauses = []
-    monkeypatch.setattr(cleaner_module.time, "sleep", pauses.append)
+    sleep, this_thread = cleaner_module.time.sleep, threading.get_ident()
+
+    def recorded_sleep(seconds: float) -> None:
+        """The cleaner's pauses, recorded; other threads of this process (a client a
+        test before left running) still sleep: ``time`` is one module for them all."""
+        if threading.get_ident() == this_thread:
+            pauses.append(seconds)
+        else:
+            sleep(seconds)
+
+    monkeypatch.setattr(cleaner_module.time, "sleep", recorded_sleep)
     root = tmp_path / "cq"
     for queue in ("T/0", "T/1", "U/0"):
         os.makedirs(root / queue)
