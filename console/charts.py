@@ -91,11 +91,12 @@ def disk_bar(used_ratio: float, lines: list[tuple[str, float]], width: int = 360
              f'<rect x="0" y="14" width="{width}" height="16" class="track"/>',
              f'<rect x="0" y="14" width="{used / 100 * width:.1f}" height="16" '
              f'class="fill {level}"/>']
-    for name, pct in lines:
+    for i, (name, pct) in enumerate(lines):      # labels below and above in turn
         x = pct / 100 * width
-        parts.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="34" class="mark"/>'
-                     f'<text x="{x:.1f}" y="{height - 2}" class="tick" text-anchor="middle">'
-                     f'{pct:.0f}%</text>')
+        y = height - 2 if i % 2 == 0 else 10
+        parts.append(f'<line x1="{x:.1f}" y1="12" x2="{x:.1f}" y2="34" class="mark"/>'
+                     f'<text x="{x:.1f}" y="{y}" class="tick" text-anchor="middle">'
+                     f'<title>{escape(name)}</title>{pct:.0f}%</text>')
     parts.append(f'<text x="0" y="10" class="tick">{used:.1f}% used</text></svg>')
     return Markup("".join(parts))
 
