@@ -15,9 +15,9 @@ Restart decision table of the supervised process:
     --------------  ----------------------  --------------------------------------------
     any             the rates' history      nothing: the charts start empty and fill as
                                             the processes publish (every 5 s a point)
-    port taken      nothing                 the error is logged and the process idles:
-                                            the store runs without a dashboard (as
-                                            without metrics), ``status`` shows it RUNNING
+    port taken, or  nothing                 the error is logged and the process idles:
+    a bad auth                              the store runs without a dashboard (as
+    file                                    without metrics), ``status`` shows it RUNNING
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import threading
 import uvicorn
 
 from rocketstore.console.app import create_app
+from rocketstore.console.safety import AuthFileError
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.storage import StoreConfig
 
@@ -40,7 +41,10 @@ def listening_socket(address: str, port: int) -> socket.socket:
     """A bound, listening TCP socket (IPv4 or IPv6 by the address). Raises ``OSError``
     when it cannot be bound (the port taken, the address not this host's)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and a
+    # response's header and body, written apart, would wait out the client's delayed
+    # ACK (40 ms a request on a kept-alive connection)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address, port))
@@ -88,14 +92,14 @@ class DashboardService(Service):
     def setup(self) -> None:
         cfg = self.config
         self._thread = None
+        self._idle = threading.Event()
         try:
+            self._server = make_server(cfg)
             sock = listening_socket(cfg.dashboard_address, cfg.dashboard_port)
-        except OSError as e:
+        except (OSError, AuthFileError) as e:
             log.error("no dashboard on %s:%d: %s; the store runs without it",
                       cfg.dashboard_address, cfg.dashboard_port, e)
-            self._idle = threading.Event()
             return
-        self._server = make_server(cfg)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="dashboard-server", daemon=True)
         self._thread.start()
