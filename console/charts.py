@@ -21,7 +21,7 @@ def _number(v: float) -> str:
 
 
 def line_chart(points: list[tuple[float, float | None]], title: str, unit: str,
-               width: int = 360, height: int = 120) -> Markup:
+               width: int = 340, height: int = 120) -> Markup:
     """``points`` (time s, value or None: a gap) as a line; the axis from 0 to the
     largest value, the last value in the title."""
     pad_l, pad_b, pad_t = 44, 16, 18
@@ -40,9 +40,13 @@ def line_chart(points: list[tuple[float, float | None]], title: str, unit: str,
         t0, t1 = points[0][0], points[-1][0]
         span = max(t1 - t0, 1e-3)
         for run in _runs(points):
-            xy = " ".join(f"{pad_l + (t - t0) / span * w:.1f},{pad_t + h - v / top * h:.1f}"
-                          for t, v in run)
-            parts.append(f'<polyline points="{xy}" class="line"/>')
+            xy = [(pad_l + (t - t0) / span * w, pad_t + h - v / top * h) for t, v in run]
+            if len(xy) == 1:
+                parts.append(f'<circle cx="{xy[0][0]:.1f}" cy="{xy[0][1]:.1f}" r="2" '
+                             'class="dot"/>')
+            else:
+                parts.append('<polyline points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+                             + '" class="line"/>')
         parts.append(f'<text x="{pad_l}" y="{height - 3}" class="tick">'
                      f'{escape(time.strftime("%H:%M", time.localtime(t0)))}</text>')
         parts.append(f'<text x="{pad_l + w}" y="{height - 3}" class="tick" text-anchor="end">'
@@ -52,18 +56,18 @@ def line_chart(points: list[tuple[float, float | None]], title: str, unit: str,
 
 
 def _runs(points):
-    """The stretches of ``points`` without a gap (None), each of two points or more
-    (a single point is drawn as a flat step)."""
+    """The stretches of ``points`` without a gap (None); a lone point is its own
+    stretch (drawn as a dot)."""
     run: list = []
     for t, v in points:
         if v is None:
             if run:
-                yield run if len(run) > 1 else run * 2
+                yield run
             run = []
         else:
             run.append((t, v))
     if run:
-        yield run if len(run) > 1 else run * 2
+        yield run
 
 
 def sparkline(values: list[float | None], width: int = 120, height: int = 24) -> Markup:

@@ -186,6 +186,12 @@ def test_bad_input_is_a_4xx_with_a_sentence(store, path, status, words):
     assert r.status_code == status and words in r.text and "Traceback" not in r.text
 
 
+def test_what_a_page_repeats_of_its_input_is_escaped(store):
+    r = httpx.get(f"{store.url}/messages", params={"topic": TOPIC, "key": "<script>k</script>"},
+                  timeout=10)
+    assert r.status_code == 200 and "<script>k" not in r.text and "&lt;script&gt;k" in r.text
+
+
 def test_a_reset_to_no_target_and_a_10_mib_body_are_refused(store):
     r = httpx.post(f"{store.url}/api/groups/{GROUP}/{TOPIC}/reset", data={"target": "soon"},
                    timeout=10)
@@ -255,3 +261,51 @@ def test_a_write_from_another_site_is_refused(store):
     r = httpx.post(store.url + "/api/send", data={"topic": "Tests", "body": "x"},
                    headers={"Origin": "http://evil.example"}, timeout=10)
     assert r.status_code == 403 and "another site" in r.json()["error"]
+
+
+# ------------------------------------------------------------------------------ pure parts
+def test_a_rate_has_no_point_where_a_counter_restarted(tmp_path):
+    from rocketstore.console.history import History
+    h = History(str(tmp_path))
+    for t, puts, gets, latency_sum, answered in [(0, 0, 0, 0.0, 0), (5, 50, 10, 0.1, 50),
+                                                 (10, 20, 12, 0.1, 50), (15, 70, 22, 0.2, 60)]:
+        h.samples.append((t, puts, gets, latency_sum, answered, {"A": puts}))
+    series = h.series()
+    assert [v for _, v in series["puts_per_s"]] == [10.0, None, 10.0]
+    assert [v for _, v in series["gets_per_s"]] == [2.0, 0.4, 2.0]
+    assert series["put_latency_ms"][0][1] == pytest.approx(2.0)
+    assert series["put_latency_ms"][1][1] is None              # nothing answered: no mean
+    assert h.topic_rates() == {"A": [10.0, None, 10.0]}
+
+
+def test_a_chart_leaves_a_gap_draws_a_lone_point_and_escapes_its_title():
+    from rocketstore.console import charts
+    svg = charts.line_chart([(0, 1.0), (5, 2.0), (10, None), (15, 4.0)], "<b>puts", "msg/s")
+    assert svg.count("<polyline") == 1 and svg.count("<circle") == 1
+    assert "&lt;b&gt;puts: 4.00 msg/s" in svg
+    assert "no data yet" in charts.line_chart([], "puts", "msg/s")
+    bar = charts.disk_bar(0.87, [("a", 75.0), ("b", 85.0), ("c", 90.0)])
+    assert 'class="fill high"' in bar and "87.0% used" in bar
+
+
+def test_the_auth_file_holds_a_token_or_users(tmp_path):
+    import base64
+    from rocketstore.console.safety import Authority, AuthFileError
+
+    def basic(name, password):
+        return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
+    token = tmp_path / "token"
+    token.write_text("# the ops token\nabc123\n")
+    a = Authority.from_file(str(token))
+    assert a.who("Bearer abc123") == "token" and a.who("Bearer abc") is None
+    assert a.who(basic("ann", "abc123")) == "ann (token)" and a.who(None) is None
+    users = tmp_path / "users"
+    users.write_text("ann:pw:with:colons\nbob:b0b\n")
+    a = Authority.from_file(str(users))
+    assert a.who(basic("ann", "pw:with:colons")) == "ann" and a.who(basic("bob", "x")) is None
+    assert a.who("Bearer b0b") is None and a.who("Basic !!!") is None
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(AuthFileError, match="holds no token and no user"):
+        Authority.from_file(str(tmp_path / "empty"))
+    with pytest.raises(AuthFileError, match="cannot read it"):
+        Authority.from_file(str(tmp_path / "missing"))
