@@ -160,6 +160,17 @@ def test_a_reset_asks_first_then_moves_the_offsets_and_is_logged_with_who(store)
              what="the reset in the log")
 
 
+def test_a_group_with_a_live_consumer_shows_it_and_refuses_a_reset(store):
+    before = group_offsets.describe(store.store_dir, GROUP, TOPIC)
+    with Consumer(store.store_dir, GROUP, TOPIC):
+        g = _json(store, f"/api/groups/{GROUP}/{TOPIC}")
+        assert len(g["members"]) == 1
+        r = httpx.post(f"{store.url}/api/groups/{GROUP}/{TOPIC}/reset",
+                       data={"target": "latest", "confirmed": "yes"}, timeout=10)
+        assert r.status_code == 409 and "live consumer" in r.json()["error"]
+    assert group_offsets.describe(store.store_dir, GROUP, TOPIC) == before
+
+
 def test_a_test_message_is_sent_and_logged(store):
     r = httpx.post(store.url + "/api/send", data={"topic": "Tests", "body": "hello",
                                                    "keys": "t-1"}, timeout=10)
