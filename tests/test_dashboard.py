@@ -7,6 +7,7 @@ bad input answered 4xx with a sentence, never a stack trace."""
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import os
@@ -151,6 +152,16 @@ def test_a_reset_asks_first_then_moves_the_offsets_and_is_logged_with_who(store)
     assert asked.status_code == 200 and asked.json()["confirmed"] is False
     assert [r["new"] for r in asked.json()["queues"]] == [r["min_offset"] for r in before]
     assert group_offsets.describe(store.store_dir, GROUP, TOPIC) == before    # nothing yet
+    first = _json(store, f"/api/messages/{store.sent[0].msg_id}")
+    when = datetime.datetime.fromtimestamp(first["store_timestamp"] / 1000).isoformat(
+        timespec="milliseconds")                       # as the page's datetime field sends it
+    to_time = httpx.post(url, data={"target": "time", "time": when}, timeout=10).json()
+    assert to_time["target"] == f"@{first['store_timestamp']}"
+    dry_run = group_offsets.describe(store.store_dir, GROUP, TOPIC,     # offsets --dry-run
+                                     ("time", first["store_timestamp"]))
+    assert [r["new"] for r in to_time["queues"]] == [r["new"] for r in dry_run]
+    r = httpx.post(url, data={"target": "time", "time": ""}, timeout=10)
+    assert r.status_code == 400 and "needs the time" in r.json()["error"]
     done = httpx.post(url, data={"target": "earliest", "confirmed": "yes"}, timeout=10)
     assert done.status_code == 200 and done.json()["confirmed"] is True
     after = group_offsets.describe(store.store_dir, GROUP, TOPIC)
