@@ -304,7 +304,8 @@ def _error(request: Request, status: int, message: str) -> Response:
         return JSONResponse({"error": message, "status": status}, status_code=status)
     templates = request.app.state.templates
     return templates.TemplateResponse(request, "error.html", {
-        "request": request, "status": status, "message": message, "writes": False}, status_code=status)
+        "request": request, "status": status, "message": message, "writes": False},
+        status_code=status)
 
 
 async def _http_error(request: Request, e: HTTPException) -> Response:

@@ -32,7 +32,8 @@ def line_chart(points: list[tuple[float, float | None]], title: str, unit: str,
     parts = [f'<svg class="chart" width="{width}" height="{height}" role="img" '
              f'aria-label="{escape(title)}">',
              f'<text x="{pad_l}" y="12" class="title">{escape(title)}: {escape(last)}</text>',
-             f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" class="axis"/>',
+             f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" '
+             'class="axis"/>',
              f'<text x="{pad_l - 4}" y="{pad_t + 8}" class="tick" text-anchor="end">'
              f'{escape(_number(top))}</text>',
              f'<text x="{pad_l - 4}" y="{pad_t + h}" class="tick" text-anchor="end">0</text>']

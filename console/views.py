@@ -66,7 +66,8 @@ def overview(store_dir: str, config: StoreConfig) -> dict:
     if "committed" in pos:
         st["distances"]["written - committed"] = pos["written"] - pos["committed"]
     st["disk"]["lines"] = disk_lines(config)
-    st["disk"]["used_text"] = f"{size_text(st['disk']['used'])} of {size_text(st['disk']['total'])}"
+    disk = st["disk"]
+    disk["used_text"] = f"{size_text(disk['used'])} of {size_text(disk['total'])}"
     return st
 
 
