@@ -54,6 +54,8 @@ master (the processes start again as a SLAVE of it).
                           (it stops after the writer, whose last SYNC_MASTER replies wait
                           for SLAVE_ACKED)
     controller  5         controller mode: the group in ZooKeeper, MASTER_LEASE_MS, EPOCH
+    dashboard   70        with dashboard_port: the web console (rocketstore.console.serve,
+                          started by module name); it reads as ``status`` does, owns nothing
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ DEFAULT_PROCESSES = {
     "reader": ProcessConfig(priority=60),
     "ha": ProcessConfig(priority=25),     # stops after the writer: SYNC_MASTER acks
     "controller": ProcessConfig(priority=5),   # stops last: the group's lease ends with it
+    "dashboard": ProcessConfig(priority=70),   # stops first: it only reads
 }
 MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serves no slave
 
@@ -119,13 +122,17 @@ MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serve
 def runs(name: str, config: StoreConfig) -> bool:
     """Whether the store runs process ``name``: a SLAVE no delay scheduler and no HA
     process; a master the HA process only with ``ha_listen_port`` set; the controller
-    only in controller mode."""
+    only in controller mode; the dashboard only with ``dashboard_port``."""
     if name == "controller":
         return config.enable_controller_mode
+    if name == "dashboard":
+        return bool(config.dashboard_port)
     if config.slave and name in MASTER_ONLY:
         return False
     return name != "ha" or bool(config.ha_listen_port)
 MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
+# the web console is a room above this one (and an extra): started by its module's name
+MODULES["dashboard"] = "rocketstore.console.serve"
 
 
 def load_process_configs(doc: dict[str, Any], where: str = "") -> dict[str, ProcessConfig]:
