@@ -579,6 +579,39 @@ def test_a_hand_over_to_a_slave_out_of_sync_is_refused_and_changes_nothing(
     assert len(consume_all(slave, "Refused")) == 5
 
 
+def test_a_hand_over_the_slave_cannot_finish_gives_the_puts_back_to_the_master(
+        zookeeper, shared_pair, capsys):
+    """The slave's controller is stopped (SIGSTOP: it can take nothing over, and its
+    ZooKeeper session runs out) just before ``promote`` (run in this process, to ask
+    before the session does run out). The master stops taking puts and, no take-over
+    within --handover-timeout, takes them again: the command says so, exit 1, the
+    same master at the same epoch. Its controller woken, the slave follows again."""
+    from rocketstore.cli.main import main
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    controller = slave.child_pid("controller")
+    capsys.readouterr()
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        code = main(["promote", "--config", master.config_path, "--handover-timeout", "1"])
+        err = capsys.readouterr().err
+        assert code == 1, err
+        assert f"member {m} takes no puts" in err
+        assert f"the hand-over was aborted: member {s} did not take over within 1000 ms" \
+            in err and f"member {m} takes puts again" in err
+        assert read_node(zookeeper, nodes.handover_path(SHARED))["state"] == handover.ABORTED
+        wait_for(lambda: is_master(zookeeper, SHARED, master, m), 10,
+                 what="the master to take puts again")
+        assert master_of(zookeeper, SHARED)["epoch"] == epoch
+        with Producer(master.store_dir, timeout_ms=10_000) as p:
+            assert p.send("Aborted", b"after").status is OK
+    finally:
+        os.kill(controller, signal.SIGCONT)
+    roles(zookeeper, shared_pair)
+    assert b"after" in consume_all(slave, "Aborted")
+
+
 def test_promote_asks_a_group_without_a_master_for_nothing(tmp_path, zookeeper):
     """A member's settings file whose group has no master now (none of it runs):
     nothing to hand over, exit 1, no request left."""
