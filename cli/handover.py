@@ -93,7 +93,8 @@ def _follow(args: argparse.Namespace, zk, group: str, request: dict, version: in
         if seen["master_at"] is None and handover.withdraw(zk, group, seen["version"]):
             return _fail(args, f"interrupted: the hand-over was withdrawn; member "
                                f"{request['from']} takes puts again")
-        raise
+        return _fail(args, "interrupted: the hand-over goes on without this command "
+                           "(rocketstore status shows the group)")
 
 
 def _step(args: argparse.Namespace, zk, group: str, request: dict, seen: dict,

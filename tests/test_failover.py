@@ -583,22 +583,34 @@ def test_a_hand_over_the_slave_cannot_finish_gives_the_puts_back_to_the_master(
         zookeeper, shared_pair, capsys):
     """The slave's controller is stopped (SIGSTOP: it can take nothing over, and its
     ZooKeeper session runs out) just before ``promote`` (run in this process, to ask
-    before the session does run out). The master stops taking puts and, no take-over
-    within --handover-timeout, takes them again: the command says so, exit 1, the
-    same master at the same epoch. Its controller woken, the slave follows again."""
+    before the session does run out). The master stops taking puts, refusing them as
+    handing over, and, no take-over within --handover-timeout, takes them again: the
+    command says so, exit 1, the same master at the same epoch. Its controller woken,
+    the slave follows again."""
     from rocketstore.cli.main import main
     m, s = roles(zookeeper, shared_pair)
     master, slave = shared_pair[m], shared_pair[s]
     epoch = master_of(zookeeper, SHARED)["epoch"]
     controller = slave.child_pid("controller")
     capsys.readouterr()
+    exit_code: list[int] = []
+    command = threading.Thread(target=lambda: exit_code.append(main(
+        ["promote", "--config", master.config_path, "--handover-timeout", "3"])))
     os.kill(controller, signal.SIGSTOP)
     try:
-        code = main(["promote", "--config", master.config_path, "--handover-timeout", "1"])
+        command.start()
+        wait_for(lambda: slot(master, Slot.MASTER_LEASE_MS) == fencing.HANDING_OVER, 10,
+                 what="the master to stop taking puts")
+        with Producer(master.store_dir, timeout_ms=10_000) as p:
+            refused = p.send("Aborted", b"while handing over")
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert refused.reason.startswith("NOT_MASTER: this store is handing its group's "
+                                         "mastership over"), refused.reason
+        command.join(30)
         err = capsys.readouterr().err
-        assert code == 1, err
+        assert exit_code == [1], err
         assert f"member {m} takes no puts" in err
-        assert f"the hand-over was aborted: member {s} did not take over within 1000 ms" \
+        assert f"the hand-over was aborted: member {s} did not take over within 3000 ms" \
             in err and f"member {m} takes puts again" in err
         assert read_node(zookeeper, nodes.handover_path(SHARED))["state"] == handover.ABORTED
         wait_for(lambda: is_master(zookeeper, SHARED, master, m), 10,
@@ -609,7 +621,8 @@ def test_a_hand_over_the_slave_cannot_finish_gives_the_puts_back_to_the_master(
     finally:
         os.kill(controller, signal.SIGCONT)
     roles(zookeeper, shared_pair)
-    assert b"after" in consume_all(slave, "Aborted")
+    stored = consume_all(slave, "Aborted")
+    assert b"after" in stored and b"while handing over" not in stored
 
 
 def test_promote_asks_a_group_without_a_master_for_nothing(tmp_path, zookeeper):
