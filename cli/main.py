@@ -12,7 +12,8 @@
     rocketstore dump    PATH [--type KIND] [--limit N] [--json]
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
-    rocketstore promote --config FILE [--role R]              a SLAVE becomes a master
+    rocketstore promote --config FILE [--role R]              a SLAVE becomes a master;
+                        [--broker-id N]                       a group hands over
     rocketstore keys    --dir DIR [--client NAME ...]         CURVE key pairs (0600 files)
     rocketstore dashboard [--port 8080] [--address ADDR]      the web console
 
