@@ -46,7 +46,8 @@ import numpy as np
 
 from rocketstore.storage import record
 from rocketstore.storage.message import MessageExt, StoredMessageFields, decode_host, read_properties
-from rocketstore.storage.record_batch import BODY_POS, FIXED_HEAD, V4_HEAD, gather_be, gather_rows
+from rocketstore.storage.record_batch import (
+    BODY_POS, BODYLENGTH_POS, FIXED_HEAD, V4_HEAD, gather_be, gather_rows)
 
 _SHORT = record.SHORT.unpack_from
 _FIELDS = ("store_size", "magic", "body_crc", "queue_id", "flag", "queue_offset",
@@ -317,7 +318,8 @@ class _PlainRecords(_Records):
     of the topic read for, so its parts lie where its start and lengths say: BODY at
     ``start + BODY_POS``, BODYLENGTH long; the properties after TOPICLENGTH's byte, the
     topic and PROPERTIESLENGTH, to the record's end. Per record only its start and the
-    fields the check read (``_PLAIN_HEAD``); a place is computed when asked."""
+    fields the check read (``_PLAIN_HEAD``'s, first in each tuple of ``plain``); a place is
+    computed when asked."""
 
     __slots__ = ("plain", "props_from")
 
@@ -374,15 +376,19 @@ def plain_views(buf: bytes, starts: list[int], sizes: tuple[int, ...],
                 and max(map(add, starts, sizes)) > len(buf))):
         return None
     try:
-        plain = list(map(_PLAIN_HEAD.unpack_from, repeat(buf, n), starts))
-        total, magic, queue_ids, queue_offsets, phys, sys_flags, body_len = zip(*plain)
+        plain, whole = _plain_heads(buf, starts, n, topic, tail)
+        columns = tuple(zip(*plain))
+        total, magic, queue_ids, queue_offsets, phys, sys_flags, body_len = columns[:7]
         if (total != tuple(sizes) or magic.count(_V1) != n or min(body_len) < 0
                 or (sys_flags.count(0) != n
                     and any(map(record.HOST_FLAGS.__and__, sys_flags)))):
             return None
-        after_body = memoryview(buf)[BODY_POS:]     # a body's end: start + BODYLENGTH here
-        prefixes, props_len = zip(*map(tail.unpack_from, repeat(after_body, n),
-                                        map(add, starts, body_len)))
+        if whole and body_len.count(body_len[0]) == n:  # the tails were read in place
+            prefixes, props_len = columns[7:]
+        else:
+            after_body = memoryview(buf)[BODY_POS:]     # a body's end: start + BODYLENGTH
+            prefixes, props_len = zip(*map(tail.unpack_from, repeat(after_body, n),
+                                            map(add, starts, body_len)))
     except struct.error:                            # a place past the end of ``buf``
         return None
     if (prefixes.count(prefix) != n or min(props_len) < 0
@@ -401,6 +407,31 @@ def plain_views(buf: bytes, starts: list[int], sizes: tuple[int, ...],
 
 _PLAIN_TOPICS: dict[str, tuple] = {}    # topic -> what ``plain_views`` checks of it
 MAX_PLAIN_TOPICS = 4096
+_PLAIN_WHOLE: dict[tuple[str, int], struct.Struct] = {}   # (topic, BODYLENGTH) -> the
+#                                                         head, the body skipped, the tail
+_BODY_LEN = struct.Struct(">i")
+
+
+def _plain_heads(buf: bytes, starts: list[int], n: int, topic: str,
+                 tail: struct.Struct) -> tuple[list[tuple], bool]:
+    """``plain_views``' read of each record's ``_PLAIN_HEAD`` fields, and whether its
+    tail (the prefix and PROPERTIESLENGTH, after the body) was read in the same
+    ``unpack_from``: it is, at the place the first record's BODYLENGTH gives, which is
+    each record's when they all have that BODYLENGTH (the caller compares them; the
+    tails of a run whose lengths differ are read again, at their places)."""
+    body_len = _BODY_LEN.unpack_from(buf, starts[0] + BODYLENGTH_POS)[0]
+    if body_len >= 0:
+        whole = _PLAIN_WHOLE.get((topic, body_len))
+        if whole is None:
+            if len(_PLAIN_WHOLE) >= MAX_PLAIN_TOPICS:
+                _PLAIN_WHOLE.clear()
+            whole = _PLAIN_WHOLE[(topic, body_len)] = struct.Struct(
+                f"{_PLAIN_HEAD.format}{body_len}x{tail.format[1:]}")
+        try:
+            return list(map(whole.unpack_from, repeat(buf, n), starts)), True
+        except struct.error:    # a record shorter than the first's layout: heads alone
+            pass
+    return list(map(_PLAIN_HEAD.unpack_from, repeat(buf, n), starts)), False
 
 
 def _plain_topic(topic: str) -> tuple[bytes | None, struct.Struct | None, int]:

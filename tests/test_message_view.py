@@ -104,6 +104,23 @@ def test_views_at_checks_as_view_at_does(records, data):
     _agree(bytes(buf), [len(r) for r in raws])
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 40), st.lists(plain_args, min_size=1, max_size=10), st.data())
+def test_a_plain_run_of_one_body_length_is_checked_as_any(body_len, records, data):
+    """Bodies of one length (``plain_views`` reads each record's head and tail in one
+    unpack then): damaged or not, the same views or refusal as ``view_at``'s, also when
+    the damage changes a BODYLENGTH."""
+    raws = [make(bytes([i % 251]) * body_len, *args[1:], po=i)
+            for i, args in enumerate(records)]
+    buf = bytearray(b"".join(raws))
+    for _ in range(data.draw(st.integers(0, 2), "damage")):
+        at = data.draw(st.sampled_from([None, BODYLENGTH_POS, BODYLENGTH_POS + 3]), "where")
+        pos = data.draw(st.integers(0, len(buf) - 1)) if at is None else \
+            sum(map(len, raws[:data.draw(st.integers(0, len(raws) - 1))])) + at
+        buf[pos] = data.draw(st.sampled_from([0, 1, 0x7F, 0x80, 0xFF]))
+    _agree(bytes(buf), [len(r) for r in raws])
+
+
 def _agree(buf: bytes, sizes: list[int]) -> None:
     """``views_at`` over the records of ``buf`` (topic "T") against ``view_at`` one by
     one: the same views and columns, or the same refusal of the first bad record (its

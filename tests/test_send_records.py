@@ -32,6 +32,7 @@ from rocketstore.storage.record_batch import RecordsFormatError, check_records, 
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.validation import check_message
+from conftest import refuse_next_commit_log_file
 from test_writer_flusher import message, running  # noqa: F401  (fixture)
 
 STORE_TS = 1_700_000_000_123
@@ -160,6 +161,34 @@ def test_queue_offsets_counted_in_bulk_write_the_same_bytes(tmp_path, monkeypatc
         files.append(stored_files(tmp_path / name, msgs, put_through_records_path))
     assert any(k.startswith("consumequeue") for k in files[0])
     assert_same_files(*files)
+
+
+@pytest.mark.parametrize("bulk_from", [10 ** 9, 2])
+def test_a_batch_cut_short_by_a_full_disk_advances_its_queues_by_what_it_stored(
+        tmp_path, monkeypatch, bulk_from):
+    """A batch of one topic the CommitLog takes only in part (no next file can be made):
+    each queue goes on from the records stored, the offsets counted record by record
+    or in numpy alike, and the next put continues them."""
+    monkeypatch.setattr(commit_log_module, "QUEUE_COUNT_BULK", bulk_from)
+    cfg = config(tmp_path / "store")
+    store = MessageStore(cfg, background=False)
+    store.load()
+    try:
+        assert store.put(Message("T", b"first", queue_id=0)).status is PutMessageStatus.PUT_OK
+        refuse_next_commit_log_file(cfg, 0, monkeypatch, store.commit_log)
+        msgs = [Message("T", bytes(200), tags="a", keys=[f"k{i}"], queue_id=i % 3)
+                for i in range(2 * FILE_SIZE // 200)]
+        results = list(store.put_batch(msgs))
+        stored = [r for r in results if r.status is PutMessageStatus.PUT_OK]
+        assert 0 < len(stored) < len(msgs)
+        assert all(r.status is PutMessageStatus.CREATE_MAPEDFILE_FAILED
+                   for r in results[len(stored):])
+        for q in range(3):
+            offsets = [r.queue_offset for r in stored if r.queue_id == q]
+            assert offsets == list(range(q == 0, (q == 0) + len(offsets)))
+            assert store.commit_log.topic_queue_table[("T", q)] == (q == 0) + len(offsets)
+    finally:
+        store.close()
 
 
 def _copy(m: Message) -> Message:
