@@ -1,0 +1,172 @@
+"""RocketMQ 5's gRPC messages and the store's, both ways, and the store's statuses as
+RocketMQ's proxy reports them (``apache.rocketmq.v2``, from the ``grpc`` extra's
+``rocketmq-python-client``, whose generated modules are used as they ship).
+
+A sent message becomes a store ``Message`` with the properties RocketMQ's proxy
+gives it (SendMessageActivity):
+
+    gRPC field                      broker property        refused with
+    ------------------------------  ---------------------  ------------------------------
+    system_properties.message_id    UNIQ_KEY               ILLEGAL_MESSAGE_ID (blank)
+    system_properties.tag           TAGS                   ILLEGAL_MESSAGE_TAG (blank, |)
+    system_properties.keys          KEYS (space-joined)    ILLEGAL_MESSAGE_KEY (blank)
+    user_properties                 as they are            ILLEGAL_MESSAGE_PROPERTY_KEY
+                                                           (a system property's name)
+    (always)                        PGROUP = the topic
+    body                                                   MESSAGE_BODY_EMPTY,
+                                                           MESSAGE_BODY_TOO_LARGE
+    message_group, delivery_timestamp, a half message:     MESSAGE_PROPERTY_CONFLICT_WITH_
+                                                           TYPE (the topic takes NORMAL)
+
+A stored message goes out as RocketMQ's GrpcConverter builds one: ``message_id`` is
+UNIQ_KEY (the offset msgId for a message sent without one, by rocketstore's own
+Producer), the body's MD5 in upper-case hex, ``body_encoding`` IDENTITY (the Python
+client fails a message without one), and the receipt handle, attempt and invisible
+duration of the pop that hands it out.
+
+Store put status -> Code (RocketMQ's SendMessageProcessor and the proxy's
+ResponseBuilder):
+
+    PUT_OK                    OK
+    FLUSH_DISK_TIMEOUT        MASTER_PERSISTENCE_TIMEOUT
+    FLUSH_SLAVE_TIMEOUT       SLAVE_PERSISTENCE_TIMEOUT
+    SLAVE_NOT_AVAILABLE       HA_NOT_AVAILABLE
+    OS_PAGECACHE_BUSY         TOO_MANY_REQUESTS (the client backs off)
+    PROPERTIES_SIZE_EXCEEDED  MESSAGE_PROPERTIES_TOO_LARGE
+    anything else             INTERNAL_SERVER_ERROR, the store's status and reason in the
+                              message (SERVICE_NOT_AVAILABLE, MESSAGE_ILLEGAL, ...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from rocketstore.storage.message import (
+    PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_PRODUCER_ID,
+    PROPERTY_PRODUCER_SEQUENCE, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message)
+from rocketstore.storage.message_view import MessageView
+from rocketstore.storage.pop_state import InFlight, ReceiptHandle
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.validation import check_topic
+
+Code = pb.Code
+
+PUT_STATUS_CODES = {
+    PutMessageStatus.PUT_OK: Code.OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
+    PutMessageStatus.OS_PAGECACHE_BUSY: Code.TOO_MANY_REQUESTS,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
+}
+# user properties may not take a name the broker gives meaning to (MessageConst's)
+SYSTEM_PROPERTIES = frozenset({
+    PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    PROPERTY_PRODUCER_GROUP, PROPERTY_PRODUCER_ID, PROPERTY_PRODUCER_SEQUENCE,
+    "__SHARDINGKEY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TRAN_MSG", "__STARTDELIVERTIME",
+    "RECONSUME_TIME", "MAX_OFFSET", "MIN_OFFSET", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC",
+    "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID", "CORRELATION_ID",
+    "MSG_REGION", "TRACE_ON", "BORN_TIMESTAMP", "__BORNHOST", "CLUSTER", "POP_CK",
+})
+MAX_PROPERTIES_BYTES = 16 * 1024    # the proxy's maxUserPropertySize
+
+
+class Refused(Exception):
+    """A request answered with ``code`` and ``text`` instead of being served."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+def status(code: int, text: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=text)
+
+
+def put_status(result_status: PutMessageStatus, reason: str) -> pb.Status:
+    """The store's put status as RocketMQ's proxy reports it (module table)."""
+    code = PUT_STATUS_CODES.get(result_status, Code.INTERNAL_SERVER_ERROR)
+    text = result_status.name + (f": {reason}" if reason else "")
+    return status(code, "OK" if code == Code.OK else text)
+
+
+def store_message(m: pb.Message, max_message_size: int) -> Message:
+    """The store ``Message`` a sent gRPC message becomes. Raises ``Refused``."""
+    topic = m.topic.name
+    why = check_topic(topic)
+    if why:
+        raise Refused(Code.ILLEGAL_TOPIC, why)
+    sp = m.system_properties
+    if not m.body:
+        raise Refused(Code.MESSAGE_BODY_EMPTY, "the message body is empty")
+    if len(m.body) > max_message_size:
+        raise Refused(Code.MESSAGE_BODY_TOO_LARGE, f"the body is {len(m.body)} bytes, over "
+                      f"max_message_size {max_message_size}")
+    _refuse_other_types(sp)
+    if not sp.message_id.strip():
+        raise Refused(Code.ILLEGAL_MESSAGE_ID, "the message id is blank")
+    if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
+        raise Refused(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|'")
+    if any(not k.strip() for k in sp.keys):
+        raise Refused(Code.ILLEGAL_MESSAGE_KEY, "a message key is blank")
+    properties = _user_properties(m)
+    properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = sp.message_id
+    properties[PROPERTY_PRODUCER_GROUP] = topic
+    born_ms = (sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
+               if sp.HasField("born_timestamp") else None)
+    return Message(topic=topic, body=m.body, tags=sp.tag if sp.HasField("tag") else None,
+                   keys=list(sp.keys) or None, properties=properties,
+                   born_timestamp=born_ms)
+
+
+def _refuse_other_types(sp: pb.SystemProperties) -> None:
+    """The topics served take NORMAL messages only (QueryRoute says so): one that would
+    be FIFO, delayed or a half message is refused as the proxy refuses a type the topic
+    does not accept."""
+    if sp.message_group or sp.HasField("delivery_timestamp") or \
+            sp.message_type not in (pb.MessageType.MESSAGE_TYPE_UNSPECIFIED,
+                                    pb.MessageType.NORMAL):
+        raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                      "this store's topics take NORMAL messages only (no message group, "
+                      "delivery timestamp or transaction)")
+
+
+def _user_properties(m: pb.Message) -> dict[str, str]:
+    properties = dict(m.user_properties)
+    reserved = sorted(SYSTEM_PROPERTIES.intersection(properties))
+    if reserved:
+        raise Refused(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                      f"user properties may not be named {', '.join(reserved)}")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in properties.items())
+    if size > MAX_PROPERTIES_BYTES:
+        raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE,
+                      f"user properties take {size} bytes, over {MAX_PROPERTIES_BYTES}")
+    return properties
+
+
+def delivered_message(view: MessageView, handle: ReceiptHandle, entry: InFlight) -> pb.Message:
+    """A stored message as ReceiveMessage hands it out (module docstring)."""
+    props = view.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    body = view.body
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or view.msg_id,
+        keys=view.keys,
+        body_digest=pb.Digest(type=pb.DigestType.MD5,
+                              checksum=hashlib.md5(body).hexdigest().upper()),
+        body_encoding=pb.Encoding.IDENTITY, message_type=pb.MessageType.NORMAL,
+        born_host=view.born_host[0], store_host=f"{view.store_host[0]}:{view.store_host[1]}",
+        receipt_handle=handle.encode(), queue_id=view.queue_id,
+        queue_offset=view.queue_offset, delivery_attempt=entry.attempt)
+    if view.tags is not None:
+        sp.tag = view.tags
+    sp.born_timestamp.FromMilliseconds(view.born_timestamp)
+    sp.store_timestamp.FromMilliseconds(view.store_timestamp)
+    sp.invisible_duration.FromMilliseconds(handle.invisible_ms)
+    return pb.Message(topic=pb.Resource(name=view.topic), user_properties=user,
+                      system_properties=sp, body=body)
