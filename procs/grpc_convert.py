@@ -12,11 +12,21 @@ gives it (SendMessageActivity):
     system_properties.keys          KEYS (space-joined)    ILLEGAL_MESSAGE_KEY (blank)
     user_properties                 as they are            ILLEGAL_MESSAGE_PROPERTY_KEY
                                                            (a system property's name)
+    system_properties.              the delay level whose  ILLEGAL_DELIVERY_TIME (more
+      delivery_timestamp            delay is the shortest  than a day ahead, or past the
+                                    that reaches it (a     longest level); none when due
+                                    DELAY message)         already
     (always)                        PGROUP = the topic
     body                                                   MESSAGE_BODY_EMPTY,
                                                            MESSAGE_BODY_TOO_LARGE
-    message_group, delivery_timestamp, a half message:     MESSAGE_PROPERTY_CONFLICT_WITH_
-                                                           TYPE (the topic takes NORMAL)
+    message_group, a half message                          MESSAGE_PROPERTY_CONFLICT_WITH_
+                                                           TYPE (topics take NORMAL and
+                                                           DELAY)
+
+A delayed message waits in the store's delay levels (``message_delay_level``, the
+scheduler delivers it): RocketMQ 5 delivers at the very time asked, here it goes out at
+the first level's end at or after it (asked for 3 s ahead, it waits the 5 s level),
+never before.
 
 A stored message goes out as RocketMQ's GrpcConverter builds one: ``message_id`` is
 UNIQ_KEY (the offset msgId for a message sent without one, by rocketstore's own
@@ -43,6 +53,7 @@ import hashlib
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from rocketstore.storage.delay_level import level_waiting_at_least
 from rocketstore.storage.message import (
     PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_PRODUCER_ID,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
@@ -73,6 +84,7 @@ SYSTEM_PROPERTIES = frozenset({
     "MSG_REGION", "TRACE_ON", "BORN_TIMESTAMP", "__BORNHOST", "CLUSTER", "POP_CK",
 })
 MAX_PROPERTIES_BYTES = 16 * 1024    # the proxy's maxUserPropertySize
+MAX_DELAY_MS = 24 * 3600 * 1000     # the proxy's maxDelayTimeMills
 
 
 class Refused(Exception):
@@ -95,8 +107,10 @@ def put_status(result_status: PutMessageStatus, reason: str) -> pb.Status:
     return status(code, "OK" if code == Code.OK else text)
 
 
-def store_message(m: pb.Message, max_message_size: int) -> Message:
-    """The store ``Message`` a sent gRPC message becomes. Raises ``Refused``."""
+def store_message(m: pb.Message, max_message_size: int, delay_levels: list[int],
+                  now_ms: int) -> Message:
+    """The store ``Message`` a sent gRPC message becomes (``delay_levels``:
+    ``storage.delay_level.parse_delay_levels``). Raises ``Refused``."""
     topic = m.topic.name
     why = check_topic(topic)
     if why:
@@ -121,19 +135,39 @@ def store_message(m: pb.Message, max_message_size: int) -> Message:
                if sp.HasField("born_timestamp") else None)
     return Message(topic=topic, body=m.body, tags=sp.tag if sp.HasField("tag") else None,
                    keys=list(sp.keys) or None, properties=properties,
-                   born_timestamp=born_ms)
+                   born_timestamp=born_ms, delay_level=_delay_level(sp, delay_levels, now_ms))
+
+
+def _delay_level(sp: pb.SystemProperties, delay_levels: list[int], now_ms: int) -> int:
+    """The delay level a DELAY message waits in (module docstring); 0 for none."""
+    if not sp.HasField("delivery_timestamp"):
+        return 0
+    wait_ms = sp.delivery_timestamp.ToMilliseconds() - now_ms
+    if wait_ms <= 0:
+        return 0
+    if wait_ms > MAX_DELAY_MS:
+        raise Refused(Code.ILLEGAL_DELIVERY_TIME, f"the delivery time is {wait_ms} ms ahead, "
+                      f"over a day ({MAX_DELAY_MS} ms)")
+    level = level_waiting_at_least(wait_ms, delay_levels)
+    if level is None:
+        raise Refused(Code.ILLEGAL_DELIVERY_TIME, f"the delivery time is {wait_ms} ms ahead, "
+                      f"past the store's longest delay level ({max(delay_levels)} ms, "
+                      "message_delay_level)")
+    return level
+
+
+ACCEPTED_TYPES = (pb.MessageType.NORMAL, pb.MessageType.DELAY)   # every topic's
 
 
 def _refuse_other_types(sp: pb.SystemProperties) -> None:
-    """The topics served take NORMAL messages only (QueryRoute says so): one that would
-    be FIFO, delayed or a half message is refused as the proxy refuses a type the topic
+    """The topics served take NORMAL and DELAY messages (QueryRoute says so): one that
+    would be FIFO or a half message is refused as the proxy refuses a type the topic
     does not accept."""
-    if sp.message_group or sp.HasField("delivery_timestamp") or \
-            sp.message_type not in (pb.MessageType.MESSAGE_TYPE_UNSPECIFIED,
-                                    pb.MessageType.NORMAL):
+    if sp.message_group or sp.message_type not in (
+            pb.MessageType.MESSAGE_TYPE_UNSPECIFIED, *ACCEPTED_TYPES):
         raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                      "this store's topics take NORMAL messages only (no message group, "
-                      "delivery timestamp or transaction)")
+                      "this store's topics take NORMAL and DELAY messages only (no "
+                      "message group, no transaction)")
 
 
 def _user_properties(m: pb.Message) -> dict[str, str]:

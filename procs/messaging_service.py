@@ -9,7 +9,7 @@ RocketMQ's proxy answers; the clients read the code.
     QueryRoute                every topic exists (autoCreateTopicEnable): its
                               ``default_topic_queue_nums`` queues, READ_WRITE, on one
                               broker (id 0) at the endpoints the client asked, NORMAL
-                              messages only
+                              and DELAY messages
     Telemetry                 each settings command answered with the settings echoed
                               and the server's (publishing: max_body_size, backoff;
                               subscription: batch size, polling time, retry backoff);
@@ -51,9 +51,11 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketstore.client.dealer import ClientError
 from rocketstore.client.producer import Producer
 from rocketstore.procs.grpc_convert import (
-    Code, Refused, delivered_message, put_status, status, store_message)
+    ACCEPTED_TYPES, Code, Refused, delivered_message, put_status, status, store_message)
 from rocketstore.procs.pop_service import PopService
+from rocketstore.storage.clock import now_ms
 from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.delay_level import parse_delay_levels
 from rocketstore.storage.pop_state import InvalidReceiptHandle, ReceiptHandle
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
 
@@ -83,6 +85,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._producers: list[Producer] = []
         self._producers_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.delay_levels = parse_delay_levels(config.message_delay_level)
 
     def close(self) -> None:
         with self._producers_lock:
@@ -123,7 +126,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return pb.MessageQueue(
             topic=topic, id=queue_id, permission=pb.Permission.READ_WRITE,
             broker=pb.Broker(name=self.pop.broker_name, id=0, endpoints=endpoints),
-            accept_message_types=[pb.MessageType.NORMAL])
+            accept_message_types=ACCEPTED_TYPES)
 
     @staticmethod
     def _topic_refusal(topic: str) -> pb.Status | None:
@@ -186,7 +189,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if refused:
             return rpc.SendMessageResponse(status=refused)
         try:
-            messages = [store_message(m, self.config.max_message_size)
+            now = now_ms()
+            messages = [store_message(m, self.config.max_message_size, self.delay_levels, now)
                         for m in request.messages]
         except Refused as e:
             return rpc.SendMessageResponse(status=status(e.code, e.text))

@@ -26,7 +26,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.util.signature import Signature
 
 from rocketstore import Consumer
+from rocketstore.shm.positions import Slot
 from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.delay_level import level_waiting_at_least, parse_delay_levels
 from rocketstore.storage.errors import StoreConfigError
 from store_processes import RunningStore, cli, free_port, wait_for
 
@@ -144,6 +146,7 @@ def test_a_message_the_topic_type_refuses_is_not_stored(store):
     """The client checks the type against the route's NORMAL; the server refuses one
     sent anyway (a message group), as RocketMQ's proxy does, and stores nothing."""
     stub, meta = raw_stub(store)
+    written = store.slot(Slot.WRITTEN)
     m = pb.Message(topic=pb.Resource(name="GrpcTyped"), body=b"x")
     m.system_properties.message_id = "01" + "0" * 32
     m.system_properties.message_group = "g1"
@@ -153,7 +156,44 @@ def test_a_message_the_topic_type_refuses_is_not_stored(store):
     m.system_properties.ClearField("message_group")
     r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
     assert r.status.code == pb.Code.MESSAGE_BODY_EMPTY
-    assert not os.path.exists(os.path.join(store.store_dir, "consumequeue", "GrpcTyped"))
+    assert store.slot(Slot.WRITTEN) == written               # nothing stored
+
+
+def test_a_delayed_message_waits_in_the_delay_level_that_reaches_its_time(store):
+    topic = "GrpcLater"
+    due_s = int(time.time()) + 1               # whole seconds, as the client sends it
+    later = message(topic, b"later")
+    later.delivery_timestamp = due_s
+    (receipt,) = send_all(store, topic, [later])
+    assert os.path.isdir(os.path.join(store.store_dir, "consumequeue", "SCHEDULE_TOPIC_XXXX"))
+    popper = Popper(store, "later-group", topic)
+    try:
+        (m,) = popper.until(lambda got: got, "the delayed message")
+        assert time.time() >= due_s and m.message_id == receipt.message_id
+        assert m.body == b"later" and m.delivery_attempt == 1
+        popper.consumer.ack(m)
+    finally:
+        popper.close()
+
+
+def test_a_delivery_time_past_the_longest_delay_level_is_refused(store):
+    stub, meta = raw_stub(store)
+    written = store.slot(Slot.WRITTEN)
+    m = pb.Message(topic=pb.Resource(name="GrpcTooLate"), body=b"x")
+    m.system_properties.message_id = "01" + "1" * 32
+    m.system_properties.message_type = pb.MessageType.DELAY
+    m.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 3 * 3600)
+    r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
+    assert r.status.code == pb.Code.ILLEGAL_DELIVERY_TIME and "message_delay_level" in \
+        r.status.message
+    assert store.slot(Slot.WRITTEN) == written               # nothing stored
+
+
+@pytest.mark.parametrize("wait_ms, level", [(1, 1), (1000, 1), (1001, 2), (7200_000, 18),
+                                            (7200_001, None)])
+def test_a_wait_takes_the_shortest_level_that_reaches_it(wait_ms, level):
+    levels = parse_delay_levels(StoreConfig().message_delay_level)
+    assert level_waiting_at_least(wait_ms, levels) == level
 
 
 # ---------------------------------------------------------------------------- pop
