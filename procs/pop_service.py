@@ -14,7 +14,7 @@ A pop of ``group`` on ``topic`` (``receive``) hands out, up to the batch size:
    take, as RocketMQ's proxy acks them.
 
 Every message handed out is invisible to the group for ``invisible_ms``. The group's
-state (``storage.pop_state``) is written to ``config/popState.json`` before the
+state (``storage.pop_state``) is committed to ``config/popState.journal`` before the
 messages leave, and before an ack or a change of invisible duration is answered. A group
 that pops a queue for the first time starts at the queue's first message still on disk.
 
@@ -86,6 +86,7 @@ class PopService:
 
     def close(self) -> None:
         with self._cond:
+            self.state.close()
             self.reader.close()
             if self._producer is not None:
                 self._producer.close()
@@ -116,17 +117,11 @@ class PopService:
         min_offset = self.table.get(Slot.MIN_OFFSET)
         self.reader.drop_expired(min_offset)
         now = now_ms()
-        before = g.to_doc()
         popped = self._revive(topic, group, g, batch, invisible_ms, now, dispatched,
                               min_offset)
         popped += self._pop_new(topic, group, g, tags, batch - len(popped), invisible_ms, now,
                                 dispatched, min_offset)
-        if g.to_doc() != before:
-            try:
-                self.state.persist()
-            except OSError:
-                self.state = PopState(self.config.config_dir)   # what the file holds
-                raise
+        self._commit()
         return popped
 
     def _revive(self, topic: str, group: str, g: GroupPop, batch: int, invisible_ms: int,
@@ -143,9 +138,9 @@ class PopService:
                 if g.inflight[unit].attempt <= self.config.retry_max_times:
                     out.append(self._hand_out(g, m, now, invisible_ms))
                 elif self._dead_letter(topic, group, m):
-                    del g.inflight[unit]
+                    g.drop(unit)
             elif r.status is not GetMessageStatus.OFFSET_OVERFLOW_ONE:
-                del g.inflight[unit]      # expired from the files
+                g.drop(unit)      # expired from the files
         return out
 
     def _dead_letter(self, topic: str, group: str, m: MessageView) -> bool:
@@ -191,9 +186,9 @@ class PopService:
                                         tags, min_commit_log_offset=min_offset)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(self._hand_out(g, m, now, invisible_ms) for m in r.messages)
-                g.offsets[queue_id] = r.next_begin_offset
+                g.move_offset(queue_id, r.next_begin_offset)
             elif r.status in _PASSED_OVER:
-                g.offsets[queue_id] = r.next_begin_offset
+                g.move_offset(queue_id, r.next_begin_offset)
         return out
 
     def _hand_out(self, g: GroupPop, m: MessageView, now: int, invisible_ms: int) -> Popped:
@@ -214,7 +209,7 @@ class PopService:
             g = self.state.group(topic, group)
             if not g.ack(handle):
                 return False
-            self._persist()
+            self._commit()
             return True
 
     def change_invisible(self, topic: str, group: str, handle: ReceiptHandle,
@@ -224,14 +219,17 @@ class PopService:
         with self._cond:
             entry = self.state.group(topic, group).change_invisible(handle, now_ms(),
                                                                     invisible_ms)
-            self._persist()
+            self._commit()
             return self._handle(handle.queue_id, handle.queue_offset,
                                 handle.commit_log_offset, entry, invisible_ms)
 
-    def _persist(self) -> None:
+    def _commit(self) -> None:
+        """Make the changes durable; when that fails, go back to what the files hold
+        (the caller then answers an error, and nothing it changed was told)."""
         try:
-            self.state.persist()
+            self.state.commit()
         except OSError:
+            self.state.abandon()
             self.state = PopState(self.config.config_dir)
             raise
 

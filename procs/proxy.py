@@ -7,7 +7,7 @@ on ``grpc_listen_address:grpc_listen_port`` (loopback unless an access key check
 configured, ``storage.config``), in plaintext, with RocketMQ's message size limit
 (130 MiB) instead of gRPC's 4 MiB. Sends go to the writer's ingest socket as any
 Producer's do; receives read the mapped files (``procs.pop_service``), the group's pop
-state in ``config/popState.json``.
+state in ``config/popState.json`` and ``config/popState.journal``.
 
 Its loop turns on the dispatcher's ARRIVAL announcements: each wakes the receives
 waiting for messages. gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
@@ -18,10 +18,11 @@ Restart (decision table):
 
     state at start                     what the proxy does
     ---------------------------------  ------------------------------------------------
-    no config/popState.json            every group pops each queue from its first message
-    popState.json (or its .bak)        in-flight messages stay invisible until their
-                                       time, acked ones stay done; pops go on at the
-                                       offsets written
+    no config/popState.*               every group pops each queue from its first message
+    popState.json (or its .bak) and    the snapshot, then the journal's records replayed
+    popState.journal                   (a torn last one cut away): in-flight messages
+                                       stay invisible until their time, acked ones stay
+                                       done; pops go on at the offsets committed
     the port is taken, or the grpc     exits EXIT_CANNOT_LISTEN: the supervisor stops the
     extra is missing                   store, saying why (no restart can help)
 

@@ -51,7 +51,7 @@ master (the processes start again as a SLAVE of it).
     scheduler   50        delayed messages, config/delayOffset.json
     reader      60        the reader socket for remote pulls and queries
     proxy       70        with grpc_listen_port: RocketMQ 5's gRPC MessagingService for
-                          RocketMQ's own clients, config/popState.json
+                          RocketMQ's own clients, config/popState.*
     ha          25        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
                           (it stops after the writer, whose last SYNC_MASTER replies wait
                           for SLAVE_ACKED)
