@@ -226,7 +226,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def _drop_producer(self) -> None:
         """After a timeout or a lost writer the thread's Producer is made again."""
-        producer = self._local.producer
+        producer = getattr(self._local, "producer", None)
+        if producer is None:            # it could not be made
+            return
         self._local.producer = None
         with self._producers_lock:
             self._producers.remove(producer)

@@ -118,6 +118,13 @@ class Popper:
 
 
 # ---------------------------------------------------------------------------- send
+def test_the_proxy_is_one_of_the_stores_supervised_processes(store):
+    r = cli("status", "--store", store.store_dir, "--json")
+    assert r.returncode == 0, r.stderr
+    proxy = json.loads(r.stdout)["processes"]["proxy"]
+    assert proxy["state"] == "RUNNING" and proxy["pid"] == store.child_pid("proxy")
+
+
 def test_sent_messages_are_read_back_by_rocketstores_consumer_and_query(store):
     topic = "GrpcOrders"
     sent = [message(topic, b"plain"), message(topic, b"tagged", tag="created"),
