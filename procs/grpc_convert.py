@@ -12,6 +12,12 @@ gives it (SendMessageActivity):
     system_properties.keys          KEYS (space-joined)    ILLEGAL_MESSAGE_KEY (blank)
     user_properties                 as they are            ILLEGAL_MESSAGE_PROPERTY_KEY
                                                            (a system property's name)
+    system_properties.message_group __SHARDINGKEY, and the ILLEGAL_MESSAGE_GROUP (64
+                                    queue: Guava's         bytes or more)
+                                    consistentHash of its
+                                    Java hashCode over the
+                                    topic's queues (a FIFO
+                                    message)
     system_properties.              the delay level whose  ILLEGAL_DELIVERY_TIME (more
       delivery_timestamp            delay is the shortest  than a day ahead, or past the
                                     that reaches it (a     longest level); none when due
@@ -19,9 +25,9 @@ gives it (SendMessageActivity):
     (always)                        PGROUP = the topic
     body                                                   MESSAGE_BODY_EMPTY,
                                                            MESSAGE_BODY_TOO_LARGE
-    message_group, a half message                          MESSAGE_PROPERTY_CONFLICT_WITH_
-                                                           TYPE (topics take NORMAL and
-                                                           DELAY)
+    a message group and a delivery time, a half message    MESSAGE_PROPERTY_CONFLICT_WITH_
+                                                           TYPE (topics take NORMAL, FIFO
+                                                           and DELAY)
 
 A delayed message waits in the store's delay levels (``message_delay_level``, the
 scheduler delivers it): RocketMQ 5 delivers at the very time asked, here it goes out at
@@ -108,9 +114,10 @@ def put_status(result_status: PutMessageStatus, reason: str) -> pb.Status:
 
 
 def store_message(m: pb.Message, max_message_size: int, delay_levels: list[int],
-                  now_ms: int) -> Message:
+                  now_ms: int, queue_nums: int) -> Message:
     """The store ``Message`` a sent gRPC message becomes (``delay_levels``:
-    ``storage.delay_level.parse_delay_levels``). Raises ``Refused``."""
+    ``storage.delay_level.parse_delay_levels``; ``queue_nums``: the topic's queues).
+    Raises ``Refused``."""
     topic = m.topic.name
     why = check_topic(topic)
     if why:
@@ -131,11 +138,19 @@ def store_message(m: pb.Message, max_message_size: int, delay_levels: list[int],
     properties = _user_properties(m)
     properties[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = sp.message_id
     properties[PROPERTY_PRODUCER_GROUP] = topic
+    queue_id = None                 # the store's round robin
+    if sp.message_group:
+        if len(sp.message_group.encode()) >= MAX_MESSAGE_GROUP_BYTES:
+            raise Refused(Code.ILLEGAL_MESSAGE_GROUP, f"message group {sp.message_group!r} "
+                          f"is {MAX_MESSAGE_GROUP_BYTES} bytes or longer")
+        properties[PROPERTY_SHARDING_KEY] = sp.message_group
+        queue_id = fifo_queue(sp.message_group, queue_nums)
     born_ms = (sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
                if sp.HasField("born_timestamp") else None)
     return Message(topic=topic, body=m.body, tags=sp.tag if sp.HasField("tag") else None,
                    keys=list(sp.keys) or None, properties=properties,
-                   born_timestamp=born_ms, delay_level=_delay_level(sp, delay_levels, now_ms))
+                   born_timestamp=born_ms, delay_level=_delay_level(sp, delay_levels, now_ms),
+                   queue_id=queue_id)
 
 
 def _delay_level(sp: pb.SystemProperties, delay_levels: list[int], now_ms: int) -> int:
@@ -156,18 +171,49 @@ def _delay_level(sp: pb.SystemProperties, delay_levels: list[int], now_ms: int) 
     return level
 
 
-ACCEPTED_TYPES = (pb.MessageType.NORMAL, pb.MessageType.DELAY)   # every topic's
+ACCEPTED_TYPES = (pb.MessageType.NORMAL, pb.MessageType.FIFO,   # every topic's
+                  pb.MessageType.DELAY)
+MAX_MESSAGE_GROUP_BYTES = 64        # the proxy's maxMessageGroupSize
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 
 
 def _refuse_other_types(sp: pb.SystemProperties) -> None:
-    """The topics served take NORMAL and DELAY messages (QueryRoute says so): one that
-    would be FIFO or a half message is refused as the proxy refuses a type the topic
-    does not accept."""
-    if sp.message_group or sp.message_type not in (
+    """The topics served take NORMAL, FIFO and DELAY messages (QueryRoute says so): a
+    half message, or one both FIFO and delayed, is refused as the proxy refuses a type
+    the topic does not accept."""
+    if (sp.message_group and sp.HasField("delivery_timestamp")) or sp.message_type not in (
             pb.MessageType.MESSAGE_TYPE_UNSPECIFIED, *ACCEPTED_TYPES):
         raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                      "this store's topics take NORMAL and DELAY messages only (no "
-                      "message group, no transaction)")
+                      "this store's topics take NORMAL, FIFO and DELAY messages (no "
+                      "transaction; a message group and a delivery time not together)")
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units), a signed 32-bit int."""
+    h = 0
+    units = text.encode("utf-16-be")
+    for i in range(0, len(units), 2):
+        h = (31 * h + (units[i] << 8 | units[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def consistent_hash(key: int, buckets: int) -> int:
+    """Guava's ``Hashing.consistentHash(long, int)``: the bucket of ``key`` in
+    ``0..buckets-1`` (its linear congruential generator, step for step)."""
+    state = key & 0xFFFFFFFFFFFFFFFF
+    candidate = 0
+    while True:
+        state = (2862933555777941757 * state + 1) & 0xFFFFFFFFFFFFFFFF
+        following = int((candidate + 1) / (((state >> 33) + 1) / 2.0 ** 31))
+        if not 0 <= following < buckets:
+            return candidate
+        candidate = following
+
+
+def fifo_queue(message_group: str, queue_nums: int) -> int:
+    """The queue of a message group, as RocketMQ's proxy picks it
+    (``Hashing.consistentHash(shardingKey.hashCode(), writeQueues.size())``)."""
+    return consistent_hash(java_string_hash(message_group), queue_nums)
 
 
 def _user_properties(m: pb.Message) -> dict[str, str]:
@@ -199,6 +245,9 @@ def delivered_message(view: MessageView, handle: ReceiptHandle, entry: InFlight)
         queue_offset=view.queue_offset, delivery_attempt=entry.attempt)
     if view.tags is not None:
         sp.tag = view.tags
+    if props.get(PROPERTY_SHARDING_KEY):
+        sp.message_group = props[PROPERTY_SHARDING_KEY]
+        sp.message_type = pb.MessageType.FIFO
     sp.born_timestamp.FromMilliseconds(view.born_timestamp)
     sp.store_timestamp.FromMilliseconds(view.store_timestamp)
     sp.invisible_duration.FromMilliseconds(handle.invisible_ms)

@@ -8,8 +8,9 @@ RocketMQ's proxy answers; the clients read the code.
     ------------------------  ---------------------------------------------------------
     QueryRoute                every topic exists (autoCreateTopicEnable): its
                               ``default_topic_queue_nums`` queues, READ_WRITE, on one
-                              broker (id 0) at the endpoints the client asked, NORMAL
-                              and DELAY messages
+                              broker (id 0) at the endpoints the client asked, NORMAL,
+                              FIFO and DELAY messages (no group is orderly: the
+                              settings say fifo false, and groups pop concurrently)
     Telemetry                 each settings command answered with the settings echoed
                               and the server's (publishing: max_body_size, backoff;
                               subscription: batch size, polling time, retry backoff);
@@ -190,7 +191,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendMessageResponse(status=refused)
         try:
             now = now_ms()
-            messages = [store_message(m, self.config.max_message_size, self.delay_levels, now)
+            messages = [store_message(m, self.config.max_message_size, self.delay_levels, now,
+                                      self.config.default_topic_queue_nums)
                         for m in request.messages]
         except Refused as e:
             return rpc.SendMessageResponse(status=status(e.code, e.text))

@@ -26,6 +26,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.util.signature import Signature
 
 from rocketstore import Consumer
+from rocketstore.procs.grpc_convert import fifo_queue
 from rocketstore.shm.positions import Slot
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.delay_level import level_waiting_at_least, parse_delay_levels
@@ -35,6 +36,7 @@ from store_processes import RunningStore, cli, free_port, wait_for
 AK, SK = "rocketstore-ak", "rocketstore-sk"
 INVISIBLE_S = 2          # the shortest the module's store takes (min_invisible ... 1000)
 RETRIES = 1              # the module's store: two deliveries, then the dead-letter queue
+DELAY_LEVELS = "1s 2s 3s 1m 2h"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,8 @@ def store(tmp_path_factory):
     port = free_port()
     rs = RunningStore(tmp_path_factory.mktemp("grpc"), grpc_listen_port=port,
                       grpc_access_key=AK, grpc_secret_key=SK,
-                      min_invisible_time_mills_for_recv=1000, retry_max_times=RETRIES)
+                      min_invisible_time_mills_for_recv=1000, retry_max_times=RETRIES,
+                      message_delay_level=DELAY_LEVELS)
     rs.grpc_port = port
     with rs:
         wait_for(lambda: _serving(port), what="the proxy to serve gRPC")
@@ -150,28 +153,59 @@ def test_sent_messages_are_read_back_by_rocketstores_consumer_and_query(store):
 
 
 def test_a_message_the_topic_type_refuses_is_not_stored(store):
-    """The client checks the type against the route's NORMAL; the server refuses one
-    sent anyway (a message group), as RocketMQ's proxy does, and stores nothing."""
+    """The client checks the type against the route's NORMAL, FIFO and DELAY; the
+    server refuses one sent anyway (a half message), as RocketMQ's proxy does, and
+    stores nothing."""
     stub, meta = raw_stub(store)
     written = store.slot(Slot.WRITTEN)
     m = pb.Message(topic=pb.Resource(name="GrpcTyped"), body=b"x")
     m.system_properties.message_id = "01" + "0" * 32
-    m.system_properties.message_group = "g1"
+    m.system_properties.message_type = pb.MessageType.TRANSACTION
     r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
     assert r.status.code == pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     m.ClearField("body")
-    m.system_properties.ClearField("message_group")
+    m.system_properties.ClearField("message_type")
     r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
     assert r.status.code == pb.Code.MESSAGE_BODY_EMPTY
     assert store.slot(Slot.WRITTEN) == written               # nothing stored
 
 
+def test_a_message_groups_messages_go_to_its_queue_in_the_order_sent(store):
+    topic = "GrpcFifo"
+    sent = []
+    for i in range(6):
+        m = message(topic, b"f%d" % i)
+        m.message_group = f"order-{i % 2}"
+        sent.append(m)
+    receipts = send_all(store, topic, sent)
+    stored = own_consumer_reads(store, topic, 6, "fifo-readers")
+    for group in ("order-0", "order-1"):
+        mine = [stored[r.message_id] for m, r in zip(sent, receipts) if m.message_group == group]
+        assert {s.queue_id for s in mine} == {fifo_queue(group, 8)}   # RocketMQ's choice
+        assert [s.body for s in mine] == [m.body for m in sent if m.message_group == group]
+        assert [s.queue_offset for s in mine] == sorted(s.queue_offset for s in mine)
+        assert {s.properties["__SHARDINGKEY"] for s in mine} == {group}
+    popper = Popper(store, "fifo-group", topic)
+    try:
+        got = popper.until(lambda got: len(got) >= 6, "the group's messages")
+        assert {m.body: m.message_group for m in got} == {m.body: m.message_group for m in sent}
+        for m in got:
+            popper.consumer.ack(m)
+    finally:
+        popper.close()
+
+
 def test_a_delayed_message_waits_in_the_delay_level_that_reaches_its_time(store):
     topic = "GrpcLater"
-    due_s = int(time.time()) + 1               # whole seconds, as the client sends it
-    later = message(topic, b"later")
-    later.delivery_timestamp = due_s
-    (receipt,) = send_all(store, topic, [later])
+    producer = Producer(configuration(store), (topic,))
+    producer.startup()
+    try:
+        due_s = int(time.time()) + 2          # whole seconds, as the client sends it:
+        later = message(topic, b"later")       # 1-2 s ahead, the 2 s level
+        later.delivery_timestamp = due_s
+        receipt = producer.send(later)
+    finally:
+        producer.shutdown()
     assert os.path.isdir(os.path.join(store.store_dir, "consumequeue", "SCHEDULE_TOPIC_XXXX"))
     popper = Popper(store, "later-group", topic)
     try:
@@ -196,11 +230,13 @@ def test_a_delivery_time_past_the_longest_delay_level_is_refused(store):
     assert store.slot(Slot.WRITTEN) == written               # nothing stored
 
 
-@pytest.mark.parametrize("wait_ms, level", [(1, 1), (1000, 1), (1001, 2), (7200_000, 18),
-                                            (7200_001, None)])
-def test_a_wait_takes_the_shortest_level_that_reaches_it(wait_ms, level):
-    levels = parse_delay_levels(StoreConfig().message_delay_level)
-    assert level_waiting_at_least(wait_ms, levels) == level
+@pytest.mark.parametrize("text, wait_ms, level", [
+    (StoreConfig().message_delay_level, 1, 1), (StoreConfig().message_delay_level, 1000, 1),
+    (StoreConfig().message_delay_level, 1001, 2), (StoreConfig().message_delay_level, 7200_000, 18),
+    (StoreConfig().message_delay_level, 7200_001, None),
+    ("10s 1s 5s", 2000, 3), ("10s 1s 5s", 6000, 1)])       # levels need not be in order
+def test_a_wait_takes_the_shortest_level_that_reaches_it(text, wait_ms, level):
+    assert level_waiting_at_least(wait_ms, parse_delay_levels(text)) == level
 
 
 # ---------------------------------------------------------------------------- pop
