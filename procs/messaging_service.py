@@ -283,14 +283,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if request.batch_size <= 0:
             return status(Code.BAD_REQUEST, "batch_size must be positive")
         return self._topic_refusal(topic) or self._invisible_refusal(
-            request.invisible_duration.ToMilliseconds())
+            request.invisible_duration.ToMilliseconds(),
+            self.config.min_invisible_time_mills_for_recv)
 
-    def _invisible_refusal(self, invisible_ms: int) -> pb.Status | None:
-        low = self.config.min_invisible_time_mills_for_recv
+    @staticmethod
+    def _invisible_refusal(invisible_ms: int, low: int = 0) -> pb.Status | None:
+        """An invisible duration out of ``low`` .. 12 h (the proxy's bounds: a receive's
+        ``low`` is min_invisible_time_mills_for_recv, a change's 0, as a nack asks 1 s)."""
         if not low <= invisible_ms <= MAX_INVISIBLE_MS:
             return status(Code.ILLEGAL_INVISIBLE_TIME,
                           f"the invisible duration must be {low} ms .. 12 h, not "
-                          f"{invisible_ms} ms (min_invisible_time_mills_for_recv)")
+                          f"{invisible_ms} ms" + (" (min_invisible_time_mills_for_recv)"
+                                                  if low else ""))
         return None
 
     def AckMessage(self, request, context):

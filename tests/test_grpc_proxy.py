@@ -285,6 +285,22 @@ def test_a_stale_receipt_handle_is_refused_and_an_ack_is_idempotent(store):
         popper.close()
 
 
+def test_a_nack_makes_a_message_visible_again_at_once(store):
+    """A PushConsumer's nack is a change of invisible duration to its backoff, shorter
+    than a receive may ask: 0 s here, so it comes back with the next receive."""
+    topic = "GrpcNack"
+    send_all(store, topic, [message(topic, b"retry me")])
+    popper = Popper(store, "nack-group", topic)
+    try:
+        (m,) = popper.until(lambda got: got, "the message", invisible_s=60)
+        popper.consumer.change_invisible_duration(m, 0)
+        (again,) = popper.until(lambda got: got, "the message again", invisible_s=60)
+        assert again.message_id == m.message_id and again.delivery_attempt == 2
+        popper.consumer.ack(again)
+    finally:
+        popper.close()
+
+
 def test_a_message_never_acked_goes_to_the_dead_letter_queue_after_its_last_attempt(store):
     topic, group = "GrpcDead", "dead-group"
     receipts = send_all(store, topic, [message(topic, b"d0", tag="t", keys="dk"),
@@ -418,6 +434,7 @@ def test_a_receive_asking_too_short_an_invisible_duration_is_refused(store):
     request.invisible_duration.FromMilliseconds(500)
     (r,) = stub.ReceiveMessage(request, metadata=meta, timeout=5)
     assert r.status.code == pb.Code.ILLEGAL_INVISIBLE_TIME
+    assert "min_invisible_time_mills_for_recv" in r.status.message
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "10.1.2.3"])
