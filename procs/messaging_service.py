@@ -15,8 +15,8 @@ RocketMQ's proxy answers; the clients read the code.
                               and the server's (publishing: max_body_size, backoff;
                               subscription: batch size, polling time, retry backoff);
                               the stream stays open until the client or the proxy ends it
-    Heartbeat,                OK
-    NotifyClientTermination
+    Heartbeat                 OK
+    NotifyClientTermination   OK; the client's auto-renewed messages visible again soon
     QueryAssignment           one assignment of the whole broker (queue id -1), as for a
                               non-FIFO group
     SendMessage               ``procs.grpc_convert`` makes store messages; one Producer
@@ -25,7 +25,8 @@ RocketMQ's proxy answers; the clients read the code.
                               offset the store assigned
     ReceiveMessage            ``procs.pop_service``: status, the messages, the delivery
                               timestamp; MESSAGE_NOT_FOUND when the polling time ends
-                              with nothing
+                              with nothing; with auto_renew (a PushConsumer's) the
+                              messages are renewed until acked or nacked
     AckMessage,               ``procs.pop_service``; per entry status for ack
     ChangeInvisibleDuration
     anything else             NOT_IMPLEMENTED, saying what is not served
@@ -53,7 +54,7 @@ from rocketstore.client.dealer import ClientError
 from rocketstore.client.producer import Producer
 from rocketstore.procs.grpc_convert import (
     ACCEPTED_TYPES, Code, Refused, delivered_message, put_status, status, store_message)
-from rocketstore.procs.pop_service import PopService
+from rocketstore.procs.pop_service import AUTO_RENEW_INVISIBLE_MS, PopService
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.delay_level import parse_delay_levels
@@ -98,12 +99,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def _refusal(self, context) -> pb.Status | None:
         """CLIENT_ID_REQUIRED or UNAUTHORIZED, or None when the call may go on."""
         headers = dict(context.invocation_metadata())
-        if not headers.get("x-mq-client-id"):
+        client_id = headers.get("x-mq-client-id")
+        if not client_id:
             return status(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
         if self.config.grpc_access_key and not self._signed(headers):
             return status(Code.UNAUTHORIZED, "the call is not signed with this store's "
                                              "access key (grpc_access_key)")
+        self.pop.seen(client_id)
         return None
+
+    @staticmethod
+    def _client_id(context) -> str:
+        return dict(context.invocation_metadata()).get("x-mq-client-id", "")
 
     def _signed(self, headers: dict) -> bool:
         m = _AUTHORIZATION.fullmatch(headers.get("authorization", ""))
@@ -145,8 +152,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return rpc.HeartbeatResponse(status=self._refusal(context) or status(Code.OK))
 
     def NotifyClientTermination(self, request, context):
-        return rpc.NotifyClientTerminationResponse(
-            status=self._refusal(context) or status(Code.OK))
+        refused = self._refusal(context)
+        if refused:
+            return rpc.NotifyClientTerminationResponse(status=refused)
+        try:
+            self.pop.client_terminated(self._client_id(context))
+        except OSError as e:
+            return rpc.NotifyClientTerminationResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the pop state could not be written: {e}"))
+        return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
 
     def Telemetry(self, request_iterator, context):
         refused = self._refusal(context)
@@ -247,12 +261,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             polling_s = min(polling_s, remaining - DEADLINE_MARGIN_S)
+        invisible_ms = (AUTO_RENEW_INVISIBLE_MS if request.auto_renew
+                        else request.invisible_duration.ToMilliseconds())
         try:
             popped = self.pop.receive(
                 request.message_queue.topic.name, request.group.name,
                 _tags(request.filter_expression), min(request.batch_size, MAX_BATCH_SIZE),
-                request.invisible_duration.ToMilliseconds(),
-                max(0.0, min(polling_s, MAX_POLLING_S)))
+                invisible_ms, max(0.0, min(polling_s, MAX_POLLING_S)),
+                renew_for=self._client_id(context) if request.auto_renew else "")
         except OSError as e:
             log.error("pop of %s by %s not written: %s", request.message_queue.topic.name,
                       request.group.name, e)
@@ -275,13 +291,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not TOPIC_PATTERN.fullmatch(group):
             return status(Code.ILLEGAL_CONSUMER_GROUP, f"group {group!r} must match "
                                                        "[A-Za-z0-9_%|-]{1,255}")
-        if request.auto_renew:
-            return status(Code.NOT_IMPLEMENTED, "auto_renew (the PushConsumer's receive) is "
-                                                "not served: use a SimpleConsumer")
         if request.filter_expression.type == pb.FilterType.SQL:
             return status(Code.NOT_IMPLEMENTED, "SQL92 filters are not served: filter by tag")
         if request.batch_size <= 0:
             return status(Code.BAD_REQUEST, "batch_size must be positive")
+        if request.auto_renew:          # the proxy's own duration, renewed until the ack
+            return self._topic_refusal(topic)
         return self._topic_refusal(topic) or self._invisible_refusal(
             request.invisible_duration.ToMilliseconds(),
             self.config.min_invisible_time_mills_for_recv)

@@ -24,6 +24,15 @@ dispatcher's ARRIVAL announcements (``wake``, called by the proxy's loop) or for
 in-flight message to become visible again, until its polling time ends; it looks again
 at least every ``RECHECK_S`` since the bus may drop an announcement.
 
+Auto-renewal (a PushConsumer's receive, ``renew_for`` its client id): its messages are
+invisible for ``AUTO_RENEW_INVISIBLE_MS`` and ``renew`` (the proxy's loop) pushes that
+back while the client is seen (any call within ``CLIENT_EXPIRY_S``), until the message
+is acked or its invisible duration changed (a nack), as RocketMQ's proxy renews them;
+a client that says it terminates has its messages visible again after
+``TERMINATED_VISIBLE_MS``. Which messages are renewed for whom lives in this process
+only: after a restart of the proxy they are not renewed and come back when their time
+ends (delivered twice, never lost).
+
 Threads: gRPC calls run on a pool of threads; one condition's lock holds every read of
 the files and every change of the state (StoreReader and PopState are not thread-safe),
 and a waiting pop releases it.
@@ -52,6 +61,10 @@ from rocketstore.storage.validation import RESERVED_PROPERTIES
 log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0
+AUTO_RENEW_INVISIBLE_MS = 60_000        # the proxy's defaultInvisibleTimeMills
+RENEW_AHEAD_MS = 10_000                 # renewed this long before it would end
+CLIENT_EXPIRY_S = 120.0                 # a client unheard of this long is gone
+TERMINATED_VISIBLE_MS = 1_000
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"         # RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX
 SEND_TIMEOUT_MS = 3000
 # statuses whose next_begin_offset moves a pop offset on without a message to hand out
@@ -72,6 +85,9 @@ class PopService:
         self._cond = threading.Condition()
         self._turns: dict[str, int] = {}    # topic@group -> the queue index to start at
         self._producer: Producer | None = None    # dead letters; used under the lock
+        # (topic@group, unit) -> (client id, pop time) of the auto-renewed messages
+        self._renewed: dict[tuple[str, tuple[int, int]], tuple[str, int]] = {}
+        self._clients_seen: dict[str, float] = {}    # client id -> monotonic time
         self.stopping = False
 
     def wake(self) -> None:
@@ -93,18 +109,60 @@ class PopService:
 
     # ------------------------------------------------------------------ receive
     def receive(self, topic: str, group: str, tags: list[str] | None, batch: int,
-                invisible_ms: int, wait_s: float) -> list[Popped]:
+                invisible_ms: int, wait_s: float, renew_for: str = "") -> list[Popped]:
         """Up to ``batch`` messages handed out to the group, waiting up to ``wait_s``
-        for one. Raises ``OSError`` when the state cannot be written (nothing is then
-        handed out)."""
+        for one; renewed for client ``renew_for`` when given (module docstring).
+        Raises ``OSError`` when the state cannot be written (nothing is then handed
+        out)."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while True:
                 popped = self._pop(topic, group, tags, batch, invisible_ms)
                 left = deadline - time.monotonic()
                 if popped or left <= 0 or self.stopping:
+                    for m, handle, entry in popped if renew_for else ():
+                        self._renewed[(f"{topic}@{group}", (m.queue_id, m.queue_offset))] = (
+                            renew_for, entry.pop_time_ms)
                     return popped
                 self._cond.wait(min(left, RECHECK_S, self._until_visible_s(topic, group)))
+
+    # ------------------------------------------------------------------ auto-renewal
+    def seen(self, client_id: str) -> None:
+        """A call from ``client_id`` (any thread: one dict store)."""
+        self._clients_seen[client_id] = time.monotonic()
+
+    def renew(self) -> None:
+        """Push back the end of every auto-renewed message due within RENEW_AHEAD_MS
+        whose client is still seen; forget those acked, changed or of a client gone.
+        Raises ``OSError`` when the renewal cannot be written."""
+        if not self._renewed:
+            return
+        with self._cond:
+            now, alive_since = now_ms(), time.monotonic() - CLIENT_EXPIRY_S
+            for (key, unit), (client, pop_time) in list(self._renewed.items()):
+                entry = self.state.group_by_key(key).inflight.get(unit)
+                if entry is None or entry.pop_time_ms != pop_time or \
+                        self._clients_seen.get(client, 0.0) < alive_since:
+                    del self._renewed[(key, unit)]
+                elif entry.visible_at_ms - now < RENEW_AHEAD_MS:
+                    self.state.group_by_key(key).renew(unit, now + AUTO_RENEW_INVISIBLE_MS)
+            self._commit()
+
+    def client_terminated(self, client_id: str) -> None:
+        """``client_id`` said it stops: its auto-renewed messages become visible again
+        after TERMINATED_VISIBLE_MS. Raises ``OSError``."""
+        with self._cond:
+            visible_at = now_ms() + TERMINATED_VISIBLE_MS
+            for (key, unit), (client, pop_time) in list(self._renewed.items()):
+                if client != client_id:
+                    continue
+                del self._renewed[(key, unit)]
+                entry = self.state.group_by_key(key).inflight.get(unit)
+                if entry is not None and entry.pop_time_ms == pop_time:
+                    self.state.group_by_key(key).renew(unit, min(entry.visible_at_ms,
+                                                                 visible_at))
+            self._clients_seen.pop(client_id, None)
+            self._commit()
 
     def _until_visible_s(self, topic: str, group: str) -> float:
         visible_at = self.state.group(topic, group).next_visible_ms()

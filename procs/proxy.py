@@ -10,7 +10,8 @@ Producer's do; receives read the mapped files (``procs.pop_service``), the group
 state in ``config/popState.json`` and ``config/popState.journal``.
 
 Its loop turns on the dispatcher's ARRIVAL announcements: each wakes the receives
-waiting for messages. gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
+waiting for messages; every turn also renews a PushConsumer's messages due soon
+(``PopService.renew``). gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
 one for as long as its client runs, so at most ``WORKERS`` clients and waiting receives
 are served at once (more wait their turn).
 
@@ -85,6 +86,10 @@ class Proxy(Service):
     def turn(self) -> None:
         if self.arrivals.wait(WAKE_WAIT_MS):
             self.pop.wake()
+        try:
+            self.pop.renew()
+        except OSError as e:        # tried again next turn; the message may come back
+            log.error("auto-renewal not written: %s", e)
 
     def teardown(self) -> None:
         self.service.stopping.set()

@@ -183,6 +183,12 @@ class GroupPop:
         self.changed_units.add((handle.queue_id, handle.queue_offset))
         return entry
 
+    def renew(self, unit: tuple[int, int], visible_at_ms: int) -> None:
+        """Keep ``unit`` invisible until ``visible_at_ms`` under the same pop time (its
+        handle stays valid: the proxy renews a PushConsumer's messages itself)."""
+        self.inflight[unit].visible_at_ms = visible_at_ms
+        self.changed_units.add(unit)
+
     @staticmethod
     def _check_current(entry: InFlight, handle: ReceiptHandle) -> None:
         if entry.pop_time_ms != handle.pop_time_ms:

@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer
-from rocketmq import SimpleConsumer
+from rocketmq import ConsumeResult, MessageListener, PushConsumer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -297,6 +297,44 @@ def test_a_nack_makes_a_message_visible_again_at_once(store):
         (again,) = popper.until(lambda got: got, "the message again", invisible_s=60)
         assert again.message_id == m.message_id and again.delivery_attempt == 2
         popper.consumer.ack(again)
+    finally:
+        popper.close()
+
+
+class Recorder(MessageListener):
+    """Records each delivery; fails the first delivery of the bodies in ``fail_once``."""
+
+    def __init__(self, fail_once: set[bytes]):
+        self.fail_once = fail_once
+        self.deliveries: list[tuple[bytes, int]] = []
+
+    def consume(self, message) -> ConsumeResult:
+        self.deliveries.append((message.body, message.delivery_attempt))
+        if message.body in self.fail_once and message.delivery_attempt == 1:
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
+
+
+def test_a_push_consumer_consumes_through_its_listener_and_a_failure_comes_back(store):
+    """The PushConsumer asks its assignment, receives with auto-renewal, acks what its
+    listener consumed and nacks (its 1 s backoff) what failed."""
+    topic, group = "GrpcPush", "push-group"
+    bodies = [b"p%d" % i for i in range(4)]
+    send_all(store, topic, [message(topic, b) for b in bodies])
+    listener = Recorder({b"p0"})
+    consumer = PushConsumer(configuration(store), group, listener, {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_for(lambda: (b"p0", 2) in listener.deliveries and
+                 {b for b, _ in listener.deliveries} == set(bodies),
+                 what="every message consumed and the failed one again")
+    finally:
+        consumer.shutdown()
+    assert sorted(listener.deliveries) == [(b"p0", 1), (b"p0", 2), (b"p1", 1), (b"p2", 1),
+                                           (b"p3", 1)]
+    popper = Popper(store, group, topic)        # all acked: nothing left for the group
+    try:
+        assert popper.consumer.receive(32, INVISIBLE_S) == []
     finally:
         popper.close()
 
