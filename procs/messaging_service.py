@@ -28,7 +28,9 @@ RocketMQ's proxy answers; the clients read the code.
                               with nothing; with auto_renew (a PushConsumer's) the
                               messages are renewed until acked or nacked
     AckMessage,               ``procs.pop_service``; per entry status for ack
-    ChangeInvisibleDuration
+    ChangeInvisibleDuration,
+    ForwardMessageToDead-     a copy in %DLQ%<group>, and the message acked
+    LetterQueue
     anything else             NOT_IMPLEMENTED, saying what is not served
 
 Checks on every call, before anything is done: the ``x-mq-client-id`` header
@@ -363,8 +365,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                                                   "(transactional messages)"))
 
     def ForwardMessageToDeadLetterQueue(self, request, context):
-        return rpc.ForwardMessageToDeadLetterQueueResponse(
-            status=self._not_served("ForwardMessageToDeadLetterQueue (FIFO consumption)"))
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=refused)
+        try:
+            forwarded = self.pop.forward_to_dead_letters(
+                request.topic.name, request.group.name,
+                ReceiptHandle.decode(request.receipt_handle))
+        except InvalidReceiptHandle as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, str(e)))
+        except OSError as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the forward could not be written: {e}"))
+        if not forwarded:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, "the store did not take the dead letter (its log "
+                                            "says why)"))
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(Code.OK))
 
     def RecallMessage(self, request, context):
         return rpc.RecallMessageResponse(status=self._not_served("RecallMessage (delay "

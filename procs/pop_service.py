@@ -281,6 +281,26 @@ class PopService:
             return self._handle(handle.queue_id, handle.queue_offset,
                                 handle.commit_log_offset, entry, invisible_ms)
 
+    def forward_to_dead_letters(self, topic: str, group: str, handle: ReceiptHandle) -> bool:
+        """Put the in-flight message ``handle`` names in the group's dead-letter queue and
+        end it (a FIFO PushConsumer's ForwardMessageToDeadLetterQueue, after its own last
+        attempt). False when the store did not take the copy (nothing changed). Raises
+        ``InvalidReceiptHandle`` and ``OSError``."""
+        with self._cond:
+            g = self.state.group(topic, group)
+            g.current(handle)
+            r = self.reader.get_message(topic, handle.queue_id, handle.queue_offset, 1,
+                                        self.table.get(Slot.DISPATCHED),
+                                        min_commit_log_offset=self.table.get(Slot.MIN_OFFSET))
+            if r.status is not GetMessageStatus.FOUND or not r.messages:
+                g.drop((handle.queue_id, handle.queue_offset))     # gone from the files
+            elif not self._dead_letter(topic, group, r.messages[0]):
+                return False
+            else:
+                g.drop((handle.queue_id, handle.queue_offset))
+            self._commit()
+            return True
+
     def _commit(self) -> None:
         """Make the changes durable; when that fails, go back to what the files hold
         (the caller then answers an error, and nothing it changed was told)."""

@@ -168,16 +168,22 @@ class GroupPop:
         self.drop(unit)
         return True
 
-    def change_invisible(self, handle: ReceiptHandle, now_ms: int,
-                         invisible_ms: int) -> InFlight:
-        """Make the entry ``handle`` names invisible for ``invisible_ms`` from now, under a
-        new pop time (the old handle stops working). Raises ``InvalidReceiptHandle``."""
+    def current(self, handle: ReceiptHandle) -> InFlight:
+        """The in-flight entry ``handle`` names. Raises ``InvalidReceiptHandle`` when it
+        is not in flight or was handed out again since."""
         entry = self.inflight.get((handle.queue_id, handle.queue_offset))
         if entry is None:
             raise InvalidReceiptHandle(f"queue {handle.queue_id} offset "
                                        f"{handle.queue_offset} is not in flight (acked, or "
                                        "never received)")
         self._check_current(entry, handle)
+        return entry
+
+    def change_invisible(self, handle: ReceiptHandle, now_ms: int,
+                         invisible_ms: int) -> InFlight:
+        """Make the entry ``handle`` names invisible for ``invisible_ms`` from now, under a
+        new pop time (the old handle stops working). Raises ``InvalidReceiptHandle``."""
+        entry = self.current(handle)
         entry.pop_time_ms = max(now_ms, entry.pop_time_ms + 1)
         entry.visible_at_ms = entry.pop_time_ms + invisible_ms
         self.changed_units.add((handle.queue_id, handle.queue_offset))

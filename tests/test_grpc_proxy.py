@@ -442,6 +442,28 @@ def ack_request(topic: str, group: str, message_id: str, handle: str):
                                                               receipt_handle=handle)])
 
 
+def test_a_message_forwarded_to_the_dead_letter_queue_is_there_and_done(store):
+    topic, group = "GrpcForward", "forward-group"
+    (receipt,) = send_all(store, topic, [message(topic, b"give up")])
+    popper = Popper(store, group, topic)
+    try:
+        (m,) = popper.until(lambda got: got, "the message", invisible_s=1)
+        stub, meta = raw_stub(store)
+        request = rpc.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=m.receipt_handle, message_id=m.message_id, delivery_attempt=1,
+            max_delivery_attempts=1)
+        r = stub.ForwardMessageToDeadLetterQueue(request, metadata=meta, timeout=5)
+        assert r.status.code == pb.Code.OK, r.status.message
+        again = stub.ForwardMessageToDeadLetterQueue(request, metadata=meta, timeout=5)
+        assert again.status.code == pb.Code.INVALID_RECEIPT_HANDLE
+        dead = own_consumer_reads(store, "%DLQ%" + group, 1, "forward-readers")
+        assert list(dead) == [receipt.message_id]
+        assert popper.consumer.receive(32, 1) == []       # done: past its 1 s, not back
+    finally:
+        popper.close()
+
+
 def test_a_call_not_served_answers_not_implemented_at_once(store):
     stub, meta = raw_stub(store)
     r = stub.EndTransaction(rpc.EndTransactionRequest(topic=pb.Resource(name="T")),
