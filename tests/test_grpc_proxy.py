@@ -265,6 +265,31 @@ def test_simple_consumer_acked_are_done_unacked_come_back_with_the_attempt_raise
         popper.close()
 
 
+def test_a_tag_filter_passes_over_the_other_tags_as_done(store):
+    topic = "GrpcTags"
+    send_all(store, topic, [message(topic, b"t%d" % i, tag="red" if i % 2 else "blue")
+                            for i in range(6)])
+    red = SimpleConsumer(configuration(store), "red-group",
+                         {topic: FilterExpression("red || green")}, await_duration=2)
+    red.startup()
+    try:
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 3:
+            assert time.monotonic() < deadline, got
+            got += red.receive(32, 60)
+        assert sorted(m.body for m in got) == [b"t1", b"t3", b"t5"]
+        assert {m.tag for m in got} == {"red"}
+        assert red.receive(32, 60) == []           # the blue ones are not handed out
+    finally:
+        red.shutdown()
+    everything = Popper(store, "all-group", topic)  # another group sees every message
+    try:
+        assert len(everything.until(lambda got: len(got) >= 6, "all six")) == 6
+    finally:
+        everything.close()
+
+
 def test_a_stale_receipt_handle_is_refused_and_an_ack_is_idempotent(store):
     topic = "GrpcHandles"
     send_all(store, topic, [message(topic, b"once")])
