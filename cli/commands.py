@@ -130,7 +130,9 @@ def _print_group(c: dict) -> None:
     print(f"group      {c['group']} member {c['broker_id']}  master {c['master']}  epoch "
           f"{c['epoch']}  lease {c['lease_ms']} ms"
           + ("" if c["connected"] else "  ZOOKEEPER UNREACHABLE")
-          + ("  UNCLEAN (elected out of sync)" if c.get("unclean") else ""))
+          + ("  UNCLEAN (elected out of sync)" if c.get("unclean") else "")
+          + (f"  HANDING OVER to member {c['handing_over_to']}"
+             if c.get("handing_over_to") is not None else ""))
     for m in c.get("members") or []:
         print(f"  member {m['broker_id']:<4} {m['role']:<12} end {m['end']:<12} lag "
               f"{m['lag_bytes']} bytes" + ("  in sync" if m["in_sync"] else ""))

@@ -12,8 +12,10 @@
     rocketstore dump    PATH [--type KIND] [--limit N] [--json]
     rocketstore check   [--json]                              load (recovering) and fsck
     rocketstore config  [--json]                              the settings in force
-    rocketstore promote --config FILE [--role R]              a SLAVE becomes a master
+    rocketstore promote --config FILE [--role R]              a SLAVE becomes a master;
+                        [--broker-id N]                       a group hands over
     rocketstore keys    --dir DIR [--client NAME ...]         CURVE key pairs (0600 files)
+    rocketstore dashboard [--port 8080] [--address ADDR]      the web console
 
 Every command takes ``--config FILE`` (default: the embedded supervisor.toml) and
 ``--store DIR`` (default: the config's store_path_root_dir). Every table and setting of
@@ -44,7 +46,7 @@ from rocketstore.storage import MessageStore, StoreConfig, StoreConfigError, Sto
 from rocketstore.storage import dump as dumping
 from rocketstore.storage.config import setting_mark
 from rocketstore.wire import curve
-from rocketstore.cli import demo, promote, commands as running_commands
+from rocketstore.cli import dashboard, demo, promote, commands as running_commands
 from rocketstore.procs import supervisor
 from rocketstore.procs.status import quarantine_usage
 from rocketstore.procs.supervisor import ProcessConfig
@@ -273,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=cmd_pipeline_demo)
     running_commands.add_parsers(sub, common)
     promote.add_parser(sub, common)
+    dashboard.add_parser(sub, common)
     k = sub.add_parser("keys", parents=[common], help="make CURVE key pairs (server, clients)")
     k.add_argument("--dir", required=True, help="where the key files go (made 0700)")
     k.add_argument("--client", action="append", help="a client's name (repeat; default: client)")
@@ -287,6 +290,8 @@ def cmd_running(args: argparse.Namespace) -> int:
         return running_commands.cmd_up(args, config, processes)
     if args.running == "promote":
         return promote.cmd_promote(args, config, args.config)
+    if args.running == "dashboard":
+        return dashboard.cmd_dashboard(args, config)
     return getattr(running_commands, f"cmd_{args.running}")(args, config)
 
 

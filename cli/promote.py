@@ -5,7 +5,10 @@
 The role is written into FILE, and a running store is asked to restart its processes
 in that role; the command waits until it runs so (``procs.promotion`` says what the
 supervisor does). docs/OPERATIONS.md says how to build automatic failover on
-``rocketstore status --json``.
+``rocketstore status --json``. On a member of a broker group (``enable_controller_mode``)
+the group is asked for a planned hand-over instead (``cli.handover``; ``--broker-id``,
+``--handover-timeout``): which member is master is the group's choice, and the file is
+left as it is.
 
 Exit codes: 0 promoted; 1 the store is not a SLAVE, or did not come back in its new role
 within ``--timeout`` seconds; 2 bad usage (no --config, a role that cannot work).
@@ -19,6 +22,7 @@ import json
 import os
 import time
 
+from rocketstore.cli import handover as hand_over
 from rocketstore.cli.commands import say_failure
 from rocketstore.procs.promotion import MASTER_ROLES, request, set_role_in_config
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot, StoreState
@@ -33,10 +37,8 @@ def cmd_promote(args: argparse.Namespace, config: StoreConfig, config_path: str 
     if config_path is None:
         return _fail(args, EXIT_USAGE, "promote needs --config FILE: the store's role is "
                                        "written there")
-    if config.enable_controller_mode:
-        return _fail(args, EXIT_FAILED, "the store is a member of broker group "
-                     f"{config.broker_name} (enable_controller_mode): the group elects its "
-                     "master through ZooKeeper; stop the master to have another elected")
+    if config.enable_controller_mode:       # the group's choice: a planned hand-over
+        return hand_over.cmd_hand_over(args, config)
     if not config.slave:
         return _fail(args, EXIT_FAILED, f"the store is not a SLAVE (broker_role "
                                         f"{config.broker_role})")
@@ -89,8 +91,10 @@ def _fail(args: argparse.Namespace, code: int, why: str) -> int:
 
 def add_parser(sub, common) -> None:
     p = sub.add_parser("promote", parents=[common],
-                       help="turn a SLAVE store (running or stopped) into a master")
+                       help="turn a SLAVE store (running or stopped) into a master; in a "
+                            "broker group, hand the master's role over to a slave")
     p.add_argument("--role", choices=MASTER_ROLES, default="ASYNC_MASTER")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for a running store to come back as a master")
+    hand_over.add_arguments(p)
     p.set_defaults(running="promote")

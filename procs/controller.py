@@ -34,6 +34,12 @@ reads and writes are ``wire.group_nodes``'. Each turn:
    while its end is within ``ha_slave_fallbehind_max`` bytes of the master's and it
    caught up (its end reached what the master held ``CATCH_UP_SLACK_MS`` earlier)
    within ``ha_max_time_slave_not_catchup`` ms; a member gone from ZooKeeper is out.
+5. **Planned hand-over** (``procs.handover``: the request node, its states and the
+   invariant). It watches the ``handover`` node (a kazoo DataWatch, handed to the loop).
+   As the master named ``from``, it accepts a request to a member of its in-sync set
+   (else REFUSED), holds the lease at ``fencing.HANDING_OVER``, waits for its writer's
+   next turn and writes FENCED with its end; ABORTED when the bound passes first. As
+   the member named ``to``, once it holds that end it takes over in one transaction.
 
 Sessions (PITFALLS): SUSPENDED (connection lost, session maybe alive) and LOST
 (expired) end the lease at once, from kazoo's thread (a single slot store); a new
@@ -64,11 +70,13 @@ import threading
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import DataWatch
 
-from rocketstore.procs import fencing, promotion
+from rocketstore.procs import fencing, handover, promotion
 from rocketstore.procs.service import Service
 from rocketstore.shm import bus
-from rocketstore.shm.positions import PositionTable, PositionTableError, Slot, StoreState
+from rocketstore.shm.positions import (
+    HEARTBEAT_MS, PositionTable, PositionTableError, Slot, StoreState, now_ms)
 from rocketstore.storage import epoch_file
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES, StoreConfig
@@ -173,6 +181,9 @@ class ControllerService(Service):
         self.next_sync_review = 0
         self.unclean = False
         self.fenced_until = 0         # no lease before (a slave showed a newer epoch)
+        self.handover_node: tuple[dict, int] | None = None   # (document, version), watched
+        self.handover_watch: DataWatch | None = None
+        self.handing_over: dict | None = None    # this master's hand-over under way
         self.epoch_news = bus.Subscriber(self.context, self.store_dir, ["ha"],
                                          [fencing.NEWER_EPOCH])
         self.zk = KazooClient(hosts=cfg.cluster_address,
@@ -213,6 +224,7 @@ class ControllerService(Service):
             if self.registered:
                 self._master_read()
                 self._report()
+                self._hand_over()
                 if self._is_master():
                     self._review_in_sync_set()
         elif monotonic_ms() - self.connected_ms > self.session_timeout_ms:
@@ -258,6 +270,8 @@ class ControllerService(Service):
             self.session_id = session
             self.registered = False
             self.read = None
+            if self.handing_over is not None:       # the master node went with the session
+                self._end_hand_over("its ZooKeeper session ended")
             self.said.discard("disconnected")
             log.info("ZooKeeper session %#x", session or 0)
         if not self.registered:
@@ -281,6 +295,9 @@ class ControllerService(Service):
         self.registered = True
         self.said.discard("registered")
         log.info("registered as member %d of broker group %s", self.me, g)
+        if self.handover_watch is None:         # kazoo keeps it across sessions
+            self.handover_watch = DataWatch(self.zk, nodes.handover_path(g),
+                                            self._handover_changed)
 
     def _member_doc(self) -> dict:
         return {"broker_id": self.me, **self.addresses, "role": self._role(),
@@ -329,8 +346,13 @@ class ControllerService(Service):
         self.absent_since = None
         self.master = doc
         if doc.get("broker_id") == self.me and stat.ephemeralOwner == self.session_id:
-            self.table.set(Slot.MASTER_LEASE_MS, 0 if sent < self.fenced_until else
-                           fencing.lease_until(sent, self.session_timeout_ms))
+            if self.handing_over is not None:
+                lease = fencing.HANDING_OVER
+            elif sent < self.fenced_until:
+                lease = 0
+            else:
+                lease = fencing.lease_until(sent, self.session_timeout_ms)
+            self.table.set(Slot.MASTER_LEASE_MS, lease)
             self._lead(doc)
         elif doc.get("broker_id") == self.me:     # an earlier session's: it expires soon
             self.table.set(Slot.MASTER_LEASE_MS, 0)
@@ -485,6 +507,169 @@ class ControllerService(Service):
         except (KazooException, KazooTimeoutError) as e:
             log.warning("in-sync set not reviewed: %s", e)
 
+    # ================================================================== hand-over
+    def _handover_changed(self, data, stat, *_) -> None:
+        """kazoo's thread (the DataWatch): note the request node, wake the loop."""
+        self.handover_node = None if stat is None else (nodes.decode(data), stat.version)
+        self.wake.set()
+
+    def _hand_over(self) -> None:
+        """This member's part in a planned hand-over (``procs.handover``), if any."""
+        if self.handing_over is not None:
+            self._keep_handing_over()
+            return
+        if self.handover_node is None:
+            return
+        doc, version = self.handover_node
+        epoch = doc.get("epoch")
+        try:
+            if isinstance(epoch, int) and epoch < self.epoch:
+                if self._is_master():       # stale: its master was replaced since
+                    handover.withdraw(self.zk, self.group, version)
+            elif epoch != self.epoch:
+                return
+            elif doc.get("from") == self.me and doc.get("state") == handover.REQUESTED:
+                self._accept_hand_over(doc, version)
+            elif doc.get("to") == self.me and doc.get("state") == handover.FENCED:
+                self._take_over(doc, version)
+        except (KazooException, KazooTimeoutError) as e:
+            log.warning("hand-over: %s", e)
+
+    def _accept_hand_over(self, doc: dict, version: int) -> None:
+        """The master: refuse a request to a member outside its in-sync set; else take
+        no more puts (the writer's reason says why) and wait for the writer's next turn
+        (``_keep_handing_over``)."""
+        if not self._is_master():
+            return          # no lease now (not heard from ZooKeeper yet): asked again
+        to = doc.get("to")
+        if to == self.me or to not in self.in_sync:
+            why = (f"member {to} is not in the in-sync set {self.in_sync} of member "
+                   f"{self.me}, the master")
+            log.warning("hand-over of %s refused: %s", self.group, why)
+            self._write_request({**doc, "state": handover.REFUSED, "why": why}, version)
+            return
+        self.table.set(Slot.MASTER_LEASE_MS, fencing.HANDING_OVER)
+        self.handing_over = {"to": to, "doc": doc, "version": version, "fenced": False,
+                             "since": monotonic_ms(), "quiet_after": now_ms()}
+        log.warning("handing broker group %s over to member %s: no more puts taken here",
+                    self.group, to)
+
+    def _keep_handing_over(self) -> None:
+        """The master, handing over: FENCED once its writer turned since it stopped
+        taking puts; ABORTED once the bound passed without a take-over; over when the
+        node went (taken over, or withdrawn: the master read that follows says which)
+        or was changed by another."""
+        h = self.handing_over
+        node = self.handover_node
+        if node is None or node[1] > h["version"]:
+            self._end_hand_over("the request was taken over or withdrawn")
+            return
+        if node[1] < h["version"]:
+            return          # the watch has not caught up with this store's own write
+        try:
+            if not h["fenced"]:
+                self._fence_when_quiet(h)
+            elif monotonic_ms() - h["since"] > h["doc"].get("timeout_ms",
+                                                            handover.DEFAULT_TIMEOUT_MS):
+                self._abort_hand_over(h)
+        except (KazooException, KazooTimeoutError) as e:
+            log.warning("hand-over: %s (tried again)", e)
+
+    def _fence_when_quiet(self, h: dict) -> None:
+        """FENCED, with this store's CommitLog end, once the writer turned after the
+        lease became HANDING_OVER (every put it accepted before is appended by then)."""
+        beat = self.table.get_process("writer", HEARTBEAT_MS)
+        if beat <= h["quiet_after"] and \
+                monotonic_ms() - h["since"] < handover.WRITER_QUIET_MS:
+            return
+        end = self.table.read_written()[0]
+        doc = {**h["doc"], "state": handover.FENCED, "end": end}
+        version = self._write_request(doc, h["version"])
+        if version is None:
+            self._end_hand_over("the request was withdrawn")
+            return
+        h.update(doc=doc, version=version, fenced=True, since=monotonic_ms())
+        log.warning("broker group %s: member %s to take over at CommitLog end %d",
+                    self.group, h["to"], end)
+
+    def _abort_hand_over(self, h: dict) -> None:
+        doc = h["doc"]
+        taker, _ = self._get(nodes.member_path(self.group, h["to"]))
+        why = (f"member {h['to']} did not take over within {doc.get('timeout_ms')} ms of "
+               f"member {self.me} stopping puts at CommitLog end {doc.get('end')} (it "
+               + (f"reported end {taker['end']})" if "end" in taker else
+                  "is not registered)"))
+        if self._write_request({**doc, "state": handover.ABORTED, "why": why},
+                               h["version"]) is None:
+            self._end_hand_over("the request was taken over or withdrawn")
+            return
+        log.warning("hand-over of %s aborted, taking puts again: %s", self.group, why)
+        self._end_hand_over("aborted")
+
+    def _end_hand_over(self, why: str) -> None:
+        """No lease until a master read sent from now on names this store (one sent
+        before may predate a take-over)."""
+        log.info("hand-over of %s over: %s", self.group, why)
+        self.handing_over = None
+        self.table.set(Slot.MASTER_LEASE_MS, 0)
+        self.read = None
+        self.next_read = 0
+
+    def _write_request(self, doc: dict, version: int) -> int | None:
+        """The request node rewritten if still at ``version``: its new version, else
+        None."""
+        from kazoo.exceptions import BadVersionError
+        try:
+            return self.zk.set(nodes.handover_path(self.group), nodes.encode(doc),
+                               version=version).version
+        except (BadVersionError, NoNodeError):
+            return None
+
+    def _take_over(self, doc: dict, version: int) -> None:
+        """The member named ``to``: once it holds the master's end, in one transaction
+        the request goes, the master node becomes its own, the epoch rises and the
+        in-sync set is itself (an election's writes, conditional on the request and the
+        master node being as they were)."""
+        end = doc.get("end")
+        if self._role() != "SLAVE" or not isinstance(end, int) or \
+                self.table.read_written()[0] < end:
+            return
+        g, zk = self.group, self.zk
+        master, master_stat = self._get(nodes.master_path(g))
+        if master_stat is None or master.get("broker_id") != doc.get("from") or \
+                master.get("epoch") != doc.get("epoch"):
+            return
+        last, epoch_stat = self._get(nodes.epoch_path(g))
+        _, sync_stat = self._get(nodes.sync_state_set_path(g))
+        epoch = max(last.get("epoch", 0) if epoch_stat else 0, self.epoch) + 1
+        start = self.table.read_written()[0]
+        tx = zk.transaction()
+        tx.delete(nodes.handover_path(g), version=version)
+        tx.delete(nodes.master_path(g), version=master_stat.version)
+        tx.create(nodes.master_path(g), nodes.encode(
+            {"broker_id": self.me, "epoch": epoch, "start": start, **self.addresses}),
+            ephemeral=True)
+        self._tx_write(tx, nodes.epoch_path(g), epoch_stat,
+                       {"epoch": epoch, "broker_id": self.me, "start": start})
+        self._tx_write(tx, nodes.sync_state_set_path(g), sync_stat,
+                       {"epoch": epoch, "members": [self.me]})
+        if any(isinstance(r, Exception) for r in tx.commit()):
+            return              # aborted, withdrawn, or the group changed meanwhile
+        log.warning("took broker group %s over from member %s at epoch %d (end %d): a "
+                    "planned hand-over", g, doc.get("from"), epoch, start)
+        self._note_epoch(epoch, start)
+        self.stats.add("controller_elections_total")
+        self.in_sync, self.caught_up_ms = [self.me], {}
+        self.samples.clear()
+        self.next_read = 0
+
+    @staticmethod
+    def _tx_write(tx, path: str, stat, doc: dict) -> None:
+        if stat is None:
+            tx.create(path, nodes.encode(doc))
+        else:
+            tx.set_data(path, nodes.encode(doc), version=stat.version)
+
     # ================================================================== status
     def _publish_status(self) -> None:
         self.stats.extra["controller"] = {
@@ -495,7 +680,8 @@ class ControllerService(Service):
             "lease_ms": max(0, self.table.get(Slot.MASTER_LEASE_MS) - monotonic_ms()),
             "in_sync": self.in_sync if self._is_master() else None,
             "members": self.members_seen if self._is_master() else None,
-            "unclean": self.unclean}
+            "unclean": self.unclean,
+            "handing_over_to": None if self.handing_over is None else self.handing_over["to"]}
 
     def _say(self, key: str, level: int, text: str, *args) -> None:
         """Log ``text`` once until ``key`` is forgotten."""

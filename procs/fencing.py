@@ -31,6 +31,11 @@ refusal; the controller, hearing it, ends the lease and renews none for
 names the master of the newer epoch, if there is one; a slave that merely claims one
 holds the group up no longer than that).
 
+A planned hand-over (``procs.handover``) holds the lease at ``HANDING_OVER`` (1: a time
+already past, so no PUT_OK either) from the moment the master accepts the request until
+it ends: the writer refuses with a reason that says so, and clients look for the
+master again as they do on any ``NOT_MASTER``.
+
 A paused writer that wakes up reads the clock after the pause, past the lease: nothing
 it answers after waking is PUT_OK. Without ``enable_controller_mode`` the fence is open
 and costs nothing.
@@ -45,6 +50,7 @@ from rocketstore.storage.config import StoreConfig
 LEASE_FRACTION = 0.6     # of the session timeout: what clock rates and a slow turn may eat
 NOT_MASTER = "NOT_MASTER"
 NEWER_EPOCH = b"newer_epoch\0"   # bus topic, HA -> controller: int64 epoch (shm.bus)
+HANDING_OVER = 1         # MASTER_LEASE_MS while this master hands the group over
 
 
 class Fence:
@@ -63,11 +69,20 @@ class Fence:
         lease = self.table.get(Slot.MASTER_LEASE_MS)
         if monotonic_ms() < lease:
             return None
+        if lease == HANDING_OVER:
+            return (f"{NOT_MASTER}: this store is handing its group's mastership over to "
+                    "another member (a planned switch); ask the group for its master")
         if lease == 0:
             return (f"{NOT_MASTER}: this store is not its group's master (or has not heard "
                     "so from ZooKeeper yet); ask the group for its master")
         return (f"{NOT_MASTER}: this store's lease as its group's master ended (ZooKeeper "
                 "not heard from in time); another member may be master now")
+
+
+def holds_lease(lease: int) -> bool:
+    """Whether a MASTER_LEASE_MS value is a lease granted (not 0 or HANDING_OVER),
+    ended or not."""
+    return lease > HANDING_OVER
 
 
 def lease_until(sent_ms: int, session_timeout_ms: int) -> int:

@@ -50,12 +50,14 @@ master (the processes start again as a SLAVE of it).
     cleaner     40        expiry: unlinks old files, MIN_OFFSET, DISK_FULL
     scheduler   50        delayed messages, config/delayOffset.json
     reader      60        the reader socket for remote pulls and queries
-    proxy       70        with grpc_listen_port: RocketMQ 5's gRPC MessagingService for
+    proxy       65        with grpc_listen_port: RocketMQ 5's gRPC MessagingService for
                           RocketMQ's own clients, config/popState.*
     ha          25        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
                           (it stops after the writer, whose last SYNC_MASTER replies wait
                           for SLAVE_ACKED)
     controller  5         controller mode: the group in ZooKeeper, MASTER_LEASE_MS, EPOCH
+    dashboard   70        with dashboard_port: the web console (rocketstore.console.serve,
+                          started by module name); it reads as ``status`` does, owns nothing
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ DEFAULT_PROCESSES = {
     "reader": ProcessConfig(priority=60),
     "ha": ProcessConfig(priority=25),     # stops after the writer: SYNC_MASTER acks
     "controller": ProcessConfig(priority=5),   # stops last: the group's lease ends with it
-    "proxy": ProcessConfig(priority=70),       # stops first: its clients' last calls end
+    "dashboard": ProcessConfig(priority=70),   # stops first: it only reads
+    "proxy": ProcessConfig(priority=65),       # stops next: its clients' last calls end
 }
 # a SLAVE runs no delay scheduler, serves no slave and takes no RocketMQ client's sends
 MASTER_ONLY = ("scheduler", "ha", "proxy")
@@ -123,15 +126,20 @@ MASTER_ONLY = ("scheduler", "ha", "proxy")
 def runs(name: str, config: StoreConfig) -> bool:
     """Whether the store runs process ``name``: a SLAVE no delay scheduler, no HA
     process and no proxy; a master the HA process only with ``ha_listen_port`` set and
-    the proxy only with ``grpc_listen_port``; the controller only in controller mode."""
+    the proxy only with ``grpc_listen_port``; the controller only in controller mode;
+    the dashboard only with ``dashboard_port``."""
     if name == "controller":
         return config.enable_controller_mode
+    if name == "dashboard":
+        return bool(config.dashboard_port)
     if config.slave and name in MASTER_ONLY:
         return False
     if name == "proxy":
         return bool(config.grpc_listen_port)
     return name != "ha" or bool(config.ha_listen_port)
 MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
+# the web console is a room above this one (and an extra): started by its module's name
+MODULES["dashboard"] = "rocketstore.console.serve"
 
 
 def load_process_configs(doc: dict[str, Any], where: str = "") -> dict[str, ProcessConfig]:

@@ -64,7 +64,8 @@ and unlinks it at a clean stop.
     23     MASTER_LEASE_MS controller   ms     -          controller mode: the group's master
                                                           answers PUT_OK only before it
                                                           (CLOCK_MONOTONIC; 0: not master,
-                                                          or not told yet; procs.fencing)
+                                                          or not told yet; 1: handing over;
+                                                          procs.fencing)
     24     EPOCH           controller   count  -          controller mode: the group's epoch
                                                           this store last saw
     per process p (PROCESS_NAMES), block at PROCESS_BASE + p * PROCESS_SLOTS:
@@ -213,7 +214,7 @@ class ProcessState(enum.IntEnum):
 
 
 PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader", "ha",
-                 "controller", "proxy")
+                 "controller", "dashboard", "proxy")
 PROCESS_BASE = 64
 PROCESS_SLOTS = 8
 PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS, WATCHDOG_KILLS = ProcessField

@@ -24,7 +24,9 @@ Unix ones, loopback only for now), ``producer_id_expiration_ms`` (Kafka's
 ``producer.id.expiration.ms``, default one day), how long the writer remembers an
 idempotent producer that stores nothing (``storage.producer_state``), and
 ``metrics_port`` / ``metrics_address`` (the Prometheus endpoint, ``procs.metrics``;
-port 0, the default, is off; loopback unless set otherwise).
+port 0, the default, is off; loopback unless set otherwise) and the ``dashboard_*``
+settings (the web console, ``rocketstore.console``: off by default, loopback unless
+``dashboard_auth`` is set, read-only unless ``dashboard_allow_writes``).
 
 The same settings load from the ``[store]`` table of ``supervisor.toml``
 (``StoreConfig.from_toml``); tests build tiny stores in Python
@@ -191,6 +193,13 @@ class StoreConfig:
     # rocketstore's: the Prometheus endpoint (procs.metrics) on this port; 0 = off
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
+    # rocketstore's: the web console (rocketstore.console) served by `up` on this port;
+    # 0 = off. Beyond loopback only with dashboard_auth (a token file or a basic-auth
+    # users file); offset resets and test sends only with dashboard_allow_writes
+    dashboard_port: int = 0
+    dashboard_address: str = "127.0.0.1"
+    dashboard_auth: str = ""
+    dashboard_allow_writes: bool = False
     # rocketstore's: the store's files are 0666 & ~data_umask, its directories
     # 0777 & ~data_umask (storage.file_modes): owner and group by default
     data_umask: int = 0o027
@@ -352,11 +361,14 @@ class StoreConfig:
         if self.grpc_listen_port and self.grpc_listen_port in taken:
             raise StoreConfigError(f"grpc_listen_port {self.grpc_listen_port} is taken by "
                                    f"{taken[self.grpc_listen_port]}")
+        if self.grpc_listen_port:
+            taken[self.grpc_listen_port] = "the gRPC endpoint (grpc_listen_port)"
         try:
             ipaddress.ip_address(self.metrics_address)
         except ValueError:
             raise StoreConfigError(f"metrics_address {self.metrics_address!r} is not an IP "
                                    "address") from None
+        self._validate_dashboard(taken)
         if not 1 - READER_PORT_OFFSET <= self.listen_port <= 65535:
             raise StoreConfigError(f"listen_port must be in {1 - READER_PORT_OFFSET}..65535 "
                                    "(the reader listens on listen_port - 2)")
@@ -401,6 +413,26 @@ class StoreConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def _validate_dashboard(self, taken: dict[int, str]) -> None:
+        """The web console's port and address: beyond loopback only with
+        ``dashboard_auth``, as TCP beyond loopback only with CURVE."""
+        if not 0 <= self.dashboard_port <= 65535:
+            raise StoreConfigError("dashboard_port must be in 0..65535 (0: no dashboard)")
+        taken = {**taken, self.metrics_port: "the metrics endpoint (metrics_port)"}
+        if self.dashboard_port and self.dashboard_port in taken:
+            raise StoreConfigError(f"dashboard_port {self.dashboard_port} is taken by "
+                                   f"{taken[self.dashboard_port]}")
+        try:
+            loopback = ipaddress.ip_address(self.dashboard_address).is_loopback
+        except ValueError:
+            raise StoreConfigError(f"dashboard_address {self.dashboard_address!r} is not an "
+                                   "IP address") from None
+        if not loopback and not self.dashboard_auth:
+            raise StoreConfigError(
+                f"dashboard_address {self.dashboard_address} is not a loopback address: "
+                "serving the dashboard beyond this host needs dashboard_auth (a file holding "
+                "a token, or basic-auth users as name:password lines)")
 
     # ---------------------------------------------------------------------------------
     def check_replication(self) -> None:
@@ -525,7 +557,8 @@ SECTIONS = ("store", "process")     # [store], and the supervisor's [process.NAM
 # Settings that name files or directories: a relative one in a settings file is read
 # from the file's own directory. curve_authorized_keys is a comma-separated list of them.
 PATH_SETTINGS = ("store_path_root_dir", "store_path_commit_log", "curve_server_key",
-                 "curve_authorized_keys", "curve_client_key", "ha_master_server_key")
+                 "curve_authorized_keys", "curve_client_key", "ha_master_server_key",
+                 "dashboard_auth")
 
 
 def nearest_name(name: str, known: Collection[str]) -> str | None:
@@ -671,6 +704,10 @@ NOTES: dict[str, str] = {
     "grpc_secret_key": "rocketstore's: the SK the gRPC clients sign with",
     "min_invisible_time_mills_for_recv": "RocketMQ ProxyConfig's",
     "retry_max_times": "RocketMQ's subscription group setting, here every pop group's",
+    "dashboard_port": "rocketstore's: the web console (rocketstore dashboard)",
+    "dashboard_address": "rocketstore's: beyond loopback only with dashboard_auth",
+    "dashboard_auth": "rocketstore's: a token file, or name:password lines (basic auth)",
+    "dashboard_allow_writes": "rocketstore's: offset resets and test sends from the dashboard",
     **dict.fromkeys(("max_transfer_count_on_message_in_memory",
                      "max_transfer_bytes_on_message_in_memory",
                      "max_transfer_count_on_message_in_disk",

@@ -231,6 +231,19 @@ def test_the_metrics_port_may_not_be_another_sockets(settings, owner):
     assert StoreConfig(metrics_port=10911, listen_port=10911).metrics_port == 10911  # no TCP
 
 
+def test_the_dashboard_beyond_loopback_needs_dashboard_auth():
+    """As TCP beyond loopback needs CURVE: the message names the setting."""
+    with pytest.raises(StoreConfigError, match="dashboard_address 0.0.0.0 is not a loopback "
+                                               "address: .* needs dashboard_auth"):
+        StoreConfig(dashboard_port=8080, dashboard_address="0.0.0.0")
+    assert StoreConfig(dashboard_address="::1").dashboard_address == "::1"
+    assert StoreConfig(dashboard_address="0.0.0.0", dashboard_auth="/etc/rs/users").dashboard_auth
+    with pytest.raises(StoreConfigError, match="dashboard_port 9100 is taken by the metrics"):
+        StoreConfig(dashboard_port=9100, metrics_port=9100)
+    with pytest.raises(StoreConfigError, match="'dash' is not an IP address"):
+        StoreConfig(dashboard_address="dash")
+
+
 @pytest.mark.parametrize("table, message", [
     ({"writer": {"stopsignal": "NOPE"}}, "not a signal name"),
     ({"writer": {"stopsignal": 15}}, "not a signal name"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from rocketstore.client import Producer
 from rocketstore.client.errors import ClientError, ConnectionLost
+from rocketstore.procs import fencing, handover
 from rocketstore.procs.controller import NOT_IN_SYNC, NOT_REGISTERED, OTHER_BETTER, STAND, stands
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage import Message, StoreConfig, epoch_file
@@ -57,14 +59,6 @@ def test_controller_mode_values_are_checked(settings):
         StoreConfig(**settings)
 
 
-def test_promote_refuses_a_group_member(tmp_path):
-    store = RunningStore(tmp_path, enable_controller_mode=True, cluster_address="127.0.0.1:1",
-                         broker_name="g", tcp_listen_address="127.0.0.1",
-                         ha_listen_port=free_port(), broker_role="SYNC_MASTER")
-    r = cli("promote", "--config", store.config_path)
-    assert r.returncode == 1 and "the group elects its master" in r.stderr, r.stderr
-
-
 @pytest.mark.parametrize("me, ends, in_sync, unclean, verdict", [
     (2, {0: 5, 1: 5}, [0, 1], False, NOT_REGISTERED),
     (1, {0: 9, 1: 5}, [0], False, NOT_IN_SYNC),         # out of sync, however much it holds
@@ -80,6 +74,26 @@ def test_promote_refuses_a_group_member(tmp_path):
 def test_who_stands_for_election(me, ends, in_sync, unclean, verdict):
     members = {b: {"broker_id": b, "end": end} for b, end in ends.items()}
     assert stands(me, members, in_sync, unclean) == verdict
+
+
+@pytest.mark.parametrize("wanted, in_sync, chosen_or_refusal", [
+    (None, [0, 1, 2], 2),                      # the in-sync slave holding the most
+    (None, [0, 1], 1),
+    (None, [0, 1, 3], 1),                      # 3 is not registered
+    (None, [0], "no slave of broker group g is in its in-sync set [0]"),
+    (1, [0, 1, 2], 1),
+    (0, [0, 1], "member 0 is the master of broker group g already"),
+    (3, [0, 1], "member 3 is not a registered member"),
+    (2, [0, 1], "member 2 is not in the in-sync set [0, 1] of broker group g (5 bytes "
+                "behind member 0)"),
+])
+def test_who_takes_over_in_a_planned_hand_over(wanted, in_sync, chosen_or_refusal):
+    members = {b: {"broker_id": b, "end": end} for b, end in {0: 90, 1: 80, 2: 85}.items()}
+    if isinstance(chosen_or_refusal, int):
+        assert handover.choose("g", 0, members, in_sync, wanted) == chosen_or_refusal
+    else:
+        with pytest.raises(handover.HandOverRefused, match=re.escape(chosen_or_refusal)):
+            handover.choose("g", 0, members, in_sync, wanted)
 
 
 def test_epochs_only_go_up(tmp_path):
@@ -154,7 +168,7 @@ def is_master(zookeeper: str, group: str, store: RunningStore, broker_id: int) -
     """The group names ``broker_id`` master and its store runs as a master with its lease."""
     doc = master_of(zookeeper, group)
     return bool(doc) and doc["broker_id"] == broker_id and slot(store, Slot.ROLE) == 1 and \
-        slot(store, Slot.MASTER_LEASE_MS) > 0
+        fencing.holds_lease(slot(store, Slot.MASTER_LEASE_MS))
 
 
 def follows(store: RunningStore, master: RunningStore) -> bool:
@@ -461,7 +475,8 @@ def test_a_slave_of_a_newer_epoch_refuses_its_master_which_then_takes_no_puts(
         assert slot(slave, Slot.WRITTEN) == held
         set_epoch(slave, epoch)
         wait_for(lambda: follows(slave, master) and slot(slave, Slot.REPLICA_ERROR) == 0
-                 and slot(master, Slot.MASTER_LEASE_MS) > 0, 30, what="the pair to go on")
+                 and fencing.holds_lease(slot(master, Slot.MASTER_LEASE_MS)), 30,
+                 what="the pair to go on")
         assert p.send("Epoch", b"after").status is OK
     wait_for(lambda: slot(slave, Slot.WRITTEN) == slot(master, Slot.WRITTEN), 15,
              what="the slave to catch up")
@@ -482,6 +497,142 @@ def set_epoch(store: RunningStore, epoch: int) -> None:
         table.set(Slot.EPOCH, epoch)
     finally:
         table.close()
+
+
+def test_a_planned_hand_over_under_idempotent_producers_loses_and_doubles_nothing(
+        zookeeper, shared_pair):
+    """``rocketstore promote`` on a member: the master stops taking puts, the slave
+    (the in-sync one holding the most, by default) catches up to its end and takes
+    over at the next epoch, the old master follows it. Two idempotent producers on
+    the group's address go on by themselves; every message ever answered PUT_OK is on
+    the new master exactly once; the old master ends a byte-identical slave, nothing
+    of it cut into quarantine."""
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    loads = [IdempotentLoad(f"zk://{zookeeper}/{SHARED}", f"HandOver{i}") for i in (0, 1)]
+    try:
+        for load in loads:
+            load.start()
+        wait_for(lambda: all(load.count() >= 50 or load.error for load in loads), 30,
+                 what="load on the master")
+        r = cli("promote", "--config", slave.config_path, "--json", timeout=120)
+        assert r.returncode == 0, r.stderr
+        done = json.loads(r.stdout)
+        assert (done["from"], done["to"], done["epoch"]) == (m, s, epoch + 1), done
+        assert f"member {m} takes no puts; its CommitLog ends at {done['end']}" in r.stderr
+        assert f"member {m} follows member {s} as its SLAVE" in r.stderr
+        assert is_master(zookeeper, SHARED, slave, s)
+        handed_at = [load.count() for load in loads]
+        wait_for(lambda: all(load.count() >= at + 50 or load.error
+                             for load, at in zip(loads, handed_at)), 60,
+                 what="acknowledgements from the new master")
+    finally:
+        for load in loads:
+            load.stop.set()
+        for load in loads:
+            load.join(70)
+    for load in loads:
+        assert load.error is None, load.error
+        stored = consume_all(slave, load.topic)
+        assert sorted(stored) == sorted(set(stored)), "a message stored twice"
+        assert set(load.acked) <= set(stored)
+    wait_for(lambda: slot(master, Slot.WRITTEN) == slot(slave, Slot.WRITTEN)
+             == slot(master, Slot.DISPATCHED), 30, what="the old master to catch up")
+    assert files(master, "commitlog") == files(slave, "commitlog")
+    assert not os.path.exists(os.path.join(master.store_dir, "quarantine"))
+    assert read_node(zookeeper, nodes.handover_path(SHARED)) is None
+
+
+def test_a_hand_over_to_a_slave_out_of_sync_is_refused_and_changes_nothing(
+        zookeeper, shared_pair):
+    """The slave's writer is stopped (SIGSTOP: it appends nothing, its controller goes
+    on reporting its end) while the master takes puts, until the master drops it from
+    the in-sync set. A hand-over to it is refused, and one to whichever slave is best
+    finds none: the master is the same at the same epoch, takes puts, no request is
+    left. Its writer woken, the slave catches up."""
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    writer = slave.child_pid("writer")
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        with Producer(master.store_dir, timeout_ms=10_000) as p:
+            p.send_batch([Message("Refused", f"unsynced {i}".encode()) for i in range(5)])
+            wait_for(lambda: in_sync_set(zookeeper, SHARED) == [m], 20,
+                     what="the master to drop the stopped slave from the in-sync set")
+            r = cli("promote", "--config", master.config_path, "--broker-id", str(s),
+                    "--json")
+            assert r.returncode == 1, r.stderr
+            assert f"member {s} is not in the in-sync set [{m}]" in r.stderr
+            assert json.loads(r.stdout)["error"] == "NotHandedOver"
+            r = cli("promote", "--config", master.config_path)
+            assert r.returncode == 1 and "no slave of broker group" in r.stderr, r.stderr
+            assert "nothing changed" in r.stderr
+            assert master_of(zookeeper, SHARED)["epoch"] == epoch
+            assert is_master(zookeeper, SHARED, master, m)
+            assert read_node(zookeeper, nodes.handover_path(SHARED)) is None
+            assert slot(slave, Slot.ROLE) == 2
+    finally:
+        os.kill(writer, signal.SIGCONT)
+    roles(zookeeper, shared_pair)
+    assert len(consume_all(slave, "Refused")) == 5
+
+
+def test_a_hand_over_the_slave_cannot_finish_gives_the_puts_back_to_the_master(
+        zookeeper, shared_pair, capsys):
+    """The slave's controller is stopped (SIGSTOP: it can take nothing over, and its
+    ZooKeeper session runs out) just before ``promote`` (run in this process, to ask
+    before the session does run out). The master stops taking puts, refusing them as
+    handing over, and, no take-over within --handover-timeout, takes them again: the
+    command says so, exit 1, the same master at the same epoch. Its controller woken,
+    the slave follows again."""
+    from rocketstore.cli.main import main
+    m, s = roles(zookeeper, shared_pair)
+    master, slave = shared_pair[m], shared_pair[s]
+    epoch = master_of(zookeeper, SHARED)["epoch"]
+    controller = slave.child_pid("controller")
+    capsys.readouterr()
+    exit_code: list[int] = []
+    command = threading.Thread(target=lambda: exit_code.append(main(
+        ["promote", "--config", master.config_path, "--handover-timeout", "3"])))
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        command.start()
+        wait_for(lambda: slot(master, Slot.MASTER_LEASE_MS) == fencing.HANDING_OVER, 10,
+                 what="the master to stop taking puts")
+        with Producer(master.store_dir, timeout_ms=10_000) as p:
+            refused = p.send("Aborted", b"while handing over")
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert refused.reason.startswith("NOT_MASTER: this store is handing its group's "
+                                         "mastership over"), refused.reason
+        command.join(30)
+        err = capsys.readouterr().err
+        assert exit_code == [1], err
+        assert f"member {m} takes no puts" in err
+        assert f"the hand-over was aborted: member {s} did not take over within 3000 ms" \
+            in err and f"member {m} takes puts again" in err
+        assert read_node(zookeeper, nodes.handover_path(SHARED))["state"] == handover.ABORTED
+        wait_for(lambda: is_master(zookeeper, SHARED, master, m), 10,
+                 what="the master to take puts again")
+        assert master_of(zookeeper, SHARED)["epoch"] == epoch
+        with Producer(master.store_dir, timeout_ms=10_000) as p:
+            assert p.send("Aborted", b"after").status is OK
+    finally:
+        os.kill(controller, signal.SIGCONT)
+    roles(zookeeper, shared_pair)
+    stored = consume_all(slave, "Aborted")
+    assert b"after" in stored and b"while handing over" not in stored
+
+
+def test_promote_asks_a_group_without_a_master_for_nothing(tmp_path, zookeeper):
+    """A member's settings file whose group has no master now (none of it runs):
+    nothing to hand over, exit 1, no request left."""
+    store = member(tmp_path, zookeeper, "masterless", 0)
+    r = cli("promote", "--config", store.config_path)
+    assert r.returncode == 1 and "broker group masterless has no master now" in r.stderr, \
+        r.stderr
+    assert read_node(zookeeper, nodes.handover_path("masterless")) is None
 
 
 def test_spark_endpoint_takes_the_group_address(zookeeper, shared_pair):

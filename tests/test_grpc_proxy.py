@@ -536,3 +536,5 @@ def test_the_grpc_port_may_not_be_another_sockets():
         StoreConfig(grpc_listen_port=10911, tcp_listen_address="127.0.0.1", listen_port=10911)
     with pytest.raises(StoreConfigError, match="taken by the metrics endpoint"):
         StoreConfig(grpc_listen_port=9100, metrics_port=9100)
+    with pytest.raises(StoreConfigError, match="dashboard_port 8081 is taken by the gRPC"):
+        StoreConfig(grpc_listen_port=8081, dashboard_port=8081)

@@ -56,7 +56,9 @@ def test_the_wheel_installs_one_name_and_its_demo_runs_beside_lookalike_folders(
     assert outside == {str(venv / "bin" / "rocketstore")}
     rooms = {p.split("/")[1] for p in installed if p.startswith("rocketstore/") and
              p.count("/") >= 2}
-    assert {"storage", "shm", "wire", "client", "procs", "spark", "cli"} <= rooms
+    assert {"storage", "shm", "wire", "client", "procs", "spark", "console", "cli"} <= rooms
+    assert {"rocketstore/console/templates/overview.html",
+            "rocketstore/console/static/dashboard.js"} <= installed    # the pages go along
 
     work = tmp_path / "a-data-team-repo"
     for name in DECOYS:

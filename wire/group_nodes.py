@@ -15,11 +15,18 @@ Stores (``procs.controller``) write them; clients (``client.group_address``) and
                                                                             transaction
     epoch                persistent  {epoch, broker_id, start}              the elected
     syncStateSet         persistent  {epoch, members: [broker_id, ...]}     the master
+    handover             persistent  {from, to, epoch, timeout_ms, state,   ``rocketstore
+                                      end, why}                             promote``, the
+                                                                            master, the
+                                                                            member taking
+                                                                            over
 
 ``ingest`` and ``reader`` are ZeroMQ addresses (``tcp://host:port``), ``ha`` the HA
 socket's ``host:port`` (a slave's ``ha_master_address``). ``start`` is the master's
 CommitLog end when it was elected. The master node is ephemeral: it goes with the
-master's ZooKeeper session, which is what lets another member be elected.
+master's ZooKeeper session, which is what lets another member be elected. ``handover``
+exists while a planned hand-over is asked for or under way, and holds the last one's
+refusal or abort until the next request replaces it (``procs.handover``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ def epoch_path(broker_name: str) -> str:
 
 def sync_state_set_path(broker_name: str) -> str:
     return f"{group_path(broker_name)}/syncStateSet"
+
+
+def handover_path(broker_name: str) -> str:
+    return f"{group_path(broker_name)}/handover"
 
 
 def encode(doc: dict) -> bytes:
