@@ -33,8 +33,8 @@ processes restart in another role, so its ZooKeeper session outlives a role chan
 A group member starts in its settings' master role but answers no PUT_OK until the
 controller grants it the master's lease (``procs.fencing``).
 
-A SLAVE runs no scheduler and no HA process; a master runs the HA process only with
-``ha_listen_port`` (``runs``). Two requests from a SLAVE make the supervisor stop its
+A SLAVE runs no scheduler, no HA process and no proxy; a master runs the HA process only
+with ``ha_listen_port`` and the proxy only with ``grpc_listen_port`` (``runs``). Two requests from a SLAVE make the supervisor stop its
 processes and start them again (steps 5, then 2-3, in the same run): a cut of a
 CommitLog that diverged from its master's (``config/haCutRequest.json``, written by the
 writer's follower; recovery makes the cut, ``storage.replication``), and a promotion
@@ -50,6 +50,8 @@ master (the processes start again as a SLAVE of it).
     cleaner     40        expiry: unlinks old files, MIN_OFFSET, DISK_FULL
     scheduler   50        delayed messages, config/delayOffset.json
     reader      60        the reader socket for remote pulls and queries
+    proxy       65        with grpc_listen_port: RocketMQ 5's gRPC MessagingService for
+                          RocketMQ's own clients, config/popState.*
     ha          25        a master's: streams the CommitLog to slaves, SLAVE_ACKED, SLAVES
                           (it stops after the writer, whose last SYNC_MASTER replies wait
                           for SLAVE_ACKED)
@@ -115,20 +117,25 @@ DEFAULT_PROCESSES = {
     "ha": ProcessConfig(priority=25),     # stops after the writer: SYNC_MASTER acks
     "controller": ProcessConfig(priority=5),   # stops last: the group's lease ends with it
     "dashboard": ProcessConfig(priority=70),   # stops first: it only reads
+    "proxy": ProcessConfig(priority=65),       # stops next: its clients' last calls end
 }
-MASTER_ONLY = ("scheduler", "ha")    # a SLAVE runs no delay scheduler and serves no slave
+# a SLAVE runs no delay scheduler, serves no slave and takes no RocketMQ client's sends
+MASTER_ONLY = ("scheduler", "ha", "proxy")
 
 
 def runs(name: str, config: StoreConfig) -> bool:
-    """Whether the store runs process ``name``: a SLAVE no delay scheduler and no HA
-    process; a master the HA process only with ``ha_listen_port`` set; the controller
-    only in controller mode; the dashboard only with ``dashboard_port``."""
+    """Whether the store runs process ``name``: a SLAVE no delay scheduler, no HA
+    process and no proxy; a master the HA process only with ``ha_listen_port`` set and
+    the proxy only with ``grpc_listen_port``; the controller only in controller mode;
+    the dashboard only with ``dashboard_port``."""
     if name == "controller":
         return config.enable_controller_mode
     if name == "dashboard":
         return bool(config.dashboard_port)
     if config.slave and name in MASTER_ONLY:
         return False
+    if name == "proxy":
+        return bool(config.grpc_listen_port)
     return name != "ha" or bool(config.ha_listen_port)
 MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
 # the web console is a room above this one (and an extra): started by its module's name

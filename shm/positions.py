@@ -214,7 +214,7 @@ class ProcessState(enum.IntEnum):
 
 
 PROCESS_NAMES = ("flusher", "writer", "dispatcher", "cleaner", "scheduler", "reader", "ha",
-                 "controller", "dashboard")
+                 "controller", "dashboard", "proxy")
 PROCESS_BASE = 64
 PROCESS_SLOTS = 8
 PID, PROC_STATE, RESTARTS, STARTED_MS, HEARTBEAT_MS, WATCHDOG_KILLS = ProcessField

@@ -203,6 +203,19 @@ class StoreConfig:
     # rocketstore's: the store's files are 0666 & ~data_umask, its directories
     # 0777 & ~data_umask (storage.file_modes): owner and group by default
     data_umask: int = 0o027
+    # rocketstore's: RocketMQ 5's gRPC MessagingService (procs.proxy) on this port
+    # (RocketMQ's proxy listens on 8081); 0 = off. Beyond loopback only with an access key
+    # check: clients sign each call with grpc_access_key and grpc_secret_key (RocketMQ's
+    # AK/SK credentials)
+    grpc_listen_port: int = 0
+    grpc_listen_address: str = "127.0.0.1"
+    grpc_access_key: str = ""
+    grpc_secret_key: str = ""
+    # RocketMQ ProxyConfig's: the shortest invisible duration a ReceiveMessage may ask
+    min_invisible_time_mills_for_recv: int = 10000
+    # RocketMQ SubscriptionGroupConfig's default, for every pop group: a message handed
+    # out retry_max_times + 1 times and never acked goes to %DLQ%<group>
+    retry_max_times: int = 16
 
     def __post_init__(self) -> None:
         self.validate()
@@ -258,6 +271,33 @@ class StoreConfig:
         return host.strip("[]"), int(port)
 
     # ---------------------------------------------------------------------------------
+    def _validate_grpc(self) -> None:
+        """The gRPC endpoint's settings: a port, an IP address, and beyond loopback an
+        access key check (both keys)."""
+        if not 0 <= self.grpc_listen_port < 65536:
+            raise StoreConfigError(f"grpc_listen_port {self.grpc_listen_port} is not a port "
+                                   "(0: no gRPC endpoint)")
+        if bool(self.grpc_access_key) != bool(self.grpc_secret_key):
+            raise StoreConfigError("grpc_access_key and grpc_secret_key go together: the "
+                                   "clients sign each call with the pair")
+        if self.retry_max_times < 0:
+            raise StoreConfigError("retry_max_times must not be negative")
+        if self.min_invisible_time_mills_for_recv < 1000:
+            raise StoreConfigError("min_invisible_time_mills_for_recv must be at least 1000 "
+                                   "(clients ask invisible durations in whole seconds)")
+        if not self.grpc_listen_port:
+            return
+        try:
+            loopback = ipaddress.ip_address(self.grpc_listen_address).is_loopback
+        except ValueError:
+            raise StoreConfigError(f"grpc_listen_address {self.grpc_listen_address!r} is "
+                                   "not an IP address") from None
+        if not loopback and not self.grpc_access_key:
+            raise StoreConfigError(
+                f"grpc_listen_address {self.grpc_listen_address} is not a loopback address: "
+                "serving gRPC beyond this host needs an access key check (grpc_access_key "
+                "and grpc_secret_key, the credentials the clients sign with)")
+
     def validate(self) -> None:
         """Raise ``StoreConfigError`` naming the first setting that cannot work."""
         for name, why in REFUSED_WHEN_SET.items():
@@ -304,6 +344,7 @@ class StoreConfig:
                     "comes back only once the file before it is wholly committed, and its "
                     "last bytes (the BLANK that ends it) are committed only when the writer "
                     "has gone on into the next file, so one buffer waits for itself")
+        self._validate_grpc()
         if not 0 <= self.data_umask <= 0o777 or self.data_umask & 0o700:
             raise StoreConfigError(f"data_umask {self.data_umask:#o} must be in 0..0o077: "
                                    "the store's own processes must read and write its files")
@@ -316,6 +357,12 @@ class StoreConfig:
         if self.metrics_port and self.metrics_port in taken:
             raise StoreConfigError(f"metrics_port {self.metrics_port} is taken by "
                                    f"{taken[self.metrics_port]}")
+        taken[self.metrics_port] = "the metrics endpoint (metrics_port)"
+        if self.grpc_listen_port and self.grpc_listen_port in taken:
+            raise StoreConfigError(f"grpc_listen_port {self.grpc_listen_port} is taken by "
+                                   f"{taken[self.grpc_listen_port]}")
+        if self.grpc_listen_port:
+            taken[self.grpc_listen_port] = "the gRPC endpoint (grpc_listen_port)"
         try:
             ipaddress.ip_address(self.metrics_address)
         except ValueError:
@@ -650,6 +697,13 @@ NOTES: dict[str, str] = {
     "metrics_port": "rocketstore's",
     "metrics_address": "rocketstore's",
     "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
+    "grpc_listen_port": "rocketstore's: RocketMQ 5's gRPC MessagingService (the proxy "
+                        "process); 0, the default: off; RocketMQ's proxy listens on 8081",
+    "grpc_listen_address": "rocketstore's: beyond loopback only with grpc_access_key",
+    "grpc_access_key": "rocketstore's: the AK the gRPC clients sign with",
+    "grpc_secret_key": "rocketstore's: the SK the gRPC clients sign with",
+    "min_invisible_time_mills_for_recv": "RocketMQ ProxyConfig's",
+    "retry_max_times": "RocketMQ's subscription group setting, here every pop group's",
     "dashboard_port": "rocketstore's: the web console (rocketstore dashboard)",
     "dashboard_address": "rocketstore's: beyond loopback only with dashboard_auth",
     "dashboard_auth": "rocketstore's: a token file, or name:password lines (basic auth)",

@@ -48,6 +48,14 @@ def parse_delay_levels(text: str) -> list[int]:
     return levels
 
 
+def level_waiting_at_least(wait_ms: int, levels: list[int]) -> int | None:
+    """The level of the shortest delay of ``levels`` (``parse_delay_levels``) that is
+    ``wait_ms`` or longer, so a message due at a given time goes out at it or after it,
+    never before; None when no level waits that long."""
+    fitting = [(delay, level) for level, delay in enumerate(levels) if level and delay >= wait_ms]
+    return min(fitting)[1] if fitting else None
+
+
 def delay_level_to_queue_id(level: int) -> int:
     return level - 1
 

@@ -47,7 +47,8 @@ def write_config(path: str, store_dir: str, processes: dict | None = None,
                                   f'"{v}"' if isinstance(v, str) else repr(v)))
     quick = {"backoff_s": 0.1, "backoff_max_s": 1.0, "startsecs": 0.5, "startretries": 5,
              "stopwaitsecs": 20.0}
-    for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader", "ha"):
+    for name in ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader", "ha",
+                 "proxy"):
         lines.append(f"[process.{name}]")
         lines += [f"{k} = {v!r}" for k, v in {**quick, **(processes or {}).get(name, {})}.items()]
     with open(path, "w") as f:

@@ -30,7 +30,7 @@ MISSPELLINGS = [
      "[store]?); a settings file holds [store] and [process.NAME] tables"),
     ("[store]\n[process.writr]\npriority = 3\n",
      "[process.writr]: no such process (did you mean [process.writer]?) (known: flusher, "
-     "dispatcher, writer, cleaner, scheduler, reader, ha, controller, dashboard)"),
+     "dispatcher, writer, cleaner, scheduler, reader, ha, controller, dashboard, proxy)"),
     ("[store]\nflushDiskType = 'SYNC_FLUSH'\n",
      "[store] flushDiskType: no such setting (did you mean flush_disk_type?)"),
     ("[process.reader]\nstopwaitsec = 5.0\n",

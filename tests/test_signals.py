@@ -138,3 +138,22 @@ def test_a_port_in_use_stops_the_start_at_once_naming_it(tmp_path):
     assert f"cannot listen on tcp://127.0.0.1:{port}: Address already in use" in log
     assert "no restart can help" in log and "Traceback" not in log
     assert log.count("started writer") == 1
+
+
+def test_a_grpc_port_in_use_stops_the_start_at_once_naming_it(tmp_path):
+    """The proxy cannot serve gRPC where the settings say: no restart can help, so the
+    start ends with the setting named instead of the proxy failing until FATAL."""
+    import socket
+    from store_processes import free_port
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        rs = RunningStore(tmp_path, grpc_listen_port=port)
+        with pytest.raises(AssertionError, match="did not start"):
+            rs.start()
+        assert rs.proc.wait(30) == 1
+    log = rs.log()
+    assert f"cannot serve gRPC on 127.0.0.1:{port} (grpc_listen_port): Failed to bind" in log
+    assert "no restart can help" in log and "Traceback" not in log
+    assert log.count("started proxy") == 1

@@ -1,0 +1,413 @@
+"""MessagingService: RocketMQ 5's gRPC API (``apache.rocketmq.v2.MessagingService``)
+served on the store, for RocketMQ's own clients (the proxy process, ``procs.proxy``).
+
+Every answer is gRPC OK with RocketMQ's ``status{code, message}`` in its body, as
+RocketMQ's proxy answers; the clients read the code.
+
+    RPC                       served as
+    ------------------------  ---------------------------------------------------------
+    QueryRoute                every topic exists (autoCreateTopicEnable): its
+                              ``default_topic_queue_nums`` queues, READ_WRITE, on one
+                              broker (id 0) at the endpoints the client asked, NORMAL,
+                              FIFO and DELAY messages (no group is orderly: the
+                              settings say fifo false, and groups pop concurrently)
+    Telemetry                 each settings command answered with the settings echoed
+                              and the server's (publishing: max_body_size, backoff;
+                              subscription: batch size, polling time, retry backoff);
+                              the stream stays open until the client or the proxy ends it
+    Heartbeat                 OK
+    NotifyClientTermination   OK; the client's auto-renewed messages visible again soon
+    QueryAssignment           one assignment of the whole broker (queue id -1), as for a
+                              non-FIFO group
+    SendMessage               ``procs.grpc_convert`` makes store messages; one Producer
+                              a thread sends them to the writer's ingest socket; the
+                              entry carries the message id (UNIQ_KEY) and the queue
+                              offset the store assigned
+    ReceiveMessage            ``procs.pop_service``: status, the messages, the delivery
+                              timestamp; MESSAGE_NOT_FOUND when the polling time ends
+                              with nothing; with auto_renew (a PushConsumer's) the
+                              messages are renewed until acked or nacked
+    AckMessage,               ``procs.pop_service``; per entry status for ack
+    ChangeInvisibleDuration,
+    ForwardMessageToDead-     a copy in %DLQ%<group>, and the message acked
+    LetterQueue
+    anything else             NOT_IMPLEMENTED, saying what is not served
+
+Checks on every call, before anything is done: the ``x-mq-client-id`` header
+(CLIENT_ID_REQUIRED), and with ``grpc_access_key`` set the ``authorization`` header's
+signature, RocketMQ's ``MQv2-HMAC-SHA1`` of ``x-mq-date-time`` with the secret key
+(UNAUTHORIZED).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import threading
+from hashlib import sha1
+
+from google.protobuf import timestamp_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from rocketstore.client.dealer import ClientError
+from rocketstore.client.producer import Producer
+from rocketstore.procs.grpc_convert import (
+    ACCEPTED_TYPES, Code, Refused, delivered_message, put_status, status, store_message)
+from rocketstore.procs.pop_service import AUTO_RENEW_INVISIBLE_MS, PopService
+from rocketstore.storage.clock import now_ms
+from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.delay_level import parse_delay_levels
+from rocketstore.storage.pop_state import InvalidReceiptHandle, ReceiptHandle
+from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_MS = 3000          # the clients' own request timeout
+MAX_BATCH_SIZE = 32             # the proxy's receive batch bound
+MAX_POLLING_S = 20.0            # the proxy's longest long polling
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+DEADLINE_MARGIN_S = 1.0         # a receive answers this long before the client gives up
+RETRY_BACKOFF = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h").split()
+_AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=([^,]*), SignedHeaders=([^,]*), "
+                            r"Signature=([0-9a-fA-F]*)")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def _backoff_s(text: str) -> int:
+    return int(text[:-1]) * _UNIT_S[text[-1]]
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, store_dir: str, config: StoreConfig, pop: PopService):
+        self.store_dir = store_dir
+        self.config = config
+        self.pop = pop
+        self._local = threading.local()
+        self._producers: list[Producer] = []
+        self._producers_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.delay_levels = parse_delay_levels(config.message_delay_level)
+
+    def close(self) -> None:
+        with self._producers_lock:
+            for producer in self._producers:
+                producer.close()
+            self._producers.clear()
+
+    # ------------------------------------------------------------------ every call
+    def _refusal(self, context) -> pb.Status | None:
+        """CLIENT_ID_REQUIRED or UNAUTHORIZED, or None when the call may go on."""
+        headers = dict(context.invocation_metadata())
+        client_id = headers.get("x-mq-client-id")
+        if not client_id:
+            return status(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
+        if self.config.grpc_access_key and not self._signed(headers):
+            return status(Code.UNAUTHORIZED, "the call is not signed with this store's "
+                                             "access key (grpc_access_key)")
+        self.pop.seen(client_id)
+        return None
+
+    @staticmethod
+    def _client_id(context) -> str:
+        return dict(context.invocation_metadata()).get("x-mq-client-id", "")
+
+    def _signed(self, headers: dict) -> bool:
+        m = _AUTHORIZATION.fullmatch(headers.get("authorization", ""))
+        date_time = headers.get("x-mq-date-time", "")
+        if not m or m[1] != self.config.grpc_access_key or not date_time:
+            return False
+        expected = hmac.new(self.config.grpc_secret_key.encode(), date_time.encode(),
+                            sha1).hexdigest()
+        return hmac.compare_digest(expected, m[3].lower())
+
+    # ------------------------------------------------------------------ route, session
+    def QueryRoute(self, request, context):
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.QueryRouteResponse(status=refused)
+        return rpc.QueryRouteResponse(status=status(Code.OK), message_queues=[
+            self._queue(request.topic, queue_id, request.endpoints)
+            for queue_id in range(self.config.default_topic_queue_nums)])
+
+    def _queue(self, topic: pb.Resource, queue_id: int, endpoints: pb.Endpoints) -> pb.MessageQueue:
+        return pb.MessageQueue(
+            topic=topic, id=queue_id, permission=pb.Permission.READ_WRITE,
+            broker=pb.Broker(name=self.pop.broker_name, id=0, endpoints=endpoints),
+            accept_message_types=ACCEPTED_TYPES)
+
+    @staticmethod
+    def _topic_refusal(topic: str) -> pb.Status | None:
+        why = check_topic(topic)
+        return status(Code.ILLEGAL_TOPIC, why) if why else None
+
+    def QueryAssignment(self, request, context):
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.QueryAssignmentResponse(status=refused)
+        return rpc.QueryAssignmentResponse(status=status(Code.OK), assignments=[
+            pb.Assignment(message_queue=self._queue(request.topic, -1, request.endpoints))])
+
+    def Heartbeat(self, request, context):
+        return rpc.HeartbeatResponse(status=self._refusal(context) or status(Code.OK))
+
+    def NotifyClientTermination(self, request, context):
+        refused = self._refusal(context)
+        if refused:
+            return rpc.NotifyClientTerminationResponse(status=refused)
+        try:
+            self.pop.client_terminated(self._client_id(context))
+        except OSError as e:
+            return rpc.NotifyClientTerminationResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the pop state could not be written: {e}"))
+        return rpc.NotifyClientTerminationResponse(status=status(Code.OK))
+
+    def Telemetry(self, request_iterator, context):
+        refused = self._refusal(context)
+        if refused:
+            yield rpc.TelemetryCommand(status=refused)
+            return
+        for command in request_iterator:
+            if self.stopping.is_set():
+                return
+            if command.HasField("settings"):
+                yield rpc.TelemetryCommand(status=status(Code.OK),
+                                           settings=self._settings(command.settings))
+
+    def _settings(self, asked: pb.Settings) -> pb.Settings:
+        """The client's settings echoed, with the server's added (RocketMQ's
+        GrpcClientSettingsManager)."""
+        settings = pb.Settings()
+        settings.CopyFrom(asked)
+        if asked.HasField("publishing"):
+            settings.publishing.max_body_size = self.config.max_message_size
+            settings.publishing.validate_message_type = True
+            backoff = settings.backoff_policy
+            backoff.max_attempts = 3
+            backoff.exponential_backoff.initial.FromMilliseconds(10)
+            backoff.exponential_backoff.max.FromMilliseconds(1000)
+            backoff.exponential_backoff.multiplier = 2.0
+        elif asked.HasField("subscription"):
+            sub = settings.subscription
+            sub.fifo = False
+            sub.receive_batch_size = MAX_BATCH_SIZE
+            if not sub.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.seconds = int(MAX_POLLING_S)
+            settings.backoff_policy.max_attempts = self.config.retry_max_times + 1
+            for step in RETRY_BACKOFF:
+                settings.backoff_policy.customized_backoff.next.add(seconds=_backoff_s(step))
+        return settings
+
+    # ------------------------------------------------------------------ send
+    def SendMessage(self, request, context):
+        refused = self._refusal(context)
+        if refused:
+            return rpc.SendMessageResponse(status=refused)
+        try:
+            now = now_ms()
+            messages = [store_message(m, self.config.max_message_size, self.delay_levels, now,
+                                      self.config.default_topic_queue_nums)
+                        for m in request.messages]
+        except Refused as e:
+            return rpc.SendMessageResponse(status=status(e.code, e.text))
+        if not messages:
+            return rpc.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message"))
+        try:
+            results = self._producer().send_batch(messages)
+        except ClientError as e:
+            self._drop_producer()
+            log.warning("send of %d messages failed: %s", len(messages), e)
+            return rpc.SendMessageResponse(status=status(
+                Code.PROXY_TIMEOUT, f"the store's writer did not answer: {e}"))
+        entries = []
+        for m, r in zip(messages, results):
+            uniq = m.properties["UNIQ_KEY"]
+            entries.append(rpc.SendResultEntry(status=put_status(r.status, r.reason),
+                                               message_id=uniq, transaction_id=uniq,
+                                               offset=max(0, r.queue_offset)))
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS,
+                                                               "the entries differ")
+        return rpc.SendMessageResponse(status=top, entries=entries)
+
+    def _producer(self) -> Producer:
+        """This thread's Producer (a Producer is used from one thread only)."""
+        producer = getattr(self._local, "producer", None)
+        if producer is None:
+            producer = self._local.producer = Producer(self.store_dir,
+                                                       timeout_ms=SEND_TIMEOUT_MS)
+            with self._producers_lock:
+                self._producers.append(producer)
+        return producer
+
+    def _drop_producer(self) -> None:
+        """After a timeout or a lost writer the thread's Producer is made again."""
+        producer = getattr(self._local, "producer", None)
+        if producer is None:            # it could not be made
+            return
+        self._local.producer = None
+        with self._producers_lock:
+            self._producers.remove(producer)
+        producer.close()
+
+    # ------------------------------------------------------------------ pop
+    def ReceiveMessage(self, request, context):
+        refused = self._refusal(context) or self._receive_refusal(request)
+        if refused:
+            yield rpc.ReceiveMessageResponse(status=refused)
+            return
+        polling_s = (request.long_polling_timeout.ToMilliseconds() / 1000
+                     if request.HasField("long_polling_timeout") else MAX_POLLING_S)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            polling_s = min(polling_s, remaining - DEADLINE_MARGIN_S)
+        invisible_ms = (AUTO_RENEW_INVISIBLE_MS if request.auto_renew
+                        else request.invisible_duration.ToMilliseconds())
+        try:
+            popped = self.pop.receive(
+                request.message_queue.topic.name, request.group.name,
+                _tags(request.filter_expression), min(request.batch_size, MAX_BATCH_SIZE),
+                invisible_ms, max(0.0, min(polling_s, MAX_POLLING_S)),
+                renew_for=self._client_id(context) if request.auto_renew else "")
+        except OSError as e:
+            log.error("pop of %s by %s not written: %s", request.message_queue.topic.name,
+                      request.group.name, e)
+            yield rpc.ReceiveMessageResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the pop state could not be written: {e}"))
+            return
+        if popped:
+            yield rpc.ReceiveMessageResponse(status=status(Code.OK))
+            for view, handle, entry in popped:
+                yield rpc.ReceiveMessageResponse(message=delivered_message(view, handle, entry))
+        else:
+            yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
+                                                           "no new message"))
+        now = timestamp_pb2.Timestamp()
+        now.GetCurrentTime()
+        yield rpc.ReceiveMessageResponse(delivery_timestamp=now)
+
+    def _receive_refusal(self, request) -> pb.Status | None:
+        topic, group = request.message_queue.topic.name, request.group.name
+        if not TOPIC_PATTERN.fullmatch(group):
+            return status(Code.ILLEGAL_CONSUMER_GROUP, f"group {group!r} must match "
+                                                       "[A-Za-z0-9_%|-]{1,255}")
+        if request.filter_expression.type == pb.FilterType.SQL:
+            return status(Code.NOT_IMPLEMENTED, "SQL92 filters are not served: filter by tag")
+        if request.batch_size <= 0:
+            return status(Code.BAD_REQUEST, "batch_size must be positive")
+        if request.auto_renew:          # the proxy's own duration, renewed until the ack
+            return self._topic_refusal(topic)
+        return self._topic_refusal(topic) or self._invisible_refusal(
+            request.invisible_duration.ToMilliseconds(),
+            self.config.min_invisible_time_mills_for_recv)
+
+    @staticmethod
+    def _invisible_refusal(invisible_ms: int, low: int = 0) -> pb.Status | None:
+        """An invisible duration out of ``low`` .. 12 h (the proxy's bounds: a receive's
+        ``low`` is min_invisible_time_mills_for_recv, a change's 0, as a nack asks 1 s)."""
+        if not low <= invisible_ms <= MAX_INVISIBLE_MS:
+            return status(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"the invisible duration must be {low} ms .. 12 h, not "
+                          f"{invisible_ms} ms" + (" (min_invisible_time_mills_for_recv)"
+                                                  if low else ""))
+        return None
+
+    def AckMessage(self, request, context):
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.AckMessageResponse(status=refused)
+        entries = [self._ack_one(request.topic.name, request.group.name, e)
+                   for e in request.entries]
+        codes = {e.status.code for e in entries}
+        top = (entries[0].status if len(codes) == 1 else
+               status(Code.MULTIPLE_RESULTS, "the entries differ")) if entries else \
+            status(Code.BAD_REQUEST, "no entry")
+        return rpc.AckMessageResponse(status=top, entries=entries)
+
+    def _ack_one(self, topic: str, group: str, entry) -> rpc.AckMessageResultEntry:
+        try:
+            self.pop.ack(topic, group, ReceiptHandle.decode(entry.receipt_handle))
+            result = status(Code.OK)
+        except InvalidReceiptHandle as e:
+            result = status(Code.INVALID_RECEIPT_HANDLE, str(e))
+        except OSError as e:
+            result = status(Code.INTERNAL_SERVER_ERROR, f"the ack could not be written: {e}")
+        return rpc.AckMessageResultEntry(message_id=entry.message_id,
+                                         receipt_handle=entry.receipt_handle, status=result)
+
+    def ChangeInvisibleDuration(self, request, context):
+        invisible_ms = request.invisible_duration.ToMilliseconds()
+        refused = (self._refusal(context) or self._topic_refusal(request.topic.name)
+                   or self._invisible_refusal(invisible_ms))
+        if refused:
+            return rpc.ChangeInvisibleDurationResponse(status=refused)
+        try:
+            handle = self.pop.change_invisible(request.topic.name, request.group.name,
+                                               ReceiptHandle.decode(request.receipt_handle),
+                                               invisible_ms)
+        except InvalidReceiptHandle as e:
+            return rpc.ChangeInvisibleDurationResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, str(e)))
+        except OSError as e:
+            return rpc.ChangeInvisibleDurationResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the change could not be written: {e}"))
+        return rpc.ChangeInvisibleDurationResponse(status=status(Code.OK),
+                                                   receipt_handle=handle.encode())
+
+    # ------------------------------------------------------------------ not served
+    def _not_served(self, what: str) -> pb.Status:
+        return status(Code.NOT_IMPLEMENTED, f"{what} is not served by this store")
+
+    def EndTransaction(self, request, context):
+        return rpc.EndTransactionResponse(status=self._not_served("EndTransaction "
+                                                                  "(transactional messages)"))
+
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=refused)
+        try:
+            forwarded = self.pop.forward_to_dead_letters(
+                request.topic.name, request.group.name,
+                ReceiptHandle.decode(request.receipt_handle))
+        except InvalidReceiptHandle as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.INVALID_RECEIPT_HANDLE, str(e)))
+        except OSError as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, f"the forward could not be written: {e}"))
+        if not forwarded:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
+                Code.INTERNAL_SERVER_ERROR, "the store did not take the dead letter (its log "
+                                            "says why)"))
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(Code.OK))
+
+    def RecallMessage(self, request, context):
+        return rpc.RecallMessageResponse(status=self._not_served("RecallMessage (delay "
+                                                                 "messages)"))
+
+    def PullMessage(self, request, context):
+        yield rpc.PullMessageResponse(status=self._not_served("PullMessage"))
+
+    def UpdateOffset(self, request, context):
+        return rpc.UpdateOffsetResponse(status=self._not_served("UpdateOffset"))
+
+    def GetOffset(self, request, context):
+        return rpc.GetOffsetResponse(status=self._not_served("GetOffset"))
+
+    def QueryOffset(self, request, context):
+        return rpc.QueryOffsetResponse(status=self._not_served("QueryOffset"))
+
+    def SyncLiteSubscription(self, request, context):
+        return rpc.SyncLiteSubscriptionResponse(status=self._not_served(
+            "SyncLiteSubscription (lite topics)"))
+
+
+def _tags(expression: pb.FilterExpression) -> list[str] | None:
+    """The tags a TAG filter takes, None for every message ("*" or none)."""
+    text = expression.expression.strip()
+    if not text or text == "*":
+        return None
+    return [t.strip() for t in text.split("||") if t.strip()]
