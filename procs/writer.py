@@ -122,6 +122,7 @@ from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
@@ -149,11 +150,6 @@ SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the
 _PUT_OK = PutMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 _SEND_RECORDS = protocol.Kind.SEND_RECORDS
-# pyzmq's constants are enum flags, whose ``&`` and ``|`` run in Python: the loop uses ints
-_NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 class _Request:
@@ -348,10 +344,10 @@ class WriterService(Service):
         recv = router.recv_multipart
         self.drained_at = time.monotonic()
         while records < MAX_BATCH_RECORDS:
-            if received and not router.getsockopt(_EVENTS) & _POLLIN:
+            if received and not router.getsockopt(EVENTS) & POLLIN:
                 break
             try:
-                parts = recv(_NOBLOCK)
+                parts = recv(NOBLOCK)
             except zmq.Again:
                 break
             received += 1
@@ -865,8 +861,8 @@ class WriterService(Service):
         """The reply's two parts (``send_multipart``'s two sends, without its checks)."""
         router = self.router
         try:
-            router.send(envelope[0], _SNDMORE_NOBLOCK)
-            router.send(payload, _NOBLOCK)
+            router.send(envelope[0], SNDMORE_NOBLOCK)
+            router.send(payload, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 return  # the peer is gone; so is its interest in the answer
