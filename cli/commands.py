@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import time
 
@@ -212,6 +213,7 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
         check_names(args.group, args.topic)
     except ValueError as e:
         return usage_error(args, "consume", str(e))
+    _stop_on_interrupt_or_term()
     count, outcome = 0, EXIT_OK
     with Consumer(config.store_path_root_dir, args.group, args.topic, config=config,
                   from_where=args.from_where, tags=args.tags,
@@ -244,6 +246,18 @@ def cmd_consume(args: argparse.Namespace, config: StoreConfig) -> int:
     if not args.json:
         print(f"consumed {count} message(s)", file=sys.stderr)
     return outcome
+
+
+def _stop_on_interrupt_or_term() -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (``kill``) raise ``KeyboardInterrupt`` in the main
+    thread, which ends ``consume``'s loop cleanly: what it printed is committed, the
+    rest is read again. Set here whatever the command inherited: a shell starts a
+    background job (``rocketstore consume ... &`` in a script, no job control) with
+    SIGINT ignored, Python keeps an ignored SIGINT ignored, and such a consume went on
+    polling after ``kill -INT`` (the test of a Ctrl-C while printing, run by a suite
+    started in the background). ``up`` does the same for its supervisor."""
+    for signo in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signo, signal.default_int_handler)
 
 
 # ------------------------------------------------------------------------------ offsets

@@ -28,8 +28,8 @@ ended or timed out is dropped.
 Cost: nothing at a send once the first handshake succeeded (one dict entry); a wait
 polls the data socket and the monitor together, as before the handshake, and reads an
 answer's request id with one ``struct`` (``protocol.reply_request_id``); the answer
-awaited is handed back at once, others are kept. ZeroMQ's flags are passed as ints:
-pyzmq's are enum flags, whose conversions run in Python on every call.
+awaited is handed back at once, others are kept. ZeroMQ's flags are passed as ints
+(``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
 """
 
 from __future__ import annotations
@@ -42,12 +42,11 @@ import zmq
 from rocketstore.client import reach
 from rocketstore.client.errors import (
     ClientError, ConnectionLost, RequestTimeout, StoreUnreachableError)
+from rocketstore.shm.zmq_flags import EVENTS, POLLIN
 from rocketstore.wire import curve, endpoints, protocol
 
 __all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_if_error"]
 
-_POLLIN = int(zmq.POLLIN)
-_EVENTS = int(zmq.EVENTS)
 _COPY_BELOW = 65536          # frames shorter than this are copied by ZeroMQ, not tracked
 
 
@@ -97,7 +96,7 @@ class Dealer:
             self.close()     # a context left open would hang the garbage collector
             raise
         # what every wait polls: the data socket, and the monitor while it is watched
-        self._poll_items = [(self.socket, _POLLIN), (self._watch.monitor, _POLLIN)]
+        self._poll_items = [(self.socket, POLLIN), (self._watch.monitor, POLLIN)]
 
     def _connect(self) -> None:
         try:
@@ -180,7 +179,7 @@ class Dealer:
         """Every request pending: resent if it may be, else ended. Answers that came
         before the loss are taken first (they are in the socket already when ZeroMQ
         reports the loss)."""
-        while self.socket.getsockopt(_EVENTS) & _POLLIN:
+        while self.socket.getsockopt(EVENTS) & POLLIN:
             self._take_reply(self.socket.recv())
         now = time.monotonic()
         for request_id, resend in list(self._pending.items()):

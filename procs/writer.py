@@ -122,6 +122,7 @@ from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
@@ -143,17 +144,11 @@ ROUTER_SNDHWM = 100_000          # replies queued per peer before they are dropp
 MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
 TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
 SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock longer
-BUSY_QUEUE_S = 0.005             # what is drained this soon after a slow append waited on it
 SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the small path
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 _SEND_RECORDS = protocol.Kind.SEND_RECORDS
-# pyzmq's constants are enum flags, whose ``&`` and ``|`` run in Python: the loop uses ints
-_NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 class _Request:
@@ -194,7 +189,6 @@ class WriterService(Service):
     pool: TransientStorePool | None = None        # with transient_store_pool_enable
     replica: Replica | None = None                # a SLAVE's follower of its master
     page_cache_busy_ms = 0.0      # the last append's time when it was over the busy limit
-    page_cache_busy_until = 0.0   # requests drained before this waited behind it
     snapshot_written = -1         # the WRITTEN the last producer snapshot covers
 
     # ================================================================== life
@@ -301,7 +295,7 @@ class WriterService(Service):
         if self.router in events:
             self._serve(self._drain())
             if self.page_cache_busy_ms:
-                self.page_cache_busy_until = time.monotonic() + BUSY_QUEUE_S
+                self._serve_waited()
         if self.replica is not None:
             if self.replica.socket in events:
                 self.replica.receive()
@@ -348,10 +342,10 @@ class WriterService(Service):
         recv = router.recv_multipart
         self.drained_at = time.monotonic()
         while records < MAX_BATCH_RECORDS:
-            if received and not router.getsockopt(_EVENTS) & _POLLIN:
+            if received and not router.getsockopt(EVENTS) & POLLIN:
                 break
             try:
-                parts = recv(_NOBLOCK)
+                parts = recv(NOBLOCK)
             except zmq.Again:
                 break
             received += 1
@@ -553,21 +547,29 @@ class WriterService(Service):
     def _note_append_time(self, seconds: float) -> None:
         """RocketMQ's slow-put warning, and its isOSPageCacheBusy: an append that held the
         CommitLog longer than ``os_page_cache_busy_time_out_mills`` makes the requests
-        that waited behind it refused (``_page_cache_busy``)."""
+        that waited behind it refused (``_serve_waited``)."""
         ms = seconds * 1000
         if ms > SLOW_APPEND_MS:
             log.warning("putMessage in lock cost time(ms)=%d", ms)
         if ms > self.config.os_page_cache_busy_time_out_mills:
             self.page_cache_busy_ms = ms      # armed once this turn's replies are out
 
+    def _serve_waited(self) -> None:
+        """Right after a too slow append: the requests queued behind it while it ran
+        (up to a batch, drained at once) are refused by ``_page_cache_busy``; a request
+        that comes after is served as usual. What waited is what the socket holds then,
+        not what comes within some time: on a busy machine the writer's next turn may
+        come late, and the requests that waited would then have been stored."""
+        frames = self._drain()
+        if frames:
+            self._serve(frames)
+        self.page_cache_busy_ms = 0
+
     def _page_cache_busy(self) -> PutMessageResult | None:
-        """The refusal of every request that waited behind a too slow append, drained
-        right after it (RocketMQ's BrokerFastFailure PCBUSY_CLEAN_QUEUE): they waited on
-        a busy page cache; their producers may send again (elsewhere)."""
+        """The refusal of every request that waited behind a too slow append
+        (``_serve_waited``; RocketMQ's BrokerFastFailure PCBUSY_CLEAN_QUEUE): they waited
+        on a busy page cache; their producers may send again (elsewhere)."""
         if not self.page_cache_busy_ms:
-            return None
-        if time.monotonic() > self.page_cache_busy_until:
-            self.page_cache_busy_ms = 0
             return None
         ms, self.page_cache_busy_ms = self.page_cache_busy_ms, 0
         return PutMessageResult.refused(
@@ -865,8 +867,8 @@ class WriterService(Service):
         """The reply's two parts (``send_multipart``'s two sends, without its checks)."""
         router = self.router
         try:
-            router.send(envelope[0], _SNDMORE_NOBLOCK)
-            router.send(payload, _NOBLOCK)
+            router.send(envelope[0], SNDMORE_NOBLOCK)
+            router.send(payload, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 return  # the peer is gone; so is its interest in the answer

@@ -42,6 +42,8 @@ import struct
 
 import zmq
 
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN
+
 APPENDED = b"appended\0"
 PAGES = b"pages\0"
 FLUSHED = b"flushed\0"
@@ -51,10 +53,6 @@ SLAVE_ACKED = b"slave_acked\0"
 ARRIVAL = b"arrival"         # a subscription to every arrival (``arrival_topic`` names one)
 
 _OFFSET = struct.Struct(">q")
-# pyzmq's constants are enum flags, whose ``&`` runs in Python: every wake-up uses ints
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 _ARRIVAL_HEAD = struct.Struct(">H")
 _ARRIVAL_QUEUE = struct.Struct(">iq")
 _MAX_IPC_PATH = 100  # sun_path holds 108 bytes on Linux
@@ -123,7 +121,7 @@ class Publisher:
     def publish(self, topic: bytes, payload: bytes = b"") -> None:
         """``topic`` is one of this module's (it ends with a NUL)."""
         try:
-            self.socket.send(topic + payload, _NOBLOCK)
+            self.socket.send(topic + payload, NOBLOCK)
         except zmq.Again:
             pass
 
@@ -167,12 +165,12 @@ class Subscriber:
         socket = self.socket
         while True:
             try:
-                frame = socket.recv(_NOBLOCK)
+                frame = socket.recv(NOBLOCK)
             except zmq.Again:
                 return out
             end = frame.find(b"\0") + 1
             out.append((frame[:end], frame[end:]))
-            if not socket.getsockopt(_EVENTS) & _POLLIN:
+            if not socket.getsockopt(EVENTS) & POLLIN:
                 return out
 
     def close(self) -> None:

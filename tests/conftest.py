@@ -151,11 +151,41 @@ def read_queue(store: MessageStore, topic: str, queue_id: int) -> list:
         offset = r.next_begin_offset
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark():
-    """One local Spark session for every Spark test (local[2], up to 4 attempts per
-    task so a task whose worker is killed is retried), with the rocketstore format."""
+    """A local Spark session for a module's Spark tests (local[2], up to 4 attempts per
+    task so a task whose worker is killed is retried), with the rocketstore format. It
+    ends with the module, and py4j's gateway with it (``stop_spark``): the tests after
+    it run in a worker without the gateway's JVM and threads."""
     from rocketstore.spark.demo import spark_session
     session = spark_session("rocketstore-tests", master="local[2,4]")
     yield session
+    stop_spark(session)
+
+
+def stop_spark(session, timeout_s: float = 30) -> None:
+    """Stop ``session``, then py4j's gateway, which ``SparkSession.stop`` leaves running:
+    its finalizer thread sleeps in a loop (a second a turn) for as long as the process
+    lives, in every test after (one patching ``time.sleep`` saw it), and its JVM exits
+    only when its stdin closes. The next session launches a gateway of its own."""
+    import subprocess
+    import threading
+    from py4j.clientserver import FinalizerWorker
+    from pyspark import SparkContext
     session.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    SparkContext._gateway = SparkContext._jvm = None
+    for thread in threading.enumerate():
+        if isinstance(thread, FinalizerWorker):
+            thread.join(timeout_s)      # it reads the gateway's end after its sleep
+    jvm = getattr(gateway, "proc", None)
+    if jvm is not None:
+        jvm.stdin.close()
+        try:
+            jvm.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            jvm.kill()
+            jvm.wait()
