@@ -1,11 +1,15 @@
 """What every store process shares: how it starts, loops, notices it must stop, and dies.
 
 A service is started by the supervisor with ``run_service(module, store_dir,
-config_dict)`` in a fresh interpreter (the spawn start method: no ZeroMQ context, lock
-or mapping is inherited across a fork). Then:
+config_dict)`` in a fork of the fork server (the forkserver start method: the fork
+server imported the modules and made no ZeroMQ context, lock or mapping to inherit).
+Then:
 
-1. it asks the kernel to kill it when the supervisor dies (``PR_SET_PDEATHSIG``), and
-   exits at once if the supervisor is already gone;
+1. it asks the kernel to kill it when its parent, the fork server, dies
+   (``PR_SET_PDEATHSIG``), and exits at once if it is already gone; then it closes its
+   copy of the fork server's "alive" pipe, whose write ends only the supervisor keeps
+   now: when the supervisor dies the fork server reads end-of-file, exits, and every
+   process dies with it;
 2. it stops when its supervisor says so: the supervisor marks the process STOPPING in
    the position table (then sends its ``stopsignal``, as supervisord does), and the
    loop, which reads that mark after every turn, finishes the turn and tears down
@@ -41,6 +45,7 @@ import sys
 import time
 
 import zmq
+from multiprocess import forkserver
 
 from rocketstore.wire.curve import Guard, ListenError
 from rocketstore.procs.stats import ProcessStats
@@ -132,7 +137,10 @@ def _stop_signal_seen(signo: int, _frame: object) -> None:
 
 
 def die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent (the supervisor) dies."""
+    """Have the kernel SIGKILL this process when its parent (the fork server, or the
+    supervisor when it started this process itself) dies; then let go of the fork
+    server's "alive" pipe, so that the fork server outlives the supervisor by no more
+    than the time it takes to read the pipe's end."""
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -141,6 +149,10 @@ def die_with_parent() -> None:
         log.warning("PR_SET_PDEATHSIG unavailable: this process may outlive the supervisor")
     if os.getppid() != parent or parent == 1:
         os._exit(1)
+    alive = forkserver._forkserver._forkserver_alive_fd     # None unless forked by it
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
 
 
 def configure_logging(store_dir: str, name: str) -> None:
@@ -151,7 +163,7 @@ def configure_logging(store_dir: str, name: str) -> None:
 
 
 def run_service(module: str, store_dir: str, config: dict) -> None:
-    """Entry point of a service process (the supervisor's spawn target)."""
+    """Entry point of a service process (the supervisor's forkserver target)."""
     die_with_parent()
     for signo in STOP_SIGNALS:          # step 2: the supervisor's table says when
         signal.signal(signo, _stop_signal_seen)

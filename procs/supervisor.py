@@ -9,8 +9,14 @@
    file mapped for writing holds two descriptors), take the store's ``lock`` (a second
    ``up`` on the same directory fails at once), recover the files (abnormal recovery
    when ``abort`` exists) and create the position table from them (``procs.recovery``);
-3. start the processes by ascending ``priority``, each in a fresh interpreter (spawn),
-   and mark the store RUNNING once every one of them has turned its loop;
+3. start the processes by ascending ``priority``, each a fork of the fork server
+   (multiprocess's forkserver: a fresh interpreter, started by the first start, that
+   imported the processes' modules, ``PRELOAD``, and nothing else: no ZeroMQ context,
+   lock, mapping or descriptor of the supervisor), so a process starts in milliseconds
+   instead of importing numpy and ZeroMQ again; and mark the store RUNNING once every
+   one of them has turned its loop. A fork server that dies takes the processes with it
+   (``procs.service``): they are restarted as after any crash, the next start making a
+   new fork server;
 4. watch them: a process that exits when it should not, after running ``startsecs``
    or longer, is started again at once (supervisord's autorestart: its clients wait for
    the new one); one that dies sooner is restarted after a back-off that doubles with
@@ -23,7 +29,8 @@
    ``stopwaitsecs``; then remove ``abort`` only if every process stopped cleanly and
    WRITTEN == FLUSHED == DISPATCHED; unlink the shared memory; release the lock.
 
-If the supervisor itself is killed, its children die with it (PR_SET_PDEATHSIG), the
+If the supervisor itself is killed, its children die with it (the fork server, their
+parent, sees the supervisor's end of its pipe close and exits; PR_SET_PDEATHSIG), the
 lock goes with its descriptor, ``abort`` stays, and the next ``up`` recovers.
 
 In controller mode (``enable_controller_mode``) a seventh process, the controller
@@ -140,6 +147,13 @@ def runs(name: str, config: StoreConfig) -> bool:
 MODULES = {name: f"rocketstore.procs.{name}" for name in DEFAULT_PROCESSES}
 # the web console is a room above this one (and an extra): started by its module's name
 MODULES["dashboard"] = "rocketstore.console.serve"
+# What the fork server imports once for every process it forks: first procs.fork_server
+# (it ignores a stop signal to the group), then the processes' modules. Importing them
+# makes no ZeroMQ context, opens no file and maps no shared memory; numpy's OpenBLAS
+# starts its thread pool, which OpenBLAS itself stops before a fork (pthread_atfork). A
+# module that cannot be imported (an extra not installed) is skipped: its process
+# imports it.
+PRELOAD = ["rocketstore.procs.fork_server", "rocketstore.procs.service", *MODULES.values()]
 
 
 def load_process_configs(doc: dict[str, Any], where: str = "") -> dict[str, ProcessConfig]:
@@ -227,6 +241,25 @@ class Child:
     ran: bool = False          # RUNNING once under this supervisor
 
 
+FORK_SERVER_GONE = 255    # the exit code multiprocess gives a process whose fork server died
+
+
+def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until process ``pid`` is gone or a zombie. A process whose fork server died
+    (SIGKILLed) is reported at once, though its own SIGKILL (PR_SET_PDEATHSIG) may not
+    have ended it yet: its successor must not start beside it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.01)
+    log.warning("pid %d, whose fork server died, is still there after %.0f s", pid, timeout_s)
+
+
 NR_OPEN = "/proc/sys/fs/nr_open"     # the kernel's ceiling for RLIMIT_NOFILE
 
 
@@ -268,7 +301,8 @@ class Supervisor:
         self._lock = None
         self._stopping = False
         self._fatal = ""
-        self._context = multiprocess.get_context("spawn")
+        self._context = multiprocess.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
         self._metrics = None        # the Prometheus endpoint's server, when serving
         self._pool = None           # the TransientStorePool, when enabled (kept locked)
         self._cut_request_path = os.path.join(config.config_dir, replication.CUT_REQUEST_FILE)
@@ -479,6 +513,8 @@ class Supervisor:
         code = child.process.exitcode
         ran = now - child.started_at
         child.process.join()
+        if code == FORK_SERVER_GONE:
+            _wait_gone(child.process.pid)
         child.process = None
         self.table.set_process(child.name, PID, 0)
         log.warning("%s exited with code %s after %.1f s", child.name, code, ran)

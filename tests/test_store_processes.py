@@ -21,7 +21,7 @@ from rocketstore.wire import protocol
 from rocketstore.client import Consumer, Producer, ReaderClient, RequestTimeout
 from rocketstore.client.consumer import BULK_READ_MIN, read_offsets
 from rocketstore.shm import bus
-from rocketstore.shm.positions import Slot
+from rocketstore.shm.positions import PROC_STATE, ProcessState, Slot
 from rocketstore.storage import Message, MessageStore, StoreConfig, record, record_batch
 from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.config import recorded_geometry
@@ -665,3 +665,80 @@ def test_consumer_tag_filter_and_a_store_restart(tmp_path):
             assert [m.body for m in later] == [b"10"]
         finally:
             c.close()
+
+
+PROCESSES = ("flusher", "dispatcher", "writer", "cleaner", "scheduler", "reader")
+
+
+def _gone(pid: int) -> bool:
+    """Process ``pid`` has ended (gone, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _state(rs: RunningStore, name: str) -> int:
+    t = rs.table()
+    try:
+        return t.get_process(name, PROC_STATE)
+    finally:
+        t.close()
+
+
+def test_the_processes_die_with_a_killed_supervisor_and_hold_nothing_of_it(tmp_path):
+    """The processes are forks of the fork server, not of the supervisor: SIGKILL of
+    the supervisor alone must still end them all, the fork server too, and none of
+    them may hold the store's lock (the next ``up`` starts)."""
+    rs = RunningStore(tmp_path)
+    rs.start()
+    pids = {name: rs.child_pid(name) for name in PROCESSES}
+    fork_server = _parent(pids["writer"])
+    assert fork_server != rs.proc.pid and {_parent(p) for p in pids.values()} == {fork_server}
+    lock = os.path.join(rs.store_dir, "lock")
+    for pid in pids.values():
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        assert lock not in held, pid
+    rs.proc.kill()
+    rs.proc.wait()
+    try:
+        wait_for(lambda: all(_gone(p) for p in [fork_server, *pids.values()]), 30,
+                 "the fork server and every process dead")
+    finally:
+        rs.kill_all()       # their group: what outlived the supervisor
+    with rs:
+        assert rs.stop() == 0, rs.log()
+
+
+def test_a_killed_fork_server_costs_a_restart_of_the_processes_not_the_store(tmp_path):
+    """SIGKILL of the fork server takes every process with it: the supervisor starts
+    them again through a new fork server, and nothing acknowledged is lost."""
+    acked: dict = {}
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir, timeout_ms=3000) as p:
+            send_some(p, acked, 0, 300)
+            pids = {name: rs.child_pid(name) for name in PROCESSES}
+            fork_server = _parent(pids["writer"])
+            os.kill(fork_server, signal.SIGKILL)
+            wait_for(lambda: all(rs.child_pid(n) not in (0, pids[n]) for n in PROCESSES), 60,
+                     "every process restarted")
+            assert all(_gone(p) for p in pids.values())
+            assert _parent(rs.child_pid("writer")) not in (fork_server, rs.proc.pid)
+            wait_for(lambda: all(_state(rs, n) == ProcessState.RUNNING for n in PROCESSES),
+                     60, "every process running again")
+            sent = 300
+            while sent < 600:
+                try:
+                    send_some(p, acked, sent, 100)
+                except RequestTimeout:
+                    pass    # sent while the writer was starting: its outcome is unknown
+                sent += 100
+        got = consume_all(rs.store_dir, "g", len(acked))
+        check_exactly_once(acked, got)
+        assert rs.stop() == 0, rs.log()
