@@ -149,10 +149,15 @@ def die_with_parent() -> None:
         log.warning("PR_SET_PDEATHSIG unavailable: this process may outlive the supervisor")
     if os.getppid() != parent or parent == 1:
         os._exit(1)
-    alive = forkserver._forkserver._forkserver_alive_fd     # None unless forked by it
+    server = forkserver._forkserver         # multiprocess's (and CPython's) private state
+    if not hasattr(server, "_forkserver_alive_fd"):
+        log.warning("multiprocess keeps no fork server alive pipe where this store looks "
+                    "for it: the fork server may outlive a killed supervisor")
+        return
+    alive = server._forkserver_alive_fd     # None unless forked by it
     if alive is not None:
         os.close(alive)
-        forkserver._forkserver._forkserver_alive_fd = None
+        server._forkserver_alive_fd = None
 
 
 def configure_logging(store_dir: str, name: str) -> None:
