@@ -90,6 +90,19 @@ GEOMETRY_FIELDS = ("mapped_file_size_commit_log", "mapped_file_size_consume_queu
 GEOMETRY_FILE = "storeGeometry.json"
 
 
+def _loopback_unless_gated(setting: str, address: str, gated: bool, gate: str) -> None:
+    """Every listener of the store binds loopback unless its gate is configured (CURVE
+    for ZeroMQ over TCP, the access key for gRPC, dashboard_auth for the web console):
+    raise ``StoreConfigError`` naming ``setting`` for an address that is not an IP
+    address, or one beyond loopback without its gate (``gate`` says what is needed)."""
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        raise StoreConfigError(f"{setting} {address!r} is not an IP address") from None
+    if not loopback and not gated:
+        raise StoreConfigError(f"{setting} {address} is not a loopback address: {gate}")
+
+
 @dataclasses.dataclass
 class StoreConfig:
     # --- paths and file sizes -------------------------------------------------------
@@ -287,16 +300,10 @@ class StoreConfig:
                                    "(clients ask invisible durations in whole seconds)")
         if not self.grpc_listen_port:
             return
-        try:
-            loopback = ipaddress.ip_address(self.grpc_listen_address).is_loopback
-        except ValueError:
-            raise StoreConfigError(f"grpc_listen_address {self.grpc_listen_address!r} is "
-                                   "not an IP address") from None
-        if not loopback and not self.grpc_access_key:
-            raise StoreConfigError(
-                f"grpc_listen_address {self.grpc_listen_address} is not a loopback address: "
-                "serving gRPC beyond this host needs an access key check (grpc_access_key "
-                "and grpc_secret_key, the credentials the clients sign with)")
+        _loopback_unless_gated(
+            "grpc_listen_address", self.grpc_listen_address, bool(self.grpc_access_key),
+            "serving gRPC beyond this host needs an access key check (grpc_access_key "
+            "and grpc_secret_key, the credentials the clients sign with)")
 
     def validate(self) -> None:
         """Raise ``StoreConfigError`` naming the first setting that cannot work."""
@@ -322,16 +329,10 @@ class StoreConfig:
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
         if self.tcp_listen_address:
-            try:
-                loopback = ipaddress.ip_address(self.tcp_listen_address).is_loopback
-            except ValueError:
-                raise StoreConfigError(f"tcp_listen_address {self.tcp_listen_address!r} is "
-                                       "not an IP address") from None
-            if not loopback and not self.curve_server_key:
-                raise StoreConfigError(
-                    f"tcp_listen_address {self.tcp_listen_address} is not a loopback address: "
-                    "listening beyond this host needs CURVE (curve_server_key and "
-                    "curve_authorized_keys; rocketstore keys makes them)")
+            _loopback_unless_gated(
+                "tcp_listen_address", self.tcp_listen_address, bool(self.curve_server_key),
+                "listening beyond this host needs CURVE (curve_server_key and "
+                "curve_authorized_keys; rocketstore keys makes them)")
         if self.transient_store_pool_enable:
             if self.sync_flush or self.broker_role == "SLAVE":
                 raise StoreConfigError(
@@ -423,16 +424,10 @@ class StoreConfig:
         if self.dashboard_port and self.dashboard_port in taken:
             raise StoreConfigError(f"dashboard_port {self.dashboard_port} is taken by "
                                    f"{taken[self.dashboard_port]}")
-        try:
-            loopback = ipaddress.ip_address(self.dashboard_address).is_loopback
-        except ValueError:
-            raise StoreConfigError(f"dashboard_address {self.dashboard_address!r} is not an "
-                                   "IP address") from None
-        if not loopback and not self.dashboard_auth:
-            raise StoreConfigError(
-                f"dashboard_address {self.dashboard_address} is not a loopback address: "
-                "serving the dashboard beyond this host needs dashboard_auth (a file holding "
-                "a token, or basic-auth users as name:password lines)")
+        _loopback_unless_gated(
+            "dashboard_address", self.dashboard_address, bool(self.dashboard_auth),
+            "serving the dashboard beyond this host needs dashboard_auth (a file holding "
+            "a token, or basic-auth users as name:password lines)")
 
     # ---------------------------------------------------------------------------------
     def check_replication(self) -> None:
