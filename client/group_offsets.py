@@ -70,13 +70,20 @@ def parse_target(text: str) -> tuple[str, int]:
     if text.startswith("@") and text[1:].isdigit():
         return "time", int(text[1:])
     try:
-        when = datetime.datetime.fromisoformat(text)
+        return "time", iso_time_ms(text)
     except ValueError:
         raise ValueError(f"{text!r} is not earliest, latest, an offset, +N/-N, @ms or an "
                          "ISO-8601 time") from None
+
+
+def iso_time_ms(text: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 time, read as local time (the
+    operator's clock, a browser's datetime-local field) when it names no zone.
+    Raises ``ValueError``."""
+    when = datetime.datetime.fromisoformat(text)
     if when.tzinfo is None:
-        when = when.astimezone()        # local time, as the operator's clock reads
-    return "time", int(when.timestamp() * 1000)
+        when = when.astimezone()
+    return int(when.timestamp() * 1000)
 
 
 def live_members(store_dir: str, group: str, topic: str) -> list[str]:

@@ -212,13 +212,10 @@ def parse_time(text: str, what: str) -> int:
     if text.lstrip("@").isdigit():
         return int(text.lstrip("@"))
     try:
-        when = datetime.datetime.fromisoformat(text)
+        return group_offsets.iso_time_ms(text)
     except ValueError:
         raise BadRequest(f"{what} {text!r} is not a time (ISO-8601, or @ms since the "
                          "epoch)") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return int(when.timestamp() * 1000)
 
 
 def summary(m) -> dict:
