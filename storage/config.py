@@ -229,6 +229,15 @@ class StoreConfig:
     # RocketMQ SubscriptionGroupConfig's default, for every pop group: a message handed
     # out retry_max_times + 1 times and never acked goes to %DLQ%<group>
     retry_max_times: int = 16
+    # RocketMQ BrokerConfig's, for the gRPC endpoint's transactional messages
+    # (procs.transaction_service): a half message neither committed nor rolled back
+    # transaction_timeout ms after its birth (or its CHECK_IMMUNITY_TIME_IN_SECONDS) is
+    # checked with a live producer of its topic, a check every transaction_check_interval
+    # ms, at most transaction_check_max times; then it is discarded (logged, a copy kept in
+    # TRANS_CHECK_MAX_TIME_TOPIC)
+    transaction_timeout: int = 6000
+    transaction_check_max: int = 15
+    transaction_check_interval: int = 30000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -295,6 +304,11 @@ class StoreConfig:
                                    "clients sign each call with the pair")
         if self.retry_max_times < 0:
             raise StoreConfigError("retry_max_times must not be negative")
+        if self.transaction_timeout < 0 or self.transaction_check_max < 0:
+            raise StoreConfigError("transaction_timeout and transaction_check_max must not "
+                                   "be negative")
+        if self.transaction_check_interval < 100:
+            raise StoreConfigError("transaction_check_interval must be at least 100 ms")
         if self.min_invisible_time_mills_for_recv < 1000:
             raise StoreConfigError("min_invisible_time_mills_for_recv must be at least 1000 "
                                    "(clients ask invisible durations in whole seconds)")
