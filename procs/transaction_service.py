@@ -42,6 +42,9 @@ Restart (decision table):
                                          twice, never a transaction ended twice
     killed between a commit's batch      the writer stored the batch or not; the
     and its answer                       producer's retry or the check finds the op
+    (or the writer did not answer)       (a retry of an end the writer did not answer
+                                         first waits for the dispatcher to reach what
+                                         the writer holds, and reads the ops again)
 
 Invariants: a transaction's op record is put before any answer says it ended, and at
 most one op record is put per transaction by this process (``ended`` holds every
@@ -110,6 +113,7 @@ class TransactionalMessageService:
         self._producer: Producer | None = None
         self._queue_turns: dict[str, itertools.count] = {}
         self.ended: set[int] = set()         # transactions (first half offsets) with an op
+        self._unanswered: set[int] = set()   # ends the writer did not answer: unknown
         self._op_next = 0                    # the next op record to read into ``ended``
         self._written_at_start = table.get(Slot.WRITTEN)
         self._caught_up = False
@@ -150,11 +154,18 @@ class TransactionalMessageService:
                 raise InvalidTransactionId(f"transaction id {transaction_id} is of topic "
                                            f"{real_topic}, not {topic}")
             key = transaction_key(half)
+            if key in self._unanswered:       # stored or not: the op records will say
+                self._catch_up(until=self.table.get(Slot.WRITTEN))
+                self._unanswered.discard(key)
             if key in self.ended:
                 raise InvalidTransactionId(f"transaction {transaction_id} was committed or "
                                            "rolled back already")
             records = [committed_message(half)] if commit else []
-            results = self._send(records + [op_message(key)])
+            try:
+                results = self._send(records + [op_message(key)])
+            except TransactionStoreError:
+                self._unanswered.add(key)
+                raise
             if results[0].ok:           # the commit (or the op) is stored: never again
                 self.ended.add(key)
             _raise_unless_stored(results)
@@ -260,16 +271,16 @@ class TransactionalMessageService:
         return int(offsets.get(str(HALF_QUEUE_ID), 0))
 
     # ------------------------------------------------------------------ ops
-    def _catch_up(self) -> None:
-        """Read the op records not read yet into ``ended``; the first time, once the
-        dispatcher has reached what the writer held when the proxy started (bounded by
-        CATCH_UP_S), so every op acknowledged before a restart is known."""
+    def _catch_up(self, until: int = 0) -> None:
+        """Read the op records not read yet into ``ended``, once the dispatcher has
+        reached ``until`` (bounded by CATCH_UP_S): the first time, what the writer held
+        when the proxy started, so every op acknowledged before a restart is known."""
         if not self._caught_up:
-            deadline = time.monotonic() + CATCH_UP_S
-            while self.table.get(Slot.DISPATCHED) < self._written_at_start and \
-                    time.monotonic() < deadline:
-                time.sleep(0.01)
+            until = max(until, self._written_at_start)
             self._caught_up = True
+        deadline = time.monotonic() + CATCH_UP_S
+        while self.table.get(Slot.DISPATCHED) < until and time.monotonic() < deadline:
+            time.sleep(0.01)
         dispatched = self.table.get(Slot.DISPATCHED)
         min_phy = self.table.get(Slot.MIN_OFFSET)
         bounds = self.reader.queue_bounds(TRANS_OP_HALF_TOPIC, HALF_QUEUE_ID, dispatched,

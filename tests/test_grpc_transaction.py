@@ -255,6 +255,27 @@ def test_a_transaction_never_known_is_discarded_after_the_last_check(store):
         producer.shutdown()
 
 
+def test_a_late_commit_of_the_first_half_ends_the_copy_a_check_put_back(store):
+    """A check puts a copy of the half at the end of the half queue before asking; the
+    producer's own commit, naming the first half, ends the copy too: it is asked about
+    no more (one check in flight at the commit aside) and committed once."""
+    topic = "TxLate"
+    checker = Checker({b"slow": [UNKNOWN]})
+    producer = started_producer(store, topic, checker)
+    try:
+        transaction, _ = send_half(producer, topic, b"slow")
+        wait_for(lambda: checker.times(b"slow") >= 1, timeout=30, what="the first check")
+        transaction.commit()
+        asked = checker.times(b"slow")
+        send_half(producer, topic, b"sentinel")            # a pass well after the commit
+        wait_for(lambda: checker.times(b"sentinel") >= 1, timeout=30, what="a later pass")
+        assert checker.times(b"slow") <= asked + 1
+        assert bodies(own_reads(store, topic, "tx-late-readers", lambda r: len(r) >= 2)) == \
+            [b"sentinel", b"slow"]
+    finally:
+        producer.shutdown()
+
+
 # ---------------------------------------------------------------------------- refusals
 def test_ends_naming_no_open_transaction_are_refused_and_change_nothing(store):
     topic = "TxRefused"
@@ -287,6 +308,31 @@ def test_ends_naming_no_open_transaction_are_refused_and_change_nothing(store):
             assert r.status.code == pb.Code.INVALID_TRANSACTION_ID, (why, r.status)
         assert store.slot(Slot.WRITTEN) == written                  # nothing stored
         open_.rollback()                                           # still open: it ends
+    finally:
+        producer.shutdown()
+
+
+def test_an_end_the_writer_did_not_answer_is_never_applied_twice(store):
+    """The writer is stopped (SIGSTOP) while a commit waits for it: the commit answers
+    PROXY_TIMEOUT, its outcome unknown. Sent again once the writer goes on, it is taken
+    or refused as the op records then say: the message is in its topic once."""
+    topic = "TxStalled"
+    producer = started_producer(store, topic, Checker({b"stalled": [UNKNOWN]}))
+    try:
+        _, receipt = send_half(producer, topic, b"stalled")
+        stub, meta = raw_stub(store)
+        request = end_request(topic, receipt.message_id, receipt.transaction_id)
+        writer = store.child_pid("writer")
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            r = stub.EndTransaction(request, metadata=meta, timeout=10)
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        assert r.status.code == pb.Code.PROXY_TIMEOUT, r.status
+        again = stub.EndTransaction(request, metadata=meta, timeout=15)
+        assert again.status.code in (pb.Code.OK, pb.Code.INVALID_TRANSACTION_ID), again.status
+        assert bodies(own_reads(store, topic, "tx-stalled-readers", lambda r: r)) == \
+            [b"stalled"]
     finally:
         producer.shutdown()
 
