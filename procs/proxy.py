@@ -16,8 +16,9 @@ waiting for messages; every turn also renews a PushConsumer's messages due soon
 (``PopService.renew``) and runs a transaction check when one is due
 (``TransactionalMessageService.check_if_due``, every ``transaction_check_interval``).
 gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
-one for as long as its client runs, so at most ``WORKERS`` clients and waiting receives
-are served at once (more wait their turn).
+one for as long as its client runs (and a thread of its own reading the client's side),
+so at most ``WORKERS`` clients and waiting receives are served at once (more wait their
+turn).
 
 Restart (decision table):
 
@@ -28,6 +29,9 @@ Restart (decision table):
     popState.journal                   (a torn last one cut away): in-flight messages
                                        stay invisible until their time, acked ones stay
                                        done; pops go on at the offsets committed
+    half messages and op records       the ended transactions known by their op records,
+    (RMQ_SYS_TRANS_*)                  the open ones checked from the check's offset
+                                       (procs.transaction_service's own table)
     the port is taken, or the grpc     exits EXIT_CANNOT_LISTEN: the supervisor stops the
     extra is missing                   store, saying why (no restart can help)
 
