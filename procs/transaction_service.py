@@ -48,7 +48,9 @@ Restart (decision table):
 
 Invariants: a transaction's op record is put before any answer says it ended, and at
 most one op record is put per transaction by this process (``ended`` holds every
-transaction with one); a committed message is put only with its op record, in one batch.
+transaction with one); a committed message is put only with its op record, in one batch,
+and only once the writer's own checks (``validation.check_message``) take it, so an op
+never ends a transaction whose message the writer refused.
 
 Threads: EndTransaction calls run on gRPC threads and the pass on the proxy's loop; one
 lock holds the reader, the producer and ``ended``.
@@ -78,6 +80,7 @@ from rocketstore.storage.transactional_message import (
     InvalidTransactionId, check_times, committed_message, decode_transaction_id,
     discarded_message, half_message, immunity_ms, is_half, op_keys, op_message,
     put_back_message, transaction_key)
+from rocketstore.storage.validation import check_message
 from rocketstore.wire.protocol import SendResult
 
 log = logging.getLogger(__name__)
@@ -161,6 +164,10 @@ class TransactionalMessageService:
                 raise InvalidTransactionId(f"transaction {transaction_id} was committed or "
                                            "rolled back already")
             records = [committed_message(half)] if commit else []
+            refusal = records and check_message(records[0], self.config)
+            if refusal:                 # the op alone would end it without its message
+                raise TransactionStoreError(refusal[0], f"the committed message would be "
+                                                        f"refused: {refusal[1]}")
             try:
                 results = self._send(records + [op_message(key)])
             except TransactionStoreError:
