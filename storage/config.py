@@ -4,7 +4,8 @@ Every field carries RocketMQ's default (SPEC §3.1); units are those of the Java
 (milliseconds unless the name says otherwise, ``file_reserved_time`` in hours, ratios in
 percent or as fractions exactly as RocketMQ reads them). A few BrokerConfig values the
 store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
-``long_polling_enable``) sit here too, under their BrokerConfig names.
+``long_polling_enable``, the ``transaction_*`` settings of the gRPC endpoint's
+transactional messages) sit here too, under their BrokerConfig names.
 
 Warm-up (``warm_maped_file_enable``, ``flush_least_pages_when_warm_maped_file``) acts
 on the files the appender's allocation thread makes ahead (``storage.allocate``). The
@@ -713,6 +714,10 @@ NOTES: dict[str, str] = {
     "grpc_secret_key": "rocketstore's: the SK the gRPC clients sign with",
     "min_invisible_time_mills_for_recv": "RocketMQ ProxyConfig's",
     "retry_max_times": "RocketMQ's subscription group setting, here every pop group's",
+    **dict.fromkeys(("transaction_timeout", "transaction_check_max",
+                     "transaction_check_interval"),
+                    "RocketMQ BrokerConfig's (transactionTimeOut, transactionCheckMax, "
+                    "transactionCheckInterval), for the gRPC endpoint's transactions"),
     "dashboard_port": "rocketstore's: the web console (rocketstore dashboard)",
     "dashboard_address": "rocketstore's: beyond loopback only with dashboard_auth",
     "dashboard_auth": "rocketstore's: a token file, or name:password lines (basic auth)",
