@@ -15,7 +15,7 @@ RocketMQ's proxy answers; the clients read the code.
                               and the server's (publishing: max_body_size, backoff;
                               subscription: batch size, polling time, retry backoff);
                               the stream stays open until the client or the proxy ends it,
-                              and carries a producer of a topic the checks of its
+                              and carries to a producer the checks of its topics' open
                               transactions (RecoverOrphanedTransactionCommand)
     Heartbeat                 OK
     NotifyClientTermination   OK; the client's auto-renewed messages visible again soon
@@ -32,7 +32,9 @@ RocketMQ's proxy answers; the clients read the code.
                               INVALID_TRANSACTION_ID for an id blank, malformed, naming no
                               half of the topic, or of a transaction ended already;
                               resolution UNSPECIFIED (the checker does not know yet) is
-                              OK and changes nothing: the check asks again
+                              OK and changes nothing: the check asks again; a put the
+                              store refused, its code (SendMessage's), one the writer
+                              did not answer, PROXY_TIMEOUT
     ReceiveMessage            ``procs.pop_service``: status, the messages, the delivery
                               timestamp; MESSAGE_NOT_FOUND when the polling time ends
                               with nothing; with auto_renew (a PushConsumer's) the
