@@ -165,7 +165,8 @@ class Receiver:
     """A SimpleConsumer receiving on a thread of its own: of the copies it gets the
     first time it acks every other one and keeps the rest, which it acks when they come
     back. Records every delivery in the order seen and every ack the proxy answered OK;
-    a call that fails (the proxy is down) is tried again."""
+    a call that fails (the proxy is down) is tried again. With ``hold`` set it pauses
+    after the next batch it acked any of, ``held`` set, until ``resume``."""
 
     def __init__(self, store, group: str, topic: str):
         self.consumer = SimpleConsumer(configuration(store), group,
@@ -178,6 +179,8 @@ class Receiver:
         self.unsure: set[tuple[int, int]] = set()   # an ack that failed: outcome unknown
         self.errors: list[Exception] = []
         self.stop = threading.Event()
+        self.hold, self.held, self.resume = threading.Event(), threading.Event(), \
+            threading.Event()
         self.thread = threading.Thread(target=self._run, name="receiver")
         self.thread.start()
 
@@ -189,6 +192,7 @@ class Receiver:
                 self.errors.append(e)
                 self.stop.wait(0.1)
                 continue
+            acks_before = len(self.acked)
             for m in got:
                 copy = unit(m)
                 self.deliveries.append((copy, m.message_id, m.delivery_attempt,
@@ -202,6 +206,10 @@ class Receiver:
                 except Exception as e:
                     self.errors.append(e)
                     self.unsure.add(copy)
+            if self.hold.is_set() and len(self.acked) > acks_before:
+                self.held.set()
+                self.resume.wait(60)
+                self.hold.clear()
 
     def received(self) -> set[str]:
         return {message_id for _, message_id, _, _ in self.deliveries}
@@ -216,17 +224,29 @@ class Receiver:
         self.consumer.shutdown()
 
 
+def kill_the_proxy_right_after_an_ack(store, receiver: Receiver) -> None:
+    """SIGKILL the proxy the moment after it answered acks, before the receiver calls
+    again, and wait for the new one."""
+    receiver.hold.set()
+    wait_for(receiver.held.is_set, timeout=60, what="an ack answered")
+    kill_and_wait_restart(store, "proxy")
+    receiver.resume.set()
+
+
 def test_no_acked_message_comes_back_and_every_unacked_one_does_across_kills(store):
     topic, group = "GrpcPopKill", "pop-kill-group"
     sender = Sender(store, topic)
     receiver = Receiver(store, group, topic)
     try:
         wait_for(lambda: len(receiver.acked) >= 20, timeout=60, what="acks before the kills")
-        for name in ("writer", "proxy"):
-            kill_and_wait_restart(store, name)
+        kills = (lambda: kill_and_wait_restart(store, "writer"),
+                 lambda: kill_and_wait_restart(store, "proxy"),
+                 lambda: kill_the_proxy_right_after_an_ack(store, receiver))
+        for k, kill in enumerate(kills):
+            kill()
             want = len(receiver.acked) + 20
             wait_for(lambda: len(receiver.acked) >= want, timeout=60,
-                     what=f"acks after the {name}'s restart")
+                     what=f"acks after restart {k + 1}")
         sender.close()
         ids = {r.message_id for r in sender.succeeded}
         wait_for(lambda: receiver.received() >= ids, timeout=60, what="every message received")
@@ -243,6 +263,7 @@ def test_no_acked_message_comes_back_and_every_unacked_one_does_across_kills(sto
         acked_at.setdefault(copy, n + 1)
     for copy, message_id, attempt, acks_before in receiver.deliveries:
         if copy in acked_at:        # no delivery after the ack the proxy answered
-            assert acks_before < acked_at[copy], (copy, message_id, attempt)
+            assert acks_before < acked_at[copy], \
+                f"{message_id} at {copy} delivered again (attempt {attempt}) after its ack"
     delivered = {copy for copy, _, _, _ in receiver.deliveries}
     assert delivered == set(acked_at) | receiver.unsure | receiver.kept
