@@ -5,8 +5,9 @@ its supervisor restarting what is killed.
 A Producer sending one message at a time while the writer is killed: every send the
 client saw succeed is in the store afterwards (read with rocketstore's own Consumer),
 and every send that failed was answered with one of RocketMQ's codes, not left to hang.
-A SimpleConsumer receiving and acking while the writer, then the proxy, is killed: no
-message acked comes back, and every one not acked does.
+A SimpleConsumer receiving and acking while the writer, then the proxy, is killed (once
+at any moment, once the moment after it answered acks): no message acked comes back, and
+every one not acked does.
 """
 
 from __future__ import annotations
@@ -219,6 +220,7 @@ class Receiver:
 
     def close(self) -> None:
         self.stop.set()
+        self.resume.set()
         self.thread.join(30)
         assert not self.thread.is_alive(), "a receive or an ack hung"
         self.consumer.shutdown()
