@@ -32,6 +32,11 @@ ingest. Redis runs when ``redis-server`` is installed (``apt-get install redis-s
 the client is ``pip install redis hiredis``); without it only rocketstore's column is
 filled. The rocketstore side reuses ``bench/store_pipeline.py``'s measurements.
 
+When the grpc extra is installed, a table of RocketMQ's official Python client through
+the proxy process follows (``grpc_rows``, with ``bench/grpc_proxy.py``'s measurements):
+``Producer.send`` one at a time, ``send_async`` with 64 futures in flight, and a
+SimpleConsumer's receive + ack, each with the proxy's and the writer's CPU per message.
+
     python bench/compare.py [--quick] [--seconds 5] [--rounds 3] [--json]
 """
 
@@ -55,6 +60,7 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from store_pipeline import STORE_SETTINGS, Bench, RunningStore, _proc_cpu_s  # noqa: E402
+from store_processes import free_port, wait_for  # noqa: E402
 from rocketstore.client import Consumer, Producer  # noqa: E402
 from rocketstore.shm.positions import Slot  # noqa: E402
 
@@ -380,6 +386,91 @@ def redis_available() -> str:
     return ""
 
 
+# ============================================================================ gRPC proxy
+GRPC_WINDOW = 64            # send_async futures in flight
+GRPC_BATCH = 32             # a SimpleConsumer receive's batch (the proxy's bound)
+GRPC_ROWS = ("Producer.send, one at a time", f"send_async, {GRPC_WINDOW} in flight",
+             f"SimpleConsumer receive({GRPC_BATCH}) + ack")
+
+
+def grpc_available() -> str:
+    """Empty when the official client's rows can run here, else what is missing."""
+    try:
+        import grpc  # noqa: F401
+        import rocketmq  # noqa: F401
+    except ImportError as e:
+        return f"the grpc extra is not installed ({e.name}): pip install 'rocketstore[grpc]'"
+    return ""
+
+
+def grpc_rows(args: argparse.Namespace, root: str) -> dict:
+    """RocketMQ's official Python client (rocketmq-python-client) through the proxy
+    process of an ASYNC_FLUSH store: per row, messages per second and the CPU per message
+    of the proxy and of the writer (all their threads, from /proc; the client's own CPU,
+    in this process, is not counted). The receive row pops and acks the messages the two
+    send rows stored, until all are acked or ``args.seconds`` end."""
+    import grpc_proxy
+    from rocketmq import ClientConfiguration, Credentials
+    path = os.path.join(root, "grpc")
+    os.makedirs(path)
+    port = free_port()
+    store = RunningStore(pathlib.Path(path), grpc_listen_port=port, **STORE_SETTINGS)
+    store.start()
+    try:
+        wait_for(lambda: store.child_pid("proxy"), what="the proxy")
+        config = ClientConfiguration(f"127.0.0.1:{port}", Credentials())
+        one = grpc_proxy.grpc_sends(config, store, args.seconds, 1)
+        many = grpc_proxy.grpc_sends(config, store, args.seconds, GRPC_WINDOW)
+        acked = grpc_receive_acks(config, store, one["count"] + many["count"], args.seconds)
+        return dict(zip(GRPC_ROWS, (one, many, acked)))
+    finally:
+        store.stop(timeout=120)
+        store.kill_all()
+
+
+def grpc_receive_acks(config, store: RunningStore, count: int, seconds: float) -> dict:
+    """A SimpleConsumer's receives of ``GRPC_BATCH``, each message acked, until ``count``
+    are acked or ``seconds`` end (no trailing empty long poll is counted)."""
+    import grpc_proxy
+    from rocketmq import FilterExpression, SimpleConsumer
+    consumer = SimpleConsumer(config, "compare-group", {grpc_proxy.TOPIC: FilterExpression()},
+                              await_duration=1)
+    consumer.startup()
+    try:
+        with grpc_proxy.Meter(store) as m:
+            deadline = time.monotonic() + seconds
+            while m.count < count and time.monotonic() < deadline:
+                for message in consumer.receive(GRPC_BATCH, 30):
+                    consumer.ack(message)
+                    m.count += 1
+    finally:
+        consumer.shutdown()
+    return m.row()
+
+
+def grpc_summary(rounds: list[tuple[dict, dict]]) -> dict:
+    """Per row of the official client's, each round's figures: msgs/s and the proxy's
+    and the writer's CPU per message (us)."""
+    out: dict = {}
+    for name in GRPC_ROWS:
+        rows = [rs["grpc"][name] for rs, _ in rounds if name in rs.get("grpc", {})]
+        out[name] = {k: [r[k] for r in rows] for k in ("msgs_s", "proxy_cpu_us",
+                                                        "writer_cpu_us")}
+    return out
+
+
+def print_grpc_table(s: dict) -> None:
+    print("RocketMQ's official Python client through the gRPC proxy (rocketmq-python-client, "
+          "ASYNC_FLUSH):")
+    print(f"  {'row':<36} {'msgs/s':>19} {'proxy CPU us/msg':>22} {'writer CPU us/msg':>22}")
+    for name, row in s.items():
+        if not row["msgs_s"]:
+            continue
+        print(f"  {name:<36} {_spread(row['msgs_s'], ',.0f'):>19} "
+              f"{_spread(row['proxy_cpu_us'], ',.0f'):>22} "
+              f"{_spread(row['writer_cpu_us'], ',.0f'):>22}")
+
+
 # ============================================================================ table
 ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time",
         "one-at-a-time x8")
@@ -470,6 +561,10 @@ def main() -> None:
     args.latency_seconds = 2.0 if args.quick else 5.0
     args.consume_count = 100_000 if args.quick else 500_000
     missing = redis_available()
+    grpc_missing = grpc_available()
+    if grpc_missing:
+        print(f"the official RocketMQ client's rows not run: {grpc_missing}", file=sys.stderr,
+              flush=True)
     if missing:
         print(f"Redis not run: {missing}; only rocketstore's column is filled",
               file=sys.stderr, flush=True)
@@ -478,6 +573,8 @@ def main() -> None:
         root = tempfile.mkdtemp(prefix="rscompare-", dir=".")
         try:
             rs = rocketstore_rows(args, root)
+            if not grpc_missing:
+                rs["grpc"] = grpc_rows(args, root)
             rd = {} if missing else redis_rows(args, root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -486,9 +583,12 @@ def main() -> None:
             print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"rounds": [{"rocketstore": rs, "redis": rd} for rs, rd in rounds],
-                          "summary": summary(rounds), "redis_missing": missing}))
+                          "summary": summary(rounds), "redis_missing": missing,
+                          "grpc": grpc_summary(rounds), "grpc_missing": grpc_missing}))
     else:
         print_table(summary(rounds), len(rounds), missing)
+        if not grpc_missing:
+            print_grpc_table(grpc_summary(rounds))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class Meter:
 
     def row(self) -> dict:
         n = max(1, self.count)
-        return {"msgs_s": self.count / self.elapsed,
+        return {"msgs_s": self.count / self.elapsed, "count": self.count,
                 **{f"{name}_cpu_us": cpu / n * 1e6 for name, cpu in self.cpu.items()}}
 
 

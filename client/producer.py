@@ -124,6 +124,19 @@ class Producer:
         return self.producer_id != 0
 
     @property
+    def timeout_ms(self) -> int:
+        """How long a request sent from now on waits for its answer before it raises
+        ``RequestTimeout`` (the constructor's ``timeout_ms``; may be changed between
+        requests, as a server bounds each by its own caller's deadline)."""
+        return self._dealer.timeout_ms
+
+    @timeout_ms.setter
+    def timeout_ms(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"timeout_ms {value!r} is not a positive int")
+        self._dealer.timeout_ms = value
+
+    @property
     def next_sequence(self) -> int:
         """The sequence the next record sent without ``first_sequence`` carries."""
         return self._next_sequence

@@ -86,10 +86,12 @@ from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_MS = 3000          # the clients' own request timeout
+MIN_SEND_TIMEOUT_MS = 100       # a send's wait when the client's deadline is that near
 MAX_BATCH_SIZE = 32             # the proxy's receive batch bound
 MAX_POLLING_S = 20.0            # the proxy's longest long polling
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
-DEADLINE_MARGIN_S = 1.0         # a receive answers this long before the client gives up
+DEADLINE_MARGIN_S = 1.0         # a receive or send answers this long before the client
+                                # gives up
 TELEMETRY_POLL_S = 0.5          # a Telemetry stream looks this often whether it is over
 RETRY_BACKOFF = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h").split()
 _AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=([^,]*), SignedHeaders=([^,]*), "
@@ -281,7 +283,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         halves = [transaction_value(m.sys_flag) == TRANSACTION_PREPARED_TYPE for m in messages]
         messages = [self.transactions.half(m) if h else m for m, h in zip(messages, halves)]
         try:
-            results = self._producer().send_batch(messages)
+            producer = self._producer()
+            producer.timeout_ms = self._send_timeout_ms(context)
+            results = producer.send_batch(messages)
         except ClientError as e:
             self._drop_producer()
             log.warning("send of %d messages failed: %s", len(messages), e)
@@ -298,6 +302,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS,
                                                                "the entries differ")
         return rpc.SendMessageResponse(status=top, entries=entries)
+
+    @staticmethod
+    def _send_timeout_ms(context) -> int:
+        """How long a send waits for the writer: SEND_TIMEOUT_MS, and never past
+        DEADLINE_MARGIN_S before the client gives up, so that a client whose store has
+        no writer (killed, restarting) is answered PROXY_TIMEOUT, which it retries,
+        instead of seeing its own deadline pass (tests/test_grpc_kills.py)."""
+        remaining = context.time_remaining()
+        if remaining is None:
+            return SEND_TIMEOUT_MS
+        return max(MIN_SEND_TIMEOUT_MS,
+                   min(SEND_TIMEOUT_MS, int((remaining - DEADLINE_MARGIN_S) * 1000)))
 
     def _producer(self) -> Producer:
         """This thread's Producer (a Producer is used from one thread only)."""

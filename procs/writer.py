@@ -126,13 +126,14 @@ from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
-from rocketstore.storage.commit_log import CommitLog, PutMessageResult
+from rocketstore.storage.commit_log import Appended, CommitLog, PutMessageResult
 from rocketstore.storage.errors import errno_text
 from rocketstore.storage.idempotence import BatchClaims, Cover, admission
 from rocketstore.storage.producer_state import LastRecord, ProducerStateTable
 from rocketstore.storage.put_path import QueueSelector, StoreCondition, prepare_batch, refusal
 from rocketstore.storage.record_batch import (
-    RecordBatch, RecordsFormatError, check_clean_run, check_records)
+    RecordBatch, RecordsFormatError, check_clean_record, check_clean_run, check_records,
+    clean_limits)
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.storage.topic_queue_table import rebuild
 
@@ -147,6 +148,7 @@ SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock l
 SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the small path
 
 _PUT_OK = PutMessageStatus.PUT_OK
+_PUT_OK_VALUE = _PUT_OK.value
 _OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 _SEND_RECORDS = protocol.Kind.SEND_RECORDS
 
@@ -209,6 +211,7 @@ class WriterService(Service):
         self.drained_at = time.monotonic()   # when the last drain was taken
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
+        self.clean_limits = clean_limits(cfg)
         self.pages_span = bus.pages_span(cfg.flush_commit_log_least_pages)
         self.parked: collections.deque[_Request] = collections.deque()
         self.unanswered: dict[bytes, int] = {}
@@ -218,6 +221,7 @@ class WriterService(Service):
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
+        self.router.setsockopt(zmq.RCVTIMEO, MAX_TURN_MS)  # the wait of ``_drain(wait=True)``
         curve.bind_all(self.router, endpoints.bind_addresses(
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
@@ -235,6 +239,9 @@ class WriterService(Service):
         else:
             replication.forget_following(cfg.config_dir)
         self.replica = Replica(self) if self.role == "SLAVE" else None
+        # nothing but the ingest socket to wait on (no parked replies, not a slave): a
+        # turn waits in the ingest socket's receive, not in a poll before it
+        self.ingest_only = self.parked_wakeups is None and self.replica is None
         self.fence = Fence(cfg, self.table, self.role)     # controller mode: the lease
 
     def _open_commit_log(self) -> CommitLog:
@@ -286,6 +293,15 @@ class WriterService(Service):
 
     # ================================================================== the loop
     def turn(self) -> None:
+        if self.ingest_only:
+            frames = self._drain(wait=True)
+            if frames:
+                self._serve(frames)
+                if self.page_cache_busy_ms:
+                    self._serve_waited()
+            if monotonic_ms() >= self.next_snapshot_ms:
+                self._snapshot()
+            return
         timeout = MAX_TURN_MS
         if self.parked:
             timeout = max(0, min(timeout, self.parked[0].deadline_ms - monotonic_ms()))
@@ -331,23 +347,28 @@ class WriterService(Service):
         except OSError as e:
             log.warning("cannot write %s (%d producers): %s", self.snapshot_path, len(table), e)
 
-    def _drain(self) -> list[tuple[list, bytes]]:
+    def _drain(self, wait: bool = False) -> list[tuple[list, bytes]]:
         """Every request waiting (up to ``MAX_BATCH_RECORDS`` records), as
-        ``(envelope, frame, header)``; frames whose header is bad are answered here. After the
-        first, the socket's EVENTS says whether another waits (cheaper than a receive
-        that fails)."""
+        ``(envelope, frame, header)``; frames whose header is bad are answered here. With
+        ``wait``, the first receive waits for a request up to the socket's RCVTIMEO
+        (``MAX_TURN_MS``): one blocking receive costs less than a poll and a receive.
+        After the first, the socket's EVENTS says whether another waits (cheaper than a
+        receive that fails)."""
         frames = []
         records = received = 0
         router = self.router
         recv = router.recv_multipart
-        self.drained_at = time.monotonic()
+        flags = 0 if wait else NOBLOCK
         while records < MAX_BATCH_RECORDS:
             if received and not router.getsockopt(EVENTS) & POLLIN:
                 break
             try:
-                parts = recv(NOBLOCK)
+                parts = recv(flags)
             except zmq.Again:
                 break
+            if not received:
+                self.drained_at = time.monotonic()
+                flags = NOBLOCK
             received += 1
             envelope, frame = parts[:1], parts[-1]
             try:
@@ -468,6 +489,10 @@ class WriterService(Service):
         if head.kind is not _SEND_RECORDS or not 0 < head.count < SMALL_FRAME \
                 or self.unanswered.get(client, 0) >= WINDOW:
             return None
+        if head.count == 1:
+            at = protocol.plain_one_record_at(frame)
+            if at:
+                return self._append_one(envelope, frame, head.request_id, at, now, drain)
         try:
             send = protocol.decode_small_send_records(frame, head)
         except ProtocolError:
@@ -503,6 +528,47 @@ class WriterService(Service):
             else:
                 drain.topics += run.topics[:count]
                 drain.sizes += sizes[:count]
+        self.unanswered[client] = self.unanswered.get(client, 0) + 1
+        return req
+
+    def _append_one(self, envelope: list, frame: bytes, request_id: int, at: int, now: int,
+                    drain: "_SmallDrain") -> "_Request | None":
+        """``_append_small`` of a frame of one record without a producer id, the record
+        at ``at`` (``Producer.send``'s frame): judged and appended where it lies in the
+        frame, with no lists of one."""
+        taken = check_clean_record(frame, at, len(frame), self.clean_limits, self.topic_verdicts)
+        if taken is None:
+            return None
+        topic, queue_id, consumable, wait = taken
+        if queue_id < 0:
+            queue_id = self.queues.next_queue(topic)
+        size = len(frame) - at
+        raised = False
+        try:
+            placed = self.commit_log.append_one(frame, at, size, topic, queue_id, consumable,
+                                                now)
+        except Exception:  # noqa: BLE001 - whatever it was, the request is refused whole
+            log.exception("append of one record failed; cutting back to WRITTEN once the "
+                          "drain's earlier requests are answered")
+            placed, raised = None, True
+        if placed is None:                  # nothing stored: no file, or the append raised
+            done = None if raised else Appended(0, [], [])
+            req = _Request(envelope, _SEND_RECORDS, request_id,
+                           SmallResults.stored(done, [size], [queue_id], now,
+                                               self.commit_log.append_failure),
+                           self.drained_at)
+        else:
+            phy, queue_offset = placed
+            req = _Request(envelope, _SEND_RECORDS, request_id,
+                           SmallResults([_PUT_OK_VALUE], [queue_id], [queue_offset], [phy],
+                                        [now], {}),
+                           self.drained_at)
+            req.end = drain.end = phy + size
+            req.wait = wait
+            drain.last_offset = phy
+            drain.topics.append(topic)
+            drain.sizes.append(size)
+        client = envelope[0]
         self.unanswered[client] = self.unanswered.get(client, 0) + 1
         return req
 

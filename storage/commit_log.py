@@ -432,43 +432,52 @@ class CommitLog:
         (``append_error`` says why), the topic-queue table advanced for what was stored.
         """
         self.append_error = ""
-        table = self.topic_queue_table
-        mf = self.mapped_file_queue.get_last_mapped_file()
-        ipack, lpack = _INT.pack_into, _LONG.pack_into
-        host, host_at = self._store_host_bytes, record_batch.STOREHOST_POS
         view = memoryview(data)
         physical, queue_offsets = [], []
         for i, size in enumerate(sizes):
-            try:
-                mf = self._file_taking(mf, size)
-                sink = self._sink(mf)
-                mf.reserve(mf.wrote_position + size)
-            except StoreFileError as e:
-                self._no_file(e)
+            placed = self.append_one(view, starts[i], size, topics[i], queue_ids[i],
+                                     consumable[i], store_timestamp)
+            if placed is None:
                 break
-            pos = mf.wrote_position
-            phy = mf.file_from_offset + pos
-            start = starts[i]
-            sink[pos:pos + size] = view[start:start + size]
-            queue_id = queue_ids[i]
-            if consumable[i]:
-                key = (topics[i], queue_id)
-                queue_offset = table.get(key, 0)
-                table[key] = queue_offset + 1
-            else:
-                queue_offset = 0
-            ipack(sink, pos + record_batch.QUEUEID_POS, queue_id)
-            lpack(sink, pos + record_batch.QUEUEOFFSET_POS, queue_offset)
-            lpack(sink, pos + record_batch.PHYSICALOFFSET_POS, phy)
-            lpack(sink, pos + record_batch.STORETIMESTAMP_POS, store_timestamp)
-            sink[pos + host_at:pos + host_at + len(host)] = host
-            mf.appended(size)
-            mf.store_timestamp = store_timestamp
-            physical.append(phy)
-            queue_offsets.append(queue_offset)
-        self._keep_ahead(mf)
+            physical.append(placed[0])
+            queue_offsets.append(placed[1])
         return Appended(len(physical), physical, queue_offsets,
                         self.append_failure() if len(physical) < len(sizes) else "")
+
+    def append_one(self, data, start: int, size: int, topic: str, queue_id: int,
+                   consumable: bool, store_timestamp: int) -> tuple[int, int] | None:
+        """``append_small`` of one record, ``data[start:start + size]``: copied into the
+        CommitLog and stamped there, the topic-queue table advanced (a consumable
+        record); ``(physical offset, queue offset)``. None when no file could be made or
+        reserved (``append_failure`` says why; nothing was written)."""
+        try:
+            mf = self._file_taking(self.mapped_file_queue.get_last_mapped_file(), size)
+            sink = self._sink(mf)
+            pos = mf.wrote_position
+            mf.reserve(pos + size)
+        except StoreFileError as e:
+            self._no_file(e)
+            return None
+        phy = mf.file_from_offset + pos
+        sink[pos:pos + size] = data[start:start + size]
+        if consumable:
+            table = self.topic_queue_table
+            key = (topic, queue_id)
+            queue_offset = table.get(key, 0)
+            table[key] = queue_offset + 1
+        else:
+            queue_offset = 0
+        _INT.pack_into(sink, pos + record_batch.QUEUEID_POS, queue_id)
+        lpack = _LONG.pack_into
+        lpack(sink, pos + record_batch.QUEUEOFFSET_POS, queue_offset)
+        lpack(sink, pos + record_batch.PHYSICALOFFSET_POS, phy)
+        lpack(sink, pos + record_batch.STORETIMESTAMP_POS, store_timestamp)
+        host, host_at = self._store_host_bytes, pos + record_batch.STOREHOST_POS
+        sink[host_at:host_at + len(host)] = host
+        mf.appended(size)
+        mf.store_timestamp = store_timestamp
+        self._keep_ahead(mf)
+        return phy, queue_offset
 
     def _file_taking(self, mf: MappedFile | None, size: int) -> MappedFile:
         """The file the next record of ``size`` bytes goes into: ``mf``, or the next one

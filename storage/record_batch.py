@@ -653,10 +653,11 @@ def _check_clean_run(data, offsets, config: StoreConfig, producer_id: int,
 def check_clean_run(data, offsets, config: StoreConfig, producer_id: int = 0,
                     first_sequence: int = 0, verdicts: dict | None = None) -> CleanRun | None:
     """The verdict on a short run whose every record is taken as it is, read record by
-    record with ``struct``; None as soon as a record is anything else (a format fault, a
-    refusal, an IPv6 host, a v2 topic, a DELAY, non-ASCII properties), for the bulk check
-    (``check_records``) to judge and name. What it takes, the bulk check takes alike (a
-    test compares the two). Records with an IPv6 store host are not for it."""
+    record with ``struct`` (``check_clean_record``); None as soon as a record is anything
+    else (a format fault, a refusal, an IPv6 host, a v2 topic, a DELAY, non-ASCII
+    properties), for the bulk check (``check_records``) to judge and name. What it takes,
+    the bulk check takes alike (a test compares the two). Records with an IPv6 store host
+    are not for it."""
     if verdicts is None:
         verdicts = {}
     offs = offsets.tolist() if isinstance(offsets, np.ndarray) else list(offsets)
@@ -664,53 +665,71 @@ def check_clean_run(data, offsets, config: StoreConfig, producer_id: int = 0,
     if n == 0 or offs[0] != 0:
         return None
     raw = data if type(data) is bytes else bytes(data)
-    unpack, crc32 = _V4_HEAD_STRUCT.unpack_from, zlib.crc32
-    largest = min(config.max_message_size,
-                  config.mapped_file_size_commit_log - record.END_FILE_MIN_BLANK_LENGTH)
-    queue_nums = config.default_topic_queue_nums
+    limits = clean_limits(config)
     topics, queue_ids, consumable, waits, sizes = [], [], [], [], []
-    raw_topic, topic = None, None
     offs.append(end)
     for i in range(n):
         s, e = offs[i], offs[i + 1]
-        size = e - s
-        if size < MIN_RECORD_SIZE or e > end:       # the offsets table is the bulk's
+        taken = check_clean_record(raw, s, e, limits, verdicts, producer_id, first_sequence + i)
+        if taken is None:
             return None
-        (total, magic, crc, queue_id, _, queue_offset, physical_offset, sys_flag, _, _,
-         port, store_ts, store_host, _, _, body_len) = unpack(raw, s)
-        at = s + BODY_POS + body_len                    # TOPICLENGTH (v1: one byte)
-        if (total != size or magic != record.MESSAGE_MAGIC_CODE or queue_offset
-                or physical_offset or store_ts or store_host != PLACEHOLDER_STORE_HOST
-                or sys_flag & record.HOST_FLAGS or body_len < 0
-                or at + 4 > e or size > largest or not -1 <= queue_id < queue_nums
-                or not 0 <= port <= 0xFFFF):
-            return None
-        topic_len = raw[at]
-        props_at = at + 3 + topic_len                   # after PROPERTIESLENGTH
-        if not 0 < topic_len <= record.MAX_V1_TOPIC_LENGTH or props_at > e \
-                or props_at + int.from_bytes(raw[props_at - 2:props_at], "big", signed=True) != e:
-            return None
-        if raw[at + 1:at + 1 + topic_len] != raw_topic:
-            raw_topic = raw[at + 1:at + 1 + topic_len]
-            topic = _verdict(raw_topic, verdicts)
-            if type(topic) is not str:
-                return None
-        if crc32(raw[s + BODY_POS:at]) & 0x7FFFFFFF != crc:
-            return None
-        props = raw[props_at:e]
-        if producer_id:
-            props, why = _without_identity(props, producer_id, first_sequence + i)
-            if why:
-                return None
-        if _DELAY in props or not props.isascii() or _PAIRS.fullmatch(props) is None:
-            return None
-        topics.append(topic)
-        queue_ids.append(queue_id)
-        consumable.append((sys_flag & TRANSACTION_ROLLBACK_TYPE) in _TRAN_TAKES_UNIT)
-        waits.append(_WAIT_FALSE not in props)
-        sizes.append(size)
+        topics.append(taken[0])
+        queue_ids.append(taken[1])
+        consumable.append(taken[2])
+        waits.append(taken[3])
+        sizes.append(e - s)
     offs.pop()
     return CleanRun(topics, queue_ids, consumable, waits, offs, sizes)
+
+
+def clean_limits(config: StoreConfig) -> tuple[int, int]:
+    """What ``check_clean_record`` holds a record to: the largest record it takes (no
+    larger than ``max_message_size``, and fitting a CommitLog file with a BLANK after
+    it) and the queues a topic has (``default_topic_queue_nums``)."""
+    return (min(config.max_message_size,
+                config.mapped_file_size_commit_log - record.END_FILE_MIN_BLANK_LENGTH),
+            config.default_topic_queue_nums)
+
+
+def check_clean_record(raw: bytes, s: int, e: int, limits: tuple[int, int], verdicts: dict,
+                       producer_id: int = 0, sequence: int = 0) -> tuple | None:
+    """Record ``raw[s:e]`` of a clean run (``check_clean_run``): ``(topic, queue_id,
+    consumable, wait)`` when it is taken as it is: the stamps the store sets still zero,
+    the placeholder store host, a v1 topic the store accepts (``verdicts``: the caller's
+    cache of topic verdicts), the body's CRC right, ASCII properties of well-formed
+    pairs without a DELAY; with ``producer_id``, its identity (``sequence``) stripped
+    from what is judged. None for anything else. ``limits``: ``clean_limits``."""
+    size = e - s
+    if size < MIN_RECORD_SIZE or e > len(raw):       # the offsets table is the bulk's
+        return None
+    (total, magic, crc, queue_id, _, queue_offset, physical_offset, sys_flag, _, _,
+     port, store_ts, store_host, _, _, body_len) = _V4_HEAD_STRUCT.unpack_from(raw, s)
+    at = s + BODY_POS + body_len                    # TOPICLENGTH (v1: one byte)
+    if (total != size or magic != record.MESSAGE_MAGIC_CODE or queue_offset
+            or physical_offset or store_ts or store_host != PLACEHOLDER_STORE_HOST
+            or sys_flag & record.HOST_FLAGS or body_len < 0
+            or at + 4 > e or size > limits[0] or not -1 <= queue_id < limits[1]
+            or not 0 <= port <= 0xFFFF):
+        return None
+    topic_len = raw[at]
+    props_at = at + 3 + topic_len                   # after PROPERTIESLENGTH
+    if not 0 < topic_len <= record.MAX_V1_TOPIC_LENGTH or props_at > e \
+            or props_at + int.from_bytes(raw[props_at - 2:props_at], "big", signed=True) != e:
+        return None
+    topic = _verdict(raw[at + 1:at + 1 + topic_len], verdicts)
+    if type(topic) is not str:
+        return None
+    if zlib.crc32(raw[s + BODY_POS:at]) & 0x7FFFFFFF != crc:
+        return None
+    props = raw[props_at:e]
+    if producer_id:
+        props, why = _without_identity(props, producer_id, sequence)
+        if why:
+            return None
+    if _DELAY in props or not props.isascii() or _PAIRS.fullmatch(props) is None:
+        return None
+    return (topic, queue_id, (sys_flag & TRANSACTION_ROLLBACK_TYPE) in _TRAN_TAKES_UNIT,
+            _WAIT_FALSE not in props)
 
 
 # Fields 1-15 of a record whose hosts are both IPv4, as one numpy record: a run's

@@ -176,7 +176,7 @@ def test_a_running_store_still_answers_and_a_slow_one_still_times_out(tmp_path):
                 with pytest.raises(RequestTimeout, match="no connection to ipc://"):
                     p.send("T", b"waited for")
                 os.rename(ingest + ".away", ingest)
-                p._dealer.timeout_ms = 10_000
+                p.timeout_ms = 10_000
                 assert p.send("T", b"after").ok
         finally:
             if os.path.exists(ingest + ".away"):

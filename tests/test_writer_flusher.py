@@ -949,19 +949,19 @@ def test_a_small_append_that_raises_keeps_the_drains_earlier_sends_and_cuts_back
     raises mid-append, the first is published and answered PUT_OK, the second refused,
     the torn bytes past WRITTEN cut, and the next send goes on where the first ended."""
     first = writer.put([message(i, queue_id=0) for i in range(3)])
-    real_append = writer.service.commit_log.append_small
+    real_append = writer.service.commit_log.append_one    # a one-record frame's append
     calls = []
 
     done: list = []
 
-    def append(data, starts, sizes, *rest):
-        calls.append(len(sizes))
-        got = real_append(data, starts, sizes, *rest)
+    def append(*args):
+        calls.append(args)
+        got = real_append(*args)
         if len(calls) == 2:
             raise RuntimeError("injected")
         done.append(got)
         return got
-    monkeypatch.setattr(writer.service.commit_log, "append_small", append)
+    monkeypatch.setattr(writer.service.commit_log, "append_one", append)
     writer.serve_frames([writer.records_frame([message(10, queue_id=0)]),
                          writer.records_frame([message(11, queue_id=0)]),
                          writer.records_frame([message(12, queue_id=0)])])
@@ -971,7 +971,7 @@ def test_a_small_append_that_raises_keeps_the_drains_earlier_sends_and_cuts_back
                                            PutMessageStatus.CREATE_MAPEDFILE_FAILED,
                                            PutMessageStatus.PUT_OK]
     ok, third = replies[0], replies[2]
-    assert ok.commit_log_offset == done[0].physical_offsets[0]
+    assert ok.commit_log_offset == done[0][0]
     size = writer.service.commit_log.look_message_by_offset(ok.commit_log_offset).store_size
     assert third.commit_log_offset == ok.commit_log_offset + size   # the torn bytes went
     assert (ok.queue_offset, third.queue_offset) == (3, 4)   # the failure took no offset

@@ -617,6 +617,21 @@ def encode_one_send_record(request_id: int, record: bytes, producer_id: int = 0,
     return head + record
 
 
+_ONE_FIXED = struct.Struct(">QQI")          # producer id, first sequence, the one offset
+ONE_RECORD_AT = _ONE_SEND_RECORDS.size       # where the record of a one-record frame starts
+
+
+def plain_one_record_at(frame: bytes) -> int:
+    """Where the record starts in a SEND_RECORDS frame of one record whose header
+    ``peek_header`` read already, when it has no producer id and its offsets table says
+    the record starts at 0 (what ``Producer.send`` sends: ``ONE_RECORD_AT``); 0 for any
+    other frame, which ``decode_small_send_records`` reads (and names what is wrong)."""
+    if len(frame) <= ONE_RECORD_AT:
+        return 0
+    producer_id, _, offset = _ONE_FIXED.unpack_from(frame, HEADER_SIZE)
+    return 0 if producer_id or offset else ONE_RECORD_AT
+
+
 def decode_send_records(frame) -> SendRecords:
     """The parts of a SEND_RECORDS frame; the records themselves are the store's to check
     (``record_batch.check_records``). Raises ``ProtocolError``."""
