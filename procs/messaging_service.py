@@ -457,7 +457,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             self.transactions.end_transaction(
                 request.transaction_id, request.message_id, request.topic.name,
-                commit=request.resolution == pb.TransactionResolution.COMMIT)
+                commit=request.resolution == pb.TransactionResolution.COMMIT,
+                timeout_ms=self._send_timeout_ms(context))
         except InvalidTransactionId as e:
             return rpc.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID,
                                                             str(e)))

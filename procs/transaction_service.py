@@ -141,10 +141,11 @@ class TransactionalMessageService:
 
     # ------------------------------------------------------------------ end
     def end_transaction(self, transaction_id: str, message_id: str, topic: str,
-                        commit: bool) -> StoredMessageFields:
-        """Commit or roll back the transaction of the half ``transaction_id`` names; the
-        half. Raises ``InvalidTransactionId`` (nothing written) and
-        ``TransactionStoreError`` (the store did not take the records)."""
+                        commit: bool, timeout_ms: int = SEND_TIMEOUT_MS) -> StoredMessageFields:
+        """Commit or roll back the transaction of the half ``transaction_id`` names,
+        waiting up to ``timeout_ms`` for the writer; the half. Raises
+        ``InvalidTransactionId`` (nothing written) and ``TransactionStoreError`` (the
+        store did not take the records, or the writer did not answer)."""
         phy = decode_transaction_id(transaction_id)
         with self._lock:
             self._catch_up()
@@ -169,7 +170,7 @@ class TransactionalMessageService:
                 raise TransactionStoreError(refusal[0], f"the committed message would be "
                                                         f"refused: {refusal[1]}")
             try:
-                results = self._send(records + [op_message(key)])
+                results = self._send(records + [op_message(key)], timeout_ms)
             except TransactionStoreError:
                 self._unanswered.add(key)
                 raise
@@ -314,12 +315,14 @@ class TransactionalMessageService:
         _raise_unless_stored(results)
         return results
 
-    def _send(self, records: list[Message]) -> list[SendResult]:
+    def _send(self, records: list[Message],
+              timeout_ms: int = SEND_TIMEOUT_MS) -> list[SendResult]:
         """Each record's outcome. Raises ``TransactionStoreError`` when the writer did
-        not answer (the outcome is unknown)."""
+        not answer within ``timeout_ms`` (the outcome is unknown)."""
         if self._producer is None:
             self._producer = Producer(self.config.store_path_root_dir,
                                       timeout_ms=SEND_TIMEOUT_MS)
+        self._producer.timeout_ms = timeout_ms
         try:
             results = self._producer.send_batch(records)
         except ClientError as e:
