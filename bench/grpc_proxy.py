@@ -12,8 +12,12 @@ and a key, each row for ``--seconds``:
     gRPC send_async           the same client's send_async, ``--window`` futures in flight
     gRPC receive + ack        a SimpleConsumer's receive(32, 30 s), each message acked
                               (the messages the sends left)
+    gRPC transaction          a half message sent and committed, one transaction at a
+                              time (SendMessage, then EndTransaction: the half, then the
+                              message and its op record), to a topic of its own
 
-For each row: messages per second, and the CPU per message (µs) of the proxy process
+For each row: messages per second (for the transaction row, transactions; its latency
+is one over that rate), and the CPU per message (µs) of the proxy process
 (all its threads: gRPC's and the pop's) and of the writer, from /proc, so the figures
 say what a message costs the store, whatever else the machine runs. The client's own
 CPU is not counted: it runs in this process.
@@ -39,16 +43,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from store_pipeline import STORE_SETTINGS, _proc_cpu_s  # noqa: E402
 from store_processes import RunningStore, free_port, wait_for  # noqa: E402
 from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message,  # noqa: E402
-                      Producer as GrpcProducer, SimpleConsumer)
+                      Producer as GrpcProducer, SimpleConsumer, TransactionChecker,
+                      TransactionResolution)
 from rocketstore.client import Producer  # noqa: E402
 
 BODY = os.urandom(128)
 TOPIC = "BenchGrpc"
+TRANSACTION_TOPIC = "BenchGrpcTx"
 
 
-def grpc_message(i: int) -> Message:
+def grpc_message(i: int, topic: str = TOPIC) -> Message:
     m = Message()
-    m.topic = TOPIC
+    m.topic = topic
     m.body = BODY
     m.tag = "bench"
     m.keys = f"k{i}"
@@ -132,6 +138,28 @@ def grpc_receives(config: ClientConfiguration, store: RunningStore, seconds: flo
     return m.row()
 
 
+class CommitAll(TransactionChecker):
+    def check(self, message) -> TransactionResolution:
+        return TransactionResolution.COMMIT
+
+
+def grpc_transactions(config: ClientConfiguration, store: RunningStore,
+                      seconds: float) -> dict:
+    producer = GrpcProducer(config, (TRANSACTION_TOPIC,), CommitAll())
+    producer.startup()
+    try:
+        with Meter(store) as m:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                transaction = producer.begin_transaction()
+                producer.send(grpc_message(m.count, TRANSACTION_TOPIC), transaction)
+                transaction.commit()
+                m.count += 1
+    finally:
+        producer.shutdown()
+    return m.row()
+
+
 def run(args: argparse.Namespace) -> dict:
     root = tempfile.mkdtemp(prefix="rsbench-", dir=os.getcwd())
     port = free_port()
@@ -144,7 +172,9 @@ def run(args: argparse.Namespace) -> dict:
                 "gRPC send, one at a time": grpc_sends(config, store, args.seconds, 1),
                 f"gRPC send_async, {args.window} in flight":
                     grpc_sends(config, store, args.seconds, args.window),
-                "gRPC receive + ack": grpc_receives(config, store, args.seconds)}
+                "gRPC receive + ack": grpc_receives(config, store, args.seconds),
+                "gRPC transaction, one at a time":
+                    grpc_transactions(config, store, args.seconds)}
     finally:
         store.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -22,12 +22,20 @@ gives it (SendMessageActivity):
       delivery_timestamp            delay is the shortest  than a day ahead, or past the
                                     that reaches it (a     longest level); none when due
                                     DELAY message)         already
+    system_properties.message_type  TRAN_MSG=true and the  MESSAGE_PROPERTY_CONFLICT_WITH_
+      TRANSACTION                   PREPARED sysFlag (a    TYPE (with a message group or
+                                    half message, stored   a delivery time)
+                                    by procs.transaction_
+                                    service)
+    system_properties.orphaned_     CHECK_IMMUNITY_TIME_IN_
+      transaction_recovery_duration SECONDS (whole seconds)
     (always)                        PGROUP = the topic
     body                                                   MESSAGE_BODY_EMPTY,
                                                            MESSAGE_BODY_TOO_LARGE
-    a message group and a delivery time, a half message    MESSAGE_PROPERTY_CONFLICT_WITH_
-                                                           TYPE (topics take NORMAL, FIFO
-                                                           and DELAY)
+    a message group and a delivery time, or either with    MESSAGE_PROPERTY_CONFLICT_WITH_
+    TRANSACTION                                            TYPE (topics take NORMAL, FIFO,
+                                                           DELAY and TRANSACTION, one at
+                                                           a time)
 
 A delayed message waits in the store's delay levels (``message_delay_level``, the
 scheduler delivers it): RocketMQ 5 delivers at the very time asked, here it goes out at
@@ -38,7 +46,9 @@ A stored message goes out as RocketMQ's GrpcConverter builds one: ``message_id``
 UNIQ_KEY (the offset msgId for a message sent without one, by rocketstore's own
 Producer), the body's MD5 in upper-case hex, ``body_encoding`` IDENTITY (the Python
 client fails a message without one), and the receipt handle, attempt and invisible
-duration of the pop that hands it out.
+duration of the pop that hands it out. A half message a check asks about goes out
+the same way (``checked_message``), under its real topic, TRANSACTION, without a receipt
+handle.
 
 Store put status -> Code (RocketMQ's SendMessageProcessor and the proxy's
 ResponseBuilder):
@@ -63,10 +73,14 @@ from rocketstore.storage.delay_level import level_waiting_at_least
 from rocketstore.storage.message import (
     PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_PRODUCER_GROUP, PROPERTY_PRODUCER_ID,
     PROPERTY_PRODUCER_SEQUENCE, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
-    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK, Message)
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_WAIT_STORE_MSG_OK,
+    TRANSACTION_PREPARED_TYPE, Message)
 from rocketstore.storage.message_view import MessageView
 from rocketstore.storage.pop_state import InFlight, ReceiptHandle
 from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.transactional_message import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED, PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET)
 from rocketstore.storage.validation import check_topic
 
 Code = pb.Code
@@ -88,6 +102,7 @@ SYSTEM_PROPERTIES = frozenset({
     "RECONSUME_TIME", "MAX_OFFSET", "MIN_OFFSET", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC",
     "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID", "CORRELATION_ID",
     "MSG_REGION", "TRACE_ON", "BORN_TIMESTAMP", "__BORNHOST", "CLUSTER", "POP_CK",
+    PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, PROPERTY_TRANSACTION_ID,
 })
 MAX_PROPERTIES_BYTES = 16 * 1024    # the proxy's maxUserPropertySize
 MAX_DELAY_MS = 24 * 3600 * 1000     # the proxy's maxDelayTimeMills
@@ -145,12 +160,19 @@ def store_message(m: pb.Message, max_message_size: int, delay_levels: list[int],
                           f"is {MAX_MESSAGE_GROUP_BYTES} bytes or longer")
         properties[PROPERTY_SHARDING_KEY] = sp.message_group
         queue_id = fifo_queue(sp.message_group, queue_nums)
+    sys_flag = 0
+    if sp.message_type == pb.MessageType.TRANSACTION:
+        properties[PROPERTY_TRANSACTION_PREPARED] = "true"
+        sys_flag = TRANSACTION_PREPARED_TYPE
+        if sp.HasField("orphaned_transaction_recovery_duration"):
+            properties[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(max(
+                0, sp.orphaned_transaction_recovery_duration.seconds))
     born_ms = (sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
                if sp.HasField("born_timestamp") else None)
     return Message(topic=topic, body=m.body, tags=sp.tag if sp.HasField("tag") else None,
                    keys=list(sp.keys) or None, properties=properties,
                    born_timestamp=born_ms, delay_level=_delay_level(sp, delay_levels, now_ms),
-                   queue_id=queue_id)
+                   queue_id=queue_id, sys_flag=sys_flag)
 
 
 def _delay_level(sp: pb.SystemProperties, delay_levels: list[int], now_ms: int) -> int:
@@ -172,20 +194,23 @@ def _delay_level(sp: pb.SystemProperties, delay_levels: list[int], now_ms: int) 
 
 
 ACCEPTED_TYPES = (pb.MessageType.NORMAL, pb.MessageType.FIFO,   # every topic's
-                  pb.MessageType.DELAY)
+                  pb.MessageType.DELAY, pb.MessageType.TRANSACTION)
 MAX_MESSAGE_GROUP_BYTES = 64        # the proxy's maxMessageGroupSize
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 
 
 def _refuse_other_types(sp: pb.SystemProperties) -> None:
-    """The topics served take NORMAL, FIFO and DELAY messages (QueryRoute says so): a
-    half message, or one both FIFO and delayed, is refused as the proxy refuses a type
-    the topic does not accept."""
-    if (sp.message_group and sp.HasField("delivery_timestamp")) or sp.message_type not in (
-            pb.MessageType.MESSAGE_TYPE_UNSPECIFIED, *ACCEPTED_TYPES):
+    """The topics served take NORMAL, FIFO, DELAY and TRANSACTION messages (QueryRoute
+    says so), one type at a time: a message of two (a message group, a delivery time, a
+    half message) is refused as the proxy refuses a type the topic does not accept."""
+    kinds = (bool(sp.message_group) + sp.HasField("delivery_timestamp")
+             + (sp.message_type == pb.MessageType.TRANSACTION))
+    if kinds > 1 or sp.message_type not in (pb.MessageType.MESSAGE_TYPE_UNSPECIFIED,
+                                            *ACCEPTED_TYPES):
         raise Refused(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                      "this store's topics take NORMAL, FIFO and DELAY messages (no "
-                      "transaction; a message group and a delivery time not together)")
+                      "this store's topics take NORMAL, FIFO, DELAY and TRANSACTION "
+                      "messages, one at a time (a message group, a delivery time and a "
+                      "transaction not together)")
 
 
 def java_string_hash(text: str) -> int:
@@ -253,3 +278,24 @@ def delivered_message(view: MessageView, handle: ReceiptHandle, entry: InFlight)
     sp.invisible_duration.FromMilliseconds(handle.invisible_ms)
     return pb.Message(topic=pb.Resource(name=view.topic), user_properties=user,
                       system_properties=sp, body=body)
+
+
+def checked_message(half: MessageView) -> pb.Message:
+    """A half message as a RecoverOrphanedTransactionCommand carries it: under its real
+    topic, TRANSACTION, its body, tags, keys and user properties (module docstring)."""
+    props = half.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or half.msg_id,
+        keys=half.keys,
+        body_digest=pb.Digest(type=pb.DigestType.MD5,
+                              checksum=hashlib.md5(half.body).hexdigest().upper()),
+        body_encoding=pb.Encoding.IDENTITY, message_type=pb.MessageType.TRANSACTION,
+        born_host=half.born_host[0],
+        store_host=f"{half.store_host[0]}:{half.store_host[1]}")
+    if half.tags is not None:
+        sp.tag = half.tags
+    sp.born_timestamp.FromMilliseconds(half.born_timestamp)
+    sp.store_timestamp.FromMilliseconds(half.store_timestamp)
+    return pb.Message(topic=pb.Resource(name=props[PROPERTY_REAL_TOPIC]), user_properties=user,
+                      system_properties=sp, body=half.body)

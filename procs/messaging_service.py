@@ -9,12 +9,14 @@ RocketMQ's proxy answers; the clients read the code.
     QueryRoute                every topic exists (autoCreateTopicEnable): its
                               ``default_topic_queue_nums`` queues, READ_WRITE, on one
                               broker (id 0) at the endpoints the client asked, NORMAL,
-                              FIFO and DELAY messages (no group is orderly: the
-                              settings say fifo false, and groups pop concurrently)
+                              FIFO, DELAY and TRANSACTION messages (no group is orderly:
+                              the settings say fifo false, and groups pop concurrently)
     Telemetry                 each settings command answered with the settings echoed
                               and the server's (publishing: max_body_size, backoff;
                               subscription: batch size, polling time, retry backoff);
-                              the stream stays open until the client or the proxy ends it
+                              the stream stays open until the client or the proxy ends it,
+                              and carries to a producer the checks of its topics' open
+                              transactions (RecoverOrphanedTransactionCommand)
     Heartbeat                 OK
     NotifyClientTermination   OK; the client's auto-renewed messages visible again soon
     QueryAssignment           one assignment of the whole broker (queue id -1), as for a
@@ -22,7 +24,17 @@ RocketMQ's proxy answers; the clients read the code.
     SendMessage               ``procs.grpc_convert`` makes store messages; one Producer
                               a thread sends them to the writer's ingest socket; the
                               entry carries the message id (UNIQ_KEY) and the queue
-                              offset the store assigned
+                              offset the store assigned; a TRANSACTION message is
+                              stored as a half message (``procs.transaction_service``),
+                              its entry's transaction id the half's offset msgId
+    EndTransaction            ``procs.transaction_service``: COMMIT puts the message in
+                              its topic and an op record, ROLLBACK the op record;
+                              INVALID_TRANSACTION_ID for an id blank, malformed, naming no
+                              half of the topic, or of a transaction ended already;
+                              resolution UNSPECIFIED (the checker does not know yet) is
+                              OK and changes nothing: the check asks again; a put the
+                              store refused, its code (SendMessage's), one the writer
+                              did not answer, PROXY_TIMEOUT
     ReceiveMessage            ``procs.pop_service``: status, the messages, the delivery
                               timestamp; MESSAGE_NOT_FOUND when the polling time ends
                               with nothing; with auto_renew (a PushConsumer's) the
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import queue
 import re
 import threading
 from hashlib import sha1
@@ -55,12 +68,19 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketstore.client.dealer import ClientError
 from rocketstore.client.producer import Producer
 from rocketstore.procs.grpc_convert import (
-    ACCEPTED_TYPES, Code, Refused, delivered_message, put_status, status, store_message)
+    ACCEPTED_TYPES, PUT_STATUS_CODES, Code, Refused, checked_message, delivered_message,
+    put_status, status, store_message)
 from rocketstore.procs.pop_service import AUTO_RENEW_INVISIBLE_MS, PopService
+from rocketstore.procs.transaction_service import (
+    TransactionalMessageService, TransactionStoreError)
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.delay_level import parse_delay_levels
+from rocketstore.storage.message import (
+    PROPERTY_REAL_TOPIC, TRANSACTION_PREPARED_TYPE, transaction_value)
+from rocketstore.storage.message_view import MessageView
 from rocketstore.storage.pop_state import InvalidReceiptHandle, ReceiptHandle
+from rocketstore.storage.transactional_message import InvalidTransactionId
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
 
 log = logging.getLogger(__name__)
@@ -72,6 +92,7 @@ MAX_POLLING_S = 20.0            # the proxy's longest long polling
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 DEADLINE_MARGIN_S = 1.0         # a receive or send answers this long before the client
                                 # gives up
+TELEMETRY_POLL_S = 0.5          # a Telemetry stream looks this often whether it is over
 RETRY_BACKOFF = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h").split()
 _AUTHORIZATION = re.compile(r"MQv2-HMAC-SHA1 Credential=([^,]*), SignedHeaders=([^,]*), "
                             r"Signature=([0-9a-fA-F]*)")
@@ -92,12 +113,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._producers_lock = threading.Lock()
         self.stopping = threading.Event()
         self.delay_levels = parse_delay_levels(config.message_delay_level)
+        self.transactions = TransactionalMessageService(config, pop.table,
+                                                        self._recover_orphaned)
+        self._streams: dict[str, _TelemetryStream] = {}     # client id -> its stream
+        self._streams_lock = threading.Lock()
 
     def close(self) -> None:
         with self._producers_lock:
             for producer in self._producers:
                 producer.close()
             self._producers.clear()
+        self.transactions.close()
 
     # ------------------------------------------------------------------ every call
     def _refusal(self, context) -> pb.Status | None:
@@ -171,12 +197,50 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if refused:
             yield rpc.TelemetryCommand(status=refused)
             return
-        for command in request_iterator:
-            if self.stopping.is_set():
-                return
-            if command.HasField("settings"):
-                yield rpc.TelemetryCommand(status=status(Code.OK),
-                                           settings=self._settings(command.settings))
+        stream = _TelemetryStream(self._client_id(context))
+        threading.Thread(target=self._read_telemetry, args=(request_iterator, stream),
+                         name="telemetry", daemon=True).start()
+        try:
+            while not self.stopping.is_set() and context.is_active():
+                try:
+                    command = stream.outbox.get(timeout=TELEMETRY_POLL_S)
+                except queue.Empty:
+                    continue
+                if command is None:         # the client ended its side
+                    return
+                yield command
+        finally:
+            with self._streams_lock:
+                if self._streams.get(stream.client_id) is stream:
+                    del self._streams[stream.client_id]
+
+    def _read_telemetry(self, request_iterator, stream: "_TelemetryStream") -> None:
+        """The client's side of a Telemetry stream: settings answered (through the
+        stream's outbox) and a producer's topics noted for the checks."""
+        try:
+            for command in request_iterator:
+                if command.HasField("settings"):
+                    stream.topics = {t.name for t in command.settings.publishing.topics}
+                    with self._streams_lock:
+                        self._streams[stream.client_id] = stream
+                    stream.outbox.put(rpc.TelemetryCommand(
+                        status=status(Code.OK), settings=self._settings(command.settings)))
+        except Exception as e:       # grpc.RpcError: the call ended, cancelled
+            log.debug("telemetry of %s ended: %s", stream.client_id, e)
+        stream.outbox.put(None)
+
+    def _recover_orphaned(self, half: MessageView, transaction_id: str) -> bool:
+        """Ask a live producer of the half's topic to end its transaction (the
+        transaction service's check); False when none is connected."""
+        topic = half.properties[PROPERTY_REAL_TOPIC]
+        with self._streams_lock:
+            streams = [s for s in self._streams.values() if topic in s.topics]
+        if not streams:
+            return False
+        streams[-1].outbox.put(rpc.TelemetryCommand(
+            recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
+                message=checked_message(half), transaction_id=transaction_id)))
+        return True
 
     def _settings(self, asked: pb.Settings) -> pb.Settings:
         """The client's settings echoed, with the server's added (RocketMQ's
@@ -216,6 +280,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendMessageResponse(status=status(e.code, e.text))
         if not messages:
             return rpc.SendMessageResponse(status=status(Code.BAD_REQUEST, "no message"))
+        halves = [transaction_value(m.sys_flag) == TRANSACTION_PREPARED_TYPE for m in messages]
+        messages = [self.transactions.half(m) if h else m for m, h in zip(messages, halves)]
         try:
             producer = self._producer()
             producer.timeout_ms = self._send_timeout_ms(context)
@@ -226,10 +292,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendMessageResponse(status=status(
                 Code.PROXY_TIMEOUT, f"the store's writer did not answer: {e}"))
         entries = []
-        for m, r in zip(messages, results):
+        for m, r, half in zip(messages, results, halves):
             uniq = m.properties["UNIQ_KEY"]
             entries.append(rpc.SendResultEntry(status=put_status(r.status, r.reason),
-                                               message_id=uniq, transaction_id=uniq,
+                                               message_id=uniq,
+                                               transaction_id=r.msg_id if half else uniq,
                                                offset=max(0, r.queue_offset)))
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS,
@@ -377,8 +444,30 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return status(Code.NOT_IMPLEMENTED, f"{what} is not served by this store")
 
     def EndTransaction(self, request, context):
-        return rpc.EndTransactionResponse(status=self._not_served("EndTransaction "
-                                                                  "(transactional messages)"))
+        refused = self._refusal(context) or self._topic_refusal(request.topic.name)
+        if refused:
+            return rpc.EndTransactionResponse(status=refused)
+        if not request.transaction_id.strip():
+            return rpc.EndTransactionResponse(status=status(
+                Code.INVALID_TRANSACTION_ID, "the transaction id is blank"))
+        if request.resolution not in (pb.TransactionResolution.COMMIT,
+                                      pb.TransactionResolution.ROLLBACK):
+            return rpc.EndTransactionResponse(status=status(
+                Code.OK, "the resolution is not known yet: the check asks again"))
+        try:
+            self.transactions.end_transaction(
+                request.transaction_id, request.message_id, request.topic.name,
+                commit=request.resolution == pb.TransactionResolution.COMMIT,
+                timeout_ms=self._send_timeout_ms(context))
+        except InvalidTransactionId as e:
+            return rpc.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID,
+                                                            str(e)))
+        except TransactionStoreError as e:
+            log.warning("end of transaction %s not stored: %s", request.transaction_id, e)
+            code = (PUT_STATUS_CODES.get(e.status, Code.INTERNAL_SERVER_ERROR)
+                    if e.status is not None else Code.PROXY_TIMEOUT)
+            return rpc.EndTransactionResponse(status=status(code, str(e)))
+        return rpc.EndTransactionResponse(status=status(Code.OK))
 
     def ForwardMessageToDeadLetterQueue(self, request, context):
         refused = self._refusal(context) or self._topic_refusal(request.topic.name)
@@ -419,6 +508,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def SyncLiteSubscription(self, request, context):
         return rpc.SyncLiteSubscriptionResponse(status=self._not_served(
             "SyncLiteSubscription (lite topics)"))
+
+
+class _TelemetryStream:
+    """One client's open Telemetry stream: the commands waiting to go out (None ends
+    it) and, for a producer, the topics its settings named."""
+
+    def __init__(self, client_id: str):
+        self.client_id = client_id
+        self.outbox: queue.Queue = queue.Queue()
+        self.topics: set[str] = set()
 
 
 def _tags(expression: pb.FilterExpression) -> list[str] | None:

@@ -7,13 +7,18 @@ on ``grpc_listen_address:grpc_listen_port`` (loopback unless an access key check
 configured, ``storage.config``), in plaintext, with RocketMQ's message size limit
 (130 MiB) instead of gRPC's 4 MiB. Sends go to the writer's ingest socket as any
 Producer's do; receives read the mapped files (``procs.pop_service``), the group's pop
-state in ``config/popState.json`` and ``config/popState.journal``.
+state in ``config/popState.json`` and ``config/popState.journal``. Transactional
+messages are half messages and op records in the store's own topics
+(``procs.transaction_service``); the check of those left open runs in the loop.
 
 Its loop turns on the dispatcher's ARRIVAL announcements: each wakes the receives
 waiting for messages; every turn also renews a PushConsumer's messages due soon
-(``PopService.renew``). gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
-one for as long as its client runs, so at most ``WORKERS`` clients and waiting receives
-are served at once (more wait their turn).
+(``PopService.renew``) and runs a transaction check when one is due
+(``TransactionalMessageService.check_if_due``, every ``transaction_check_interval``).
+gRPC calls run on ``WORKERS`` threads; a Telemetry stream holds
+one for as long as its client runs (and a thread of its own reading the client's side),
+so at most ``WORKERS`` clients and waiting receives are served at once (more wait their
+turn).
 
 Restart (decision table):
 
@@ -24,6 +29,9 @@ Restart (decision table):
     popState.journal                   (a torn last one cut away): in-flight messages
                                        stay invisible until their time, acked ones stay
                                        done; pops go on at the offsets committed
+    half messages and op records       the ended transactions known by their op records,
+    (RMQ_SYS_TRANS_*)                  the open ones checked from the check's offset
+                                       (procs.transaction_service's own table)
     the port is taken, or the grpc     exits EXIT_CANNOT_LISTEN: the supervisor stops the
     extra is missing                   store, saying why (no restart can help)
 
@@ -90,6 +98,7 @@ class Proxy(Service):
             self.pop.renew()
         except OSError as e:        # tried again next turn; the message may come back
             log.error("auto-renewal not written: %s", e)
+        self.service.transactions.check_if_due()
 
     def teardown(self) -> None:
         self.service.stopping.set()

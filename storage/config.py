@@ -4,7 +4,8 @@ Every field carries RocketMQ's default (SPEC §3.1); units are those of the Java
 (milliseconds unless the name says otherwise, ``file_reserved_time`` in hours, ratios in
 percent or as fractions exactly as RocketMQ reads them). A few BrokerConfig values the
 store needs (``broker_ip1``, ``listen_port``, ``default_topic_queue_nums``,
-``long_polling_enable``) sit here too, under their BrokerConfig names.
+``long_polling_enable``, the ``transaction_*`` settings of the gRPC endpoint's
+transactional messages) sit here too, under their BrokerConfig names.
 
 Warm-up (``warm_maped_file_enable``, ``flush_least_pages_when_warm_maped_file``) acts
 on the files the appender's allocation thread makes ahead (``storage.allocate``). The
@@ -229,6 +230,15 @@ class StoreConfig:
     # RocketMQ SubscriptionGroupConfig's default, for every pop group: a message handed
     # out retry_max_times + 1 times and never acked goes to %DLQ%<group>
     retry_max_times: int = 16
+    # RocketMQ BrokerConfig's, for the gRPC endpoint's transactional messages
+    # (procs.transaction_service): a half message neither committed nor rolled back
+    # transaction_timeout ms after its birth (or its CHECK_IMMUNITY_TIME_IN_SECONDS) is
+    # checked with a live producer of its topic, a check every transaction_check_interval
+    # ms, at most transaction_check_max times; then it is discarded (logged, a copy kept in
+    # TRANS_CHECK_MAX_TIME_TOPIC)
+    transaction_timeout: int = 6000
+    transaction_check_max: int = 15
+    transaction_check_interval: int = 30000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -295,6 +305,11 @@ class StoreConfig:
                                    "clients sign each call with the pair")
         if self.retry_max_times < 0:
             raise StoreConfigError("retry_max_times must not be negative")
+        if self.transaction_timeout < 0 or self.transaction_check_max < 0:
+            raise StoreConfigError("transaction_timeout and transaction_check_max must not "
+                                   "be negative")
+        if self.transaction_check_interval < 100:
+            raise StoreConfigError("transaction_check_interval must be at least 100 ms")
         if self.min_invisible_time_mills_for_recv < 1000:
             raise StoreConfigError("min_invisible_time_mills_for_recv must be at least 1000 "
                                    "(clients ask invisible durations in whole seconds)")
@@ -699,6 +714,10 @@ NOTES: dict[str, str] = {
     "grpc_secret_key": "rocketstore's: the SK the gRPC clients sign with",
     "min_invisible_time_mills_for_recv": "RocketMQ ProxyConfig's",
     "retry_max_times": "RocketMQ's subscription group setting, here every pop group's",
+    **dict.fromkeys(("transaction_timeout", "transaction_check_max",
+                     "transaction_check_interval"),
+                    "RocketMQ BrokerConfig's (transactionTimeOut, transactionCheckMax, "
+                    "transactionCheckInterval), for the gRPC endpoint's transactions"),
     "dashboard_port": "rocketstore's: the web console (rocketstore dashboard)",
     "dashboard_address": "rocketstore's: beyond loopback only with dashboard_auth",
     "dashboard_auth": "rocketstore's: a token file, or name:password lines (basic auth)",

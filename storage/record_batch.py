@@ -958,7 +958,7 @@ def _topic_verdict(raw: bytes) -> str | tuple[PutMessageStatus, str]:
         topic = raw.decode("utf-8")
     except UnicodeDecodeError:
         return (_ILLEGAL, f"topic {raw!r} is not UTF-8")
-    reason = check_topic(topic)
+    reason = check_topic(topic, put=True)
     return (_ILLEGAL, reason) if reason else topic
 
 

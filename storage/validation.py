@@ -46,10 +46,16 @@ from rocketstore.storage.message import (
     PROPERTY_PRODUCER_SEQUENCE, Message, delay_property_refusal)
 from rocketstore.storage.record import END_FILE_MIN_BLANK_LENGTH, MAX_PROPERTIES_LENGTH, SCHEDULE_TOPIC
 from rocketstore.storage.status import PutMessageStatus
+from rocketstore.storage.transactional_message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 
 TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)
 RESERVED_TOPICS = frozenset({SCHEDULE_TOPIC})
+# Reserved topics a put may name all the same: the proxy's half messages and their op
+# records (procs.transaction_service), which it puts through the ingest socket as
+# RocketMQ's broker puts them itself. Reads and the gRPC endpoint still treat them as
+# reserved: no client sends to them or lists them.
+PUT_SYSTEM_TOPICS = frozenset({TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC})
 # Properties only the writer sets: the identity it stamps on an idempotent producer's
 # records. One set by a client would make a restarted writer believe it stored a
 # sequence it never did.
@@ -60,10 +66,13 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 Refusal = tuple[PutMessageStatus, str]
 
 
-def check_topic(topic: object, *, internal: bool = False) -> str | None:
-    """The reason ``topic`` cannot be written, or None."""
+def check_topic(topic: object, *, internal: bool = False, put: bool = False) -> str | None:
+    """The reason ``topic`` cannot be written, or None. ``internal``: any reserved topic
+    may be named (reads); ``put``: the PUT_SYSTEM_TOPICS may (the writer's checks)."""
     if not isinstance(topic, str) or not TOPIC_PATTERN.fullmatch(topic):
         return f"topic {topic!r} must match [A-Za-z0-9_%|-]{{1,255}}"
+    if put and topic in PUT_SYSTEM_TOPICS:
+        return None
     if not internal and (topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)):
         return f"topic {topic!r} is reserved for the store"
     return None
@@ -145,7 +154,7 @@ def check_message(msg: Message, config: StoreConfig, *, internal: bool = False) 
     """None when ``msg`` may be stored; else the status and a reason naming the fault."""
     if not isinstance(msg, Message):
         return _illegal(f"expected a Message, got {type(msg).__name__}")
-    reason = check_topic(msg.topic, internal=internal)
+    reason = check_topic(msg.topic, internal=internal, put=True)
     if reason is None and msg.tags is not None and not isinstance(msg.tags, str):
         reason = "tags must be a str"
     if reason:

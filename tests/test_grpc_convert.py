@@ -9,6 +9,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketstore.procs.grpc_convert import (
     Refused, consistent_hash, fifo_queue, java_string_hash, put_status, store_message)
 from rocketstore.storage.delay_level import parse_delay_levels
+from rocketstore.storage.message import TRANSACTION_PREPARED_TYPE
 from rocketstore.storage.status import PutMessageStatus
 
 LEVELS = parse_delay_levels("1s 5s 10s")
@@ -78,7 +79,9 @@ def test_a_delivery_time_takes_the_level_that_reaches_it(wait_ms, level):
     ({"delivery_ms": NOW_MS + 86_400_001}, b"b", pb.Code.ILLEGAL_DELIVERY_TIME),
     ({"message_group": "g", "delivery_ms": NOW_MS + 1}, b"b",
      pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
-    ({"message_type": pb.MessageType.TRANSACTION}, b"b",
+    ({"message_type": pb.MessageType.TRANSACTION, "message_group": "g"}, b"b",
+     pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    ({"message_type": pb.MessageType.TRANSACTION, "delivery_ms": NOW_MS + 1}, b"b",
      pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
 ])
 def test_a_message_the_proxy_refuses_is_refused_with_its_code(system, body, code):
@@ -87,6 +90,15 @@ def test_a_message_the_proxy_refuses_is_refused_with_its_code(system, body, code
     with pytest.raises(Refused) as e:
         store_message(m, 1024, LEVELS, NOW_MS, 8)
     assert e.value.code == code
+
+
+def test_a_transaction_message_is_prepared_with_its_immunity():
+    m = grpc_message(message_type=pb.MessageType.TRANSACTION)
+    m.system_properties.orphaned_transaction_recovery_duration.seconds = 30
+    msg = store_message(m, 1024, LEVELS, NOW_MS, 8)
+    assert msg.sys_flag == TRANSACTION_PREPARED_TYPE
+    assert msg.properties["TRAN_MSG"] == "true"
+    assert msg.properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "30"
 
 
 def test_a_system_property_name_is_no_user_property():

@@ -153,18 +153,20 @@ def test_sent_messages_are_read_back_by_rocketstores_consumer_and_query(store):
 
 
 def test_a_message_the_topic_type_refuses_is_not_stored(store):
-    """The client checks the type against the route's NORMAL, FIFO and DELAY; the
-    server refuses one sent anyway (a half message), as RocketMQ's proxy does, and
-    stores nothing."""
+    """The client checks the type against the route's NORMAL, FIFO, DELAY and
+    TRANSACTION; the server refuses a message of two types sent anyway (a half message
+    with a message group), as RocketMQ's proxy does, and stores nothing."""
     stub, meta = raw_stub(store)
     written = store.slot(Slot.WRITTEN)
     m = pb.Message(topic=pb.Resource(name="GrpcTyped"), body=b"x")
     m.system_properties.message_id = "01" + "0" * 32
     m.system_properties.message_type = pb.MessageType.TRANSACTION
+    m.system_properties.message_group = "order-1"
     r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
     assert r.status.code == pb.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     m.ClearField("body")
     m.system_properties.ClearField("message_type")
+    m.system_properties.ClearField("message_group")
     r = stub.SendMessage(rpc.SendMessageRequest(messages=[m]), metadata=meta, timeout=5)
     assert r.status.code == pb.Code.MESSAGE_BODY_EMPTY
     assert store.slot(Slot.WRITTEN) == written               # nothing stored
@@ -491,9 +493,9 @@ def test_a_message_forwarded_to_the_dead_letter_queue_is_there_and_done(store):
 
 def test_a_call_not_served_answers_not_implemented_at_once(store):
     stub, meta = raw_stub(store)
-    r = stub.EndTransaction(rpc.EndTransactionRequest(topic=pb.Resource(name="T")),
-                            metadata=meta, timeout=5)
-    assert r.status.code == pb.Code.NOT_IMPLEMENTED and "EndTransaction" in r.status.message
+    r = stub.RecallMessage(rpc.RecallMessageRequest(topic=pb.Resource(name="T")),
+                           metadata=meta, timeout=5)
+    assert r.status.code == pb.Code.NOT_IMPLEMENTED and "RecallMessage" in r.status.message
     pulled = list(stub.PullMessage(rpc.PullMessageRequest(), metadata=meta, timeout=5))
     assert [p.status.code for p in pulled] == [pb.Code.NOT_IMPLEMENTED]
 
