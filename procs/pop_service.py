@@ -67,6 +67,7 @@ CLIENT_EXPIRY_S = 120.0                 # a client unheard of this long is gone
 TERMINATED_VISIBLE_MS = 1_000
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"         # RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX
 SEND_TIMEOUT_MS = 3000
+DEAD_LETTER_BACKOFF_S = 10.0   # after a dead letter the store did not take, none tried for this long
 # statuses whose next_begin_offset moves a pop offset on without a message to hand out
 _PASSED_OVER = (GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
                 GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.NO_MATCHED_MESSAGE,
@@ -85,6 +86,7 @@ class PopService:
         self._cond = threading.Condition()
         self._turns: dict[str, int] = {}    # topic@group -> the queue index to start at
         self._producer: Producer | None = None    # dead letters; used under the lock
+        self._dead_letters_after = 0.0    # monotonic time before which none is tried
         # (topic@group, unit) -> (client id, pop time) of the auto-renewed messages
         self._renewed: dict[tuple[str, tuple[int, int]], tuple[str, int]] = {}
         self._clients_seen: dict[str, float] = {}    # client id -> monotonic time
@@ -203,8 +205,10 @@ class PopService:
 
     def _dead_letter(self, topic: str, group: str, m: MessageView) -> bool:
         """Put a copy of ``m`` in the group's dead-letter queue. False when the store
-        did not take it (logged; the message stays in flight and is tried again at the
-        next pop)."""
+        did not take it (logged; the message stays in flight and is tried again at a
+        pop ``DEAD_LETTER_BACKOFF_S`` later)."""
+        if time.monotonic() < self._dead_letters_after:
+            return False
         if self._producer is None:
             self._producer = Producer(self.config.store_path_root_dir,
                                       timeout_ms=SEND_TIMEOUT_MS)
@@ -213,15 +217,22 @@ class PopService:
         except ClientError as e:
             self._producer.close()
             self._producer = None
-            log.warning("%s of %s not put in its dead-letter queue: %s", m.msg_id, group, e)
-            return False
+            return self._not_dead_lettered(m, group, str(e))
         if not r.ok:
-            log.warning("%s of %s not put in its dead-letter queue: %s %s", m.msg_id, group,
-                        r.status.name, r.reason)
-            return False
+            return self._not_dead_lettered(m, group, f"{r.status.name} {r.reason}")
         log.info("%s/%d#%d went to %s%s after %d deliveries", topic, m.queue_id,
                  m.queue_offset, DLQ_GROUP_TOPIC_PREFIX, group, self.config.retry_max_times + 1)
         return True
+
+    def _not_dead_lettered(self, m: MessageView, group: str, why: str) -> bool:
+        """A dead letter the store did not take (its writer down, or refusing): logged,
+        and none tried for ``DEAD_LETTER_BACKOFF_S``. The send runs under the lock every
+        receive and ack takes: without the pause each pop would wait out the send's
+        timeout again while the writer is away."""
+        self._dead_letters_after = time.monotonic() + DEAD_LETTER_BACKOFF_S
+        log.warning("%s of %s not put in its dead-letter queue (%s); dead letters wait "
+                    "%.0f s", m.msg_id, group, why, DEAD_LETTER_BACKOFF_S)
+        return False
 
     def _pop_new(self, topic: str, group: str, g: GroupPop, tags: list[str] | None,
                  room: int, invisible_ms: int, now: int, dispatched: int,

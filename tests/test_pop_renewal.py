@@ -1,16 +1,24 @@
 """procs.pop_service's auto-renewal of a PushConsumer's messages, on a store's files
-(no store running: renewal reads no message, it moves in-flight entries' ends)."""
+(no store running: renewal reads no message, it moves in-flight entries' ends), and its
+pause of dead letters while the writer does not take them (a store running)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
+from store_processes import RunningStore
 
 from rocketstore.procs import pop_service
 from rocketstore.procs.pop_service import AUTO_RENEW_INVISIBLE_MS, PopService
+from rocketstore.shm.positions import PID
 from rocketstore.storage.clock import now_ms
+from rocketstore.storage import record_batch
 from rocketstore.storage.config import StoreConfig
+from rocketstore.storage.message import Message
+from rocketstore.storage.message_view import view_at
 from rocketstore.storage.pop_state import PopState, ReceiptHandle
 
 
@@ -64,3 +72,33 @@ def test_a_terminated_clients_messages_come_back_soon(pop):
     assert mine.visible_at_ms <= now_ms() + pop_service.TERMINATED_VISIBLE_MS
     assert other.visible_at_ms == other_end
     assert list(pop._renewed) == [("T@G", (1, 1))]
+
+
+
+def test_a_dead_letter_the_store_does_not_take_pauses_dead_letters_instead_of_every_pop(
+        tmp_path, monkeypatch, caplog):
+    """The writer is stopped (SIGSTOP): the first dead letter waits out its send's timeout
+    and fails; the ones after it, within DEAD_LETTER_BACKOFF_S, are not even tried (each
+    would run under the lock every receive and ack takes); once the pause is over one is
+    tried again."""
+    monkeypatch.setattr(pop_service, "SEND_TIMEOUT_MS", 300)
+    m = view_at(record_batch.encode_message(Message(topic="T", body=b"x"), now_ms()))
+    with RunningStore(tmp_path) as store:
+        table = store.table()
+        writer = table.get_process("writer", PID)
+        service = PopService(StoreConfig(store_path_root_dir=store.store_dir), table, "b")
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            with caplog.at_level("WARNING", logger=pop_service.__name__):
+                assert service._dead_letter("T", "G", m) is False
+                assert service._producer is None            # the failed one was closed
+                assert service._dead_letter("T", "G", m) is False
+                assert service._producer is None            # and no other was made
+                assert len(caplog.records) == 1
+                service._dead_letters_after = time.monotonic()   # the pause is over
+                assert service._dead_letter("T", "G", m) is False
+        finally:
+            os.kill(writer, signal.SIGCONT)
+            service.close()
+            table.close()
+    assert len(caplog.records) == 2 and "dead letters wait" in caplog.records[-1].getMessage()
