@@ -14,7 +14,8 @@ stopped however the run ends. ``bench/README.md`` says what each figure means.
    during each ingest run, and the time DISPATCHED takes to reach WRITTEN after the
    producers stop; the CPU each store process used during the run;
 3. end-to-end latency: send time (``time.time_ns()``, first 8 bytes of the body) to a
-   Consumer in another process receiving it, at a fixed moderate rate;
+   Consumer in another process receiving it, at a fixed moderate rate: p50, p99, p999,
+   and with ``--stages`` each stage's (``latency_stages``);
 4. mmap consume: one Consumer process reading already-dispatched messages, poll(512);
 5. reader socket: ``ReaderClient.pull`` with 32 and 512 messages per pull.
 """
@@ -22,6 +23,7 @@ stopped however the run ends. ``bench/README.md`` says what each figure means.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import multiprocessing as mp
 import os
@@ -123,8 +125,9 @@ def _consumer_config(store_dir: str, raised_limits: bool) -> StoreConfig:
 def _latency_consumer(store_dir: str, topic: str, expected, seconds: float, start,
                       out) -> None:
     """Receive until every message the producer had acknowledged (``expected``, set when
-    it finished) arrived, or time runs out; latencies in microseconds."""
-    lat: list[int] = []
+    it finished) arrived, or time runs out: for each message its send time, the CommitLog
+    offset its record ends at and the time this process had it (``time.time_ns()``)."""
+    got: list[tuple[int, int, int]] = []
     error = ""
     try:
         with Consumer(store_dir, "bench-latency", topic, from_where="latest",
@@ -134,13 +137,70 @@ def _latency_consumer(store_dir: str, topic: str, expected, seconds: float, star
             start.ready()
             deadline = time.monotonic() + seconds + 10
             while time.monotonic() < deadline:
-                for m in c.poll(512, 50):
-                    lat.append((time.time_ns() - _STAMP.unpack_from(m.body)[0]) // 1000)
-                if len(lat) >= expected.value > 0:
+                msgs = c.poll(512, 50)
+                now = time.time_ns()
+                got += [(_STAMP.unpack_from(m.body)[0], m.commit_log_offset + m.store_size,
+                         now) for m in msgs]
+                if len(got) >= expected.value > 0:
                     break  # the producer has finished and published how many it sent
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
-    out.put(dict(lat=lat, error=error))
+    out.put(dict(got=got, error=error))
+
+
+def _latency_tracer(store_dir: str, start, stop, out) -> None:
+    """The stage timestamps: when the writer's APPENDED and the dispatcher's DISPATCHED
+    announcements reach a listener (another process woken as the dispatcher and a
+    Consumer are), each as (offset, ``time.time_ns()``), until ``stop`` is set."""
+    import zmq
+    from rocketstore.shm import bus
+    try:        # woken before anything else, so a mark is when the announcement came
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass    # not permitted: the marks include this process's own wake-up delay
+    marks: dict[bytes, list[tuple[int, int]]] = {bus.APPENDED: [], bus.DISPATCHED: []}
+    ctx = zmq.Context()     # after: its I/O thread inherits the scheduling
+    sub = bus.Subscriber(ctx, store_dir, ["writer", "dispatcher"], list(marks))
+    try:
+        start.ready()
+        while not stop.is_set():
+            for topic, payload in sub.wait(50):
+                marks[topic].append((bus.decode_offset(payload), time.time_ns()))
+    finally:
+        sub.close()
+        ctx.destroy(0)
+    out.put({topic.rstrip(b"\0").decode(): v for topic, v in marks.items()})
+
+
+def _first_at_or_past(marks: list[tuple[int, int]], end: int) -> int | None:
+    """The time of the first announcement of an offset at least ``end`` (marks sorted by
+    time, their offsets never falling)."""
+    i = bisect.bisect_left(marks, end, key=lambda m: m[0])
+    return marks[i][1] if i < len(marks) else None
+
+
+def latency_stages(got: list[tuple[int, int, int]], marks: dict) -> dict:
+    """Each message's send -> visible time cut at the announcements a listener saw:
+    send -> APPENDED (the producer's frame, the writer's wake and append), APPENDED ->
+    DISPATCHED (the dispatcher's wake and dispatch), DISPATCHED -> the consumer has it
+    (its wake and read); p50/p99/p999 of each, in milliseconds."""
+    stages: dict[str, list[int]] = {"send->appended": [], "appended->dispatched": [],
+                                    "dispatched->consumer": []}
+    for sent, end, seen in got:
+        appended = _first_at_or_past(marks["appended"], end)
+        dispatched = _first_at_or_past(marks["dispatched"], end)
+        if appended is None or dispatched is None:
+            continue
+        stages["send->appended"].append(appended - sent)
+        stages["appended->dispatched"].append(dispatched - appended)
+        stages["dispatched->consumer"].append(seen - dispatched)
+    return {name: _percentiles([v // 1000 for v in values])
+            for name, values in stages.items()}
+
+
+def _percentiles(values_us: list[int]) -> dict:
+    return {f"{name}_ms": (_pct(values_us, q) or 0) / 1000
+            for name, q in (("p50", 0.50), ("p99", 0.99), ("p999", 0.999))}
 
 
 def _consume_worker(store_dir: str, topic: str, count: int, max_msgs: int,
@@ -346,23 +406,31 @@ class Bench:
         return row
 
     # ------------------------------------------------------------------ 3 latency
-    def latency(self, store: RunningStore, flush: str) -> dict:
+    def latency(self, store: RunningStore, flush: str, stages: bool = False) -> dict:
+        """Send -> visible at ``latency_rate`` in frames of ``latency_batch``: p50, p99,
+        p999 and max; with ``stages``, also each stage's (``latency_stages``), from a
+        tracer process listening to the bus (one more process woken twice a frame)."""
         a = self.args
         topic = "Latency"
-        out = self.ctx.Queue()
+        out, traced = self.ctx.Queue(), self.ctx.Queue()
         start = _StartLine(self.ctx)
         expected = self.ctx.Value("q", 0)
-        proc = _spawn(self.ctx, _latency_consumer, store.store_dir, topic, expected,
-                      a.latency_seconds, start, out)
+        stop = self.ctx.Event()
+        procs = [_spawn(self.ctx, _latency_consumer, store.store_dir, topic, expected,
+                        a.latency_seconds, start, out)]
+        if stages:
+            procs.append(_spawn(self.ctx, _latency_tracer, store.store_dir, start, stop,
+                                traced))
         sent = refused = late = 0
         acks: list[int] = []      # send -> SEND_REPLY at the producer, us
         pad = b"x" * (128 - _STAMP.size)
         batch = a.latency_batch
         interval = batch / a.latency_rate
+        marks = None
         try:
             with Producer(store.store_dir) as p:
                 p.send_batch([Message(topic="LatencyWarmup", body=b"w")])
-                start.gather([proc])
+                start.gather(procs)
                 t = time.monotonic()
                 end = t + a.latency_seconds
                 while t < end:
@@ -383,17 +451,21 @@ class Bench:
                     refused += len(res) - ok
                     t += interval
             expected.value = sent
-            r = _result(out, [proc], a.latency_seconds + 60)
+            r = _result(out, procs[:1], a.latency_seconds + 60)
+            stop.set()
+            if stages:
+                marks = _result(traced, procs[1:], 60)
         finally:
-            _reap([proc])
-        lat = r["lat"]
+            stop.set()
+            _reap(procs)
+        lat = [(seen - sent_ns) // 1000 for sent_ns, _, seen in r["got"]]
         row = dict(section="latency", flush=flush, rate=a.latency_rate, batch=batch,
                    sent=sent, received=len(lat), refused=refused, error=r["error"],
-                   late=late, frames=len(acks),
-                   p50_ms=(_pct(lat, 0.50) or 0) / 1000, p99_ms=(_pct(lat, 0.99) or 0) / 1000,
+                   late=late, frames=len(acks), **_percentiles(lat),
                    max_ms=max(lat, default=0) / 1000,
                    ack_p50_ms=(_pct(acks, 0.50) or 0) / 1000,
-                   ack_p99_ms=(_pct(acks, 0.99) or 0) / 1000)
+                   ack_p99_ms=(_pct(acks, 0.99) or 0) / 1000,
+                   stages=latency_stages(r["got"], marks) if marks is not None else None)
         self.rows.append(row)
         return row
 
@@ -493,7 +565,7 @@ class Bench:
                          f"catch-up {_ms(r['catch_up_s'])}")
             _say(f"{flush}: end-to-end latency, {a.latency_rate:,} msgs/s for "
                  f"{a.latency_seconds:g} s")
-            self.latency(store, flush)
+            self.latency(store, flush, stages=a.stages)
             if flush == "ASYNC_FLUSH":
                 topic = "Consume"
                 _say(f"{flush}: storing {a.consume_count:,} messages of 128 B in {topic}")
@@ -581,16 +653,20 @@ def print_table(rows: list[dict], args: argparse.Namespace, wall: float) -> None
     print()
     print("3. End-to-end latency (send -> Consumer.poll returns it, another process)")
     hdr = f"{'flush':<11} {'rate/s':>7} {'batch':>5} {'sent':>7} {'received':>8} " \
-          f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} | {'ack p50':>7} {'ack p99':>7} " \
-          f"{'late frames':>11}"
+          f"{'p50 ms':>7} {'p99 ms':>7} {'p999 ms':>7} {'max ms':>7} | {'ack p50':>7} " \
+          f"{'ack p99':>7} {'late frames':>11}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         if r["section"] == "latency":
             print(f"{r['flush']:<11} {r['rate']:>7,} {r['batch']:>5} {r['sent']:>7,} "
                   f"{r['received']:>8,} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
-                  f"{r['max_ms']:>7.2f} | {r['ack_p50_ms']:>7.2f} {r['ack_p99_ms']:>7.2f} "
-                  f"{r['late']:>5}/{r['frames']:<5}" + (f"  error: {r['error']}" if r["error"] else ""))
+                  f"{r['p999_ms']:>7.2f} {r['max_ms']:>7.2f} | {r['ack_p50_ms']:>7.2f} "
+                  f"{r['ack_p99_ms']:>7.2f} {r['late']:>5}/{r['frames']:<5}"
+                  + (f"  error: {r['error']}" if r["error"] else ""))
+            for stage, q in (r["stages"] or {}).items():
+                print(f"  {stage:<28} p50 {q['p50_ms']:>6.2f}  p99 {q['p99_ms']:>6.2f}  "
+                      f"p999 {q['p999_ms']:>6.2f} ms")
     print()
     print("4-5. Consume (ASYNC_FLUSH store, already-dispatched 128 B messages, 8 queues)")
     hdr = (f"{'how':<44} {'msgs':>8} {'msgs/s':>9} {'MB/s':>6} {'msgs/call':>9} "
@@ -646,6 +722,8 @@ def main() -> None:
     p.add_argument("--body", default="128,1024", help="body sizes in bytes")
     p.add_argument("--producers", default="1,4", help="producer process counts")
     p.add_argument("--flush", default="ASYNC_FLUSH,SYNC_FLUSH")
+    p.add_argument("--stages", action="store_true",
+                   help="the latency row's stages too, from a bus tracer process")
     args = p.parse_args()
     args.bodies = [int(b) for b in args.body.split(",")]
     args.producers = [int(n) for n in args.producers.split(",")]

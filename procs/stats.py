@@ -8,6 +8,14 @@ every ``PUBLISH_INTERVAL_S`` the whole snapshot is written to
 ``{run}/stats-<process>.json`` (temporary file, then rename: a reader never sees half a
 file). ``procs.metrics`` reads these files on every scrape.
 
+The loop only encodes the snapshot; a thread of the process writes and renames it
+(``SnapshotFile``). A rename over the last snapshot frees that file's blocks, and the
+file system may do that while the rename waits (a ``discard`` mount issues the discard
+and waits for it): 0.15 ms at the median here, 4 ms at p99 on a quiet disk and up to
+51 ms behind a large write-back. On the writer's or the dispatcher's loop that stalled
+every message sent meanwhile, once a second. The last snapshot, at a clean stop, is
+written by the loop itself once the thread is done.
+
 Counters start at zero when a process starts (a restart is a counter reset, which
 Prometheus expects); each file carries the process's pid and start time. Counting is a
 dict update: the writer counts per batch, never per byte.
@@ -18,6 +26,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import threading
 import time
 from collections import defaultdict
 
@@ -66,6 +75,7 @@ class ProcessStats:
         self.labels: dict[str, tuple[str, ...]] = {}
         self.histograms: dict[str, Histogram] = {}
         self._next_publish = 0.0
+        self._file: SnapshotFile | None = None
         self.extra: dict = {}        # a process's own state for status (the HA sessions)
 
     def add(self, name: str, value: int = 1, **labels: str) -> None:
@@ -93,21 +103,81 @@ class ProcessStats:
         }
 
     def publish_if_due(self, store_dir: str) -> None:
+        """The snapshot, handed to this process's ``SnapshotFile`` thread when
+        ``PUBLISH_INTERVAL_S`` passed since the last (the loop only encodes it)."""
         now = time.monotonic()
         if now >= self._next_publish:
             self._next_publish = now + PUBLISH_INTERVAL_S
-            self.publish(store_dir)
+            if self._file is None:
+                self._file = SnapshotFile(stats_path(store_dir, self.process))
+            self._file.submit(self._encoded())
 
     def publish(self, store_dir: str) -> None:
-        """Write the snapshot; a failure is not the process's concern (metrics only)."""
-        path = stats_path(store_dir, self.process)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.snapshot(), f, separators=(",", ":"))
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        """Write the snapshot now, in the calling thread, after the ``SnapshotFile``
+        thread (if any) wrote what it was handed and stopped."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        write_snapshot(stats_path(store_dir, self.process), self._encoded())
+
+    def _encoded(self) -> bytes:
+        return json.dumps(self.snapshot(), separators=(",", ":")).encode()
+
+
+class SnapshotFile:
+    """A thread that writes the newest snapshot it was handed to ``path``
+    (``write_snapshot``), so that the rename's wait falls on it, not on the process's
+    loop. Only the newest snapshot waiting is kept; the thread starts with the first
+    and is a daemon (a killed process's last snapshot is whatever was written)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._cond = threading.Condition()
+        self._pending: bytes | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, data: bytes) -> None:
+        with self._cond:
+            self._pending = data
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="stats-snapshot")
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is waiting, then stop the thread (waiting at most ``timeout_s``)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closing:
+                    self._cond.wait()
+                data, self._pending = self._pending, None
+                closing = self._closing
+            if data is not None:
+                write_snapshot(self.path, data)
+            if closing:
+                return
+
+
+def write_snapshot(path: str, data: bytes) -> None:
+    """``data`` as the file ``path``: a temporary file renamed over it (a reader never
+    sees half a file; each thread its own). A failure is not the process's concern
+    (metrics only)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_native_id()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def clear_published(store_dir: str) -> None:

@@ -42,6 +42,7 @@ import pytest
 import zmq
 
 from rocketstore.procs import cleaner as cleaner_module
+from rocketstore.procs import dispatcher as dispatcher_module
 from rocketstore.procs import service as service_module
 import refcodec
 from conftest import destroy_context, msg, small_config
@@ -620,6 +621,44 @@ def test_a_failed_flush_on_the_flush_thread_stops_dispatch_with_its_errno(env_fa
         assert env.table.get(Slot.DISPATCH_ERROR) == errno.EIO
     finally:
         d.close()
+
+
+def test_a_trickle_right_after_a_pass_is_paced_and_a_frame_is_not(env_factory, monkeypatch):
+    """Woken right after a pass that dispatched: less than PACE_MAX_BYTES waiting (a
+    one-message send) waits out the rest of REPUT_INTERVAL_S and goes on in trickle
+    mode; PACE_MAX_BYTES or more (a frame of many messages) is taken at once, whether
+    the bus woke the dispatcher or it was in trickle mode."""
+    env = env_factory(fill=30)
+    d = InProcessDispatcher(env, monkeypatch, lambda fd: None)
+    service = d.service
+
+    def right_after_a_pass(trickle: bool) -> None:
+        service.subscriber.wait(0)              # no wake-up left from before
+        service._last_pass_end = time.monotonic()
+        service._trickle = trickle
+
+    try:
+        d.dispatch(2)
+        monkeypatch.setattr(dispatcher_module, "REPUT_INTERVAL_S", 0.5)
+        right_after_a_pass(False)
+        env.appender.append_new(1)
+        assert service._wait(DEADLINE_S * 1000) == env.appender.written
+        assert time.monotonic() - service._last_pass_end >= 0.5     # waited it out
+        assert service._trickle
+        service.dispatch_to(env.appender.written, None)
+        # a pace now would outlast the deadline
+        monkeypatch.setattr(dispatcher_module, "REPUT_INTERVAL_S", 2 * DEADLINE_S)
+        for trickle in (False, True):
+            right_after_a_pass(trickle)
+            env.appender.append_new(1, body=b"f" * dispatcher_module.PACE_MAX_BYTES)
+            began = time.monotonic()
+            assert service._wait(DEADLINE_S * 1000) == env.appender.written
+            assert time.monotonic() - began < DEADLINE_S, f"paced (trickle {trickle})"
+            service.dispatch_to(env.appender.written, None)
+    finally:
+        d.close()
+    assert env.table.get(Slot.DISPATCHED) == env.appender.written
+    assert_queues_match(env)
 
 
 def test_dispatch_of_a_large_run_counts_every_message(env_factory, capfd):

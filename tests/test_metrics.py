@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 import urllib.request
 
@@ -172,6 +173,45 @@ def test_histogram_buckets_and_snapshot():
     snap = stats.snapshot()
     assert snap["counters"]["put_messages_total"] == {"labels": ["topic"],
                                                       "values": [[["A"], 5]]}
+
+
+def test_the_loop_only_encodes_the_snapshot_and_a_stop_writes_the_last_itself(
+        tmp_path, monkeypatch):
+    """``publish_if_due`` hands the snapshot to a thread: a rename over the last one
+    that hangs (a discard waited for behind a write-back) holds up that thread, not the
+    process's loop, and the newest snapshot handed over meanwhile is written once it
+    ends. ``publish`` (a clean stop) waits for the thread, then writes the last one."""
+    from rocketstore.procs.stats import stats_path
+    store_dir = str(tmp_path)
+    path = stats_path(store_dir, "writer")
+    inside, release = threading.Event(), threading.Event()
+    replace = os.replace
+
+    def hanging(src, dst):
+        if dst == path and not inside.is_set():
+            inside.set()
+            assert release.wait(30), "the rename was never let go"
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", hanging)
+
+    def published() -> int | None:
+        snap = read_published(store_dir, "writer")
+        return snap and snap["counters"]["put_messages_total"]["values"][0][1]
+
+    stats = ProcessStats("writer")
+    stats.add("put_messages_total", 1, topic="A")
+    stats.publish_if_due(store_dir)
+    assert inside.wait(30), "no thread renamed the snapshot"
+    stats.add("put_messages_total", 2, topic="A")
+    stats._next_publish = 0.0          # due again while the first rename hangs
+    stats.publish_if_due(store_dir)    # returns: the loop never waits for the rename
+    assert published() is None
+    release.set()
+    wait_for(lambda: published() == 3, 30, "the newest snapshot handed over")
+    stats.add("put_messages_total", 4, topic="A")
+    stats.publish(store_dir)
+    assert published() == 7
+    assert not any(t.name == "stats-snapshot" for t in threading.enumerate())
 
 
 def test_statistics_of_an_earlier_run_are_not_shown(tmp_path):
