@@ -14,17 +14,19 @@ its end. One pass:
 
 1. wait on the bus up to MAX_TURN_MS (the first pass of a turn; later ones only as long
    as the turn has left), unless work is already waiting. The dispatcher listens only
-   to what moves the confirm offset: the writer's APPENDED under ASYNC_FLUSH, the
-   flusher's FLUSHED under SYNC_FLUSH, its COMMITTED with the transient pool. The bus
-   only wakes; the position table is the truth.
+   to what moves the confirm offset: the writer's appends under ASYNC_FLUSH (its
+   doorbell, ``shm.doorbell``: a semaphore the writer posts, which costs neither side
+   a ZeroMQ hop; its bus APPENDED where no supervisor made a doorbell), the flusher's
+   FLUSHED under SYNC_FLUSH, its COMMITTED with the transient pool. Wake-ups only
+   wake; the position table is the truth.
    A pass woken less than ``REPUT_INTERVAL_S`` (1 ms) after the last one that
    dispatched, with less than ``PACE_MAX_BYTES`` (4 KiB: a few one-message sends)
    waiting, waits out the rest first, so a trickle of one-message sends is dispatched a few records a pass, not a
    pass per record (``_pace``). Once a wake came that soon, the next pass does not wait
    on the bus at all: it sleeps out the interval and reads the table; only when that
-   finds nothing does it wait on the bus again (``_trickle``). The subscription keeps
-   only the newest wake-up (ZMQ_CONFLATE), so none pile up meanwhile and none is
-   received one by one. A message sent after a quiet spell, while dispatch is behind
+   finds nothing does it wait on the bus again (``_trickle``). The doorbell holds at
+   most one pending wake-up, the subscription only the newest (ZMQ_CONFLATE), so none
+   pile up meanwhile and none is received one by one. A message sent after a quiet spell, while dispatch is behind
    (no wait at all), or with ``PACE_MAX_BYTES`` or more waiting (a frame of many
    messages, which a pass per frame costs little, or frames that came close together
    because their producer was held up: pacing them added up to the interval to the
@@ -147,6 +149,7 @@ from rocketstore.procs.service import MAX_TURN_MS, TURN_MS, Service
 from rocketstore.shm.bus import (
     APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
+from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.checkpoint import StoreCheckpoint
@@ -241,12 +244,22 @@ class Dispatcher(Service):
         except (StoreError, OSError) as e:
             self._fail(e)
             raise
-        self.subscriber = Subscriber(self.context, self.store_dir,
-                                     *confirm_announcement(self.table), conflate=True)
+        self.wakeups = self._wake_source()
         self.publisher = Publisher(self.context, self.store_dir, self.name)
         self.flush_service = FlushConsumeQueueService(
             self._flush_on_interval, flush_tick_s(self.config.flush_interval_consume_queue))
         self.flush_service.start()
+
+    def _wake_source(self) -> "Doorbell | Subscriber":
+        """What wakes a pass: the writer's doorbell (``shm.doorbell``) when the writer's
+        appends move the confirm offset and the supervisor made one, else the bus
+        announcement of what moves it (``confirm_announcement``)."""
+        processes, topics = confirm_announcement(self.table)
+        if topics == [APPENDED]:
+            bell = Doorbell.open(self.store_dir)
+            if bell is not None:
+                return bell
+        return Subscriber(self.context, self.store_dir, processes, topics, conflate=True)
 
     def _open_files(self) -> None:
         cfg, table = self.config, self.table
@@ -355,7 +368,7 @@ class Dispatcher(Service):
             if reput.reput_from_offset < end:
                 return end
             self._trickle = False
-        if self.subscriber.wait(wait_ms):
+        if self.wakeups.wait(wait_ms):
             end = table.confirm_offset()
             if end - reput.reput_from_offset >= PACE_MAX_BYTES:
                 return end
@@ -398,7 +411,7 @@ class Dispatcher(Service):
         left_ns = self._space_retry_ns - time.monotonic_ns()
         if not self._space_retry_ns or left_ns <= 0:
             return False
-        self.subscriber.wait(min(MAX_TURN_MS, left_ns // 1_000_000 + 1))
+        self.wakeups.wait(min(MAX_TURN_MS, left_ns // 1_000_000 + 1))
         self._follow_min_offset()
         self.flush_service.raise_error()
         return True
@@ -564,7 +577,7 @@ class Dispatcher(Service):
         if self.index_service is not None:
             self.index_service.close()
         self.checkpoint.close()
-        self.subscriber.close()
+        self.wakeups.close()
         self.publisher.close()
 
 

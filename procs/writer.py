@@ -120,6 +120,7 @@ from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
+from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
@@ -226,6 +227,7 @@ class WriterService(Service):
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
+        self.doorbell = Doorbell.open(self.store_dir)   # the dispatcher's, when it has one
         waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
             ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])
         self.parked_wakeups = (bus.Subscriber(ctx, self.store_dir, [p for p, _ in waits_on],
@@ -287,6 +289,8 @@ class WriterService(Service):
         if self.replica is not None:
             self.replica.close()
         self.publisher.close()
+        if self.doorbell is not None:
+            self.doorbell.close()
         if self.parked_wakeups is not None:
             self.parked_wakeups.close()
         self.commit_log.close()
@@ -606,6 +610,8 @@ class WriterService(Service):
         (APPENDED; PAGES when it crossed the flusher's least pages), and the mappings
         of full files dropped."""
         self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
+        if self.doorbell is not None:
+            self.doorbell.ring()
         if self.pages_span and end // self.pages_span != before // self.pages_span:
             self.publisher.publish(bus.PAGES, bus.encode_offset(end))
         self.commit_log.unmap_all_but_last()

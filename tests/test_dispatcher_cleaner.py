@@ -9,7 +9,8 @@ the spawn start method and ``procs.service.run_service``.
 No writer or flusher process is involved (other engineers build those): the test
 process plays both. ``Appender`` appends with ``storage.commit_log.CommitLog`` (its
 queue loaded without recovery and cut at WRITTEN, its topic-queue table rebuilt from the
-records), then publishes WRITTEN and announces APPENDED on the writer's bus endpoint;
+records), then publishes WRITTEN, announces APPENDED on the writer's bus endpoint and
+rings the dispatcher's doorbell;
 ``Appender.flush`` fdatasyncs and publishes FLUSHED. Every wait is on a condition
 (DISPATCHED reaching a value, HEARTBEAT_MS moving, a file vanishing), with a deadline;
 the waiting itself is on the dispatcher's bus announcements, with a short timeout.
@@ -51,6 +52,7 @@ from rocketstore.procs.dispatcher import Dispatcher
 from rocketstore.procs.recovery import recover_and_publish
 from rocketstore.shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
+from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import (
     HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState, now_ms)
 from rocketstore.storage import Message, MessageStore, StoreConfig, mapped_file, record
@@ -85,6 +87,7 @@ class Appender:
         root = config.store_path_root_dir
         self.table = PositionTable.attach(root, process="writer")
         self.flusher_table = PositionTable.attach(root, process="flusher")
+        self.doorbell = Doorbell.open(root)      # recover_and_publish made it
         self.commit_log = cl = CommitLog(config)
         cl.load()
         self.written = self.table.read_written()[0]
@@ -136,6 +139,7 @@ class Appender:
     def publish(self) -> None:
         self.table.publish_written(self.written, now_ms())
         self.bus.publish(APPENDED, encode_offset(self.written))
+        self.doorbell.ring()         # as the writer wakes the dispatcher
 
     def flush(self, upto: int | None = None) -> None:
         self.commit_log.mapped_file_queue.flush_all()
@@ -145,6 +149,7 @@ class Appender:
         self.commit_log.close()
         self.table.close()
         self.flusher_table.close()
+        self.doorbell.close()
 
 
 # ============================================================================ the environment
@@ -633,7 +638,7 @@ def test_a_trickle_right_after_a_pass_is_paced_and_a_frame_is_not(env_factory, m
     service = d.service
 
     def right_after_a_pass(trickle: bool) -> None:
-        service.subscriber.wait(0)              # no wake-up left from before
+        service.wakeups.wait(0)                 # no wake-up left from before
         service._last_pass_end = time.monotonic()
         service._trickle = trickle
 
