@@ -7,7 +7,7 @@ Both give the same three things, so the source's driver and tasks never care whi
     bounds(topics, since_ms)     StoreReader over the mapped files,  OFFSETS through the reader
                                  bounded by DISPATCHED (shm table)   socket
     read(range, ...)             consume queue units + CommitLog     FETCH through the reader socket
-                                 spans copied from the mappings      (units + their records)
+                                 spans read in the mappings          (units + their records)
     commit(group, topic, ...)    consumerOffset.json, under its      COMMIT through the reader
                                  flock (as a local Consumer)         socket (the reader writes it)
 
@@ -174,9 +174,12 @@ class LocalStore:
                 dispatched: int, fail_on_data_loss: bool, columns: tuple[str, ...] | None,
                 tags: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
         file_size = self.config.mapped_file_size_commit_log
-        # one copy and one batch per span, as storage.bulk_read plans them for the
-        # reader: records in one CommitLog file and MAX_SPAN_BYTES stretch of it, without
-        # a big gap (so a batch holds at most about MAX_SPAN_BYTES of records)
+        # one batch per span, as storage.bulk_read plans them for the reader: records in
+        # one CommitLog file and MAX_SPAN_BYTES stretch of it, without a big gap (so a
+        # batch holds at most about MAX_SPAN_BYTES of records); the records are read
+        # where they are mapped (records_to_batch copies only what goes into the batch,
+        # never the other queues' records between them), and the view is dropped before
+        # the batch is handed on
         stretch = phy % file_size // MAX_SPAN_BYTES
         cut = np.flatnonzero((phy[1:] // file_size != phy[:-1] // file_size)
                              | (stretch[1:] != stretch[:-1])
@@ -184,15 +187,17 @@ class LocalStore:
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(phy)]):
             a, b = int(a), int(b)
             begin = int(phy[a])
-            data = self.reader.read_commit_log(begin, int(phy[b - 1] + size[b - 1]) - begin,
+            data = self.reader.commit_log_view(begin, int(phy[b - 1] + size[b - 1]) - begin,
                                                dispatched)
             if data is None:
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {offsets[a]}..{offsets[b - 1]} "
                       "expired while being read", fail_on_data_loss)
                 continue
-            yield _rows(data, phy[a:b] - begin, rng, columns, tags, expect_sizes=size[a:b],
-                        expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
-                        source="CommitLog", buf_offset=begin)
+            batch = _rows(data, phy[a:b] - begin, rng, columns, tags, expect_sizes=size[a:b],
+                          expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
+                          source="CommitLog", buf_offset=begin)
+            del data
+            yield batch
 
     def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         update_offsets(self.config.config_dir, f"{topic}@{group}",

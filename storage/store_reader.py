@@ -539,6 +539,15 @@ class StoreReader:
         self._bound_commit_log(dispatched)
         return self._read_record(commit_log_offset, size, min_phy)
 
+    def commit_log_view(self, commit_log_offset: int, size: int,
+                        dispatched: int) -> memoryview | None:
+        """``read_commit_log`` without the copy: a read-only memoryview of the mapped
+        bytes. The caller drops it before this reader moves on (``drop_expired``,
+        ``close``): a mapping closed while a view of it lives stays mapped until the view
+        goes."""
+        self._check_open()
+        return self._view(commit_log_offset, size, dispatched, self._commit_log_min(None))
+
     def _view(self, commit_log_offset: int, size: int, dispatched: int,
               min_phy: int) -> memoryview | None:
         if size < 0 or commit_log_offset + size > dispatched or commit_log_offset < min_phy:

@@ -95,6 +95,39 @@ def test_read_queue_records_takes_units_and_their_records_past_the_per_pull_limi
         store.close()
 
 
+def test_gathered_records_and_commit_log_views_hold_what_the_copies_hold(tmp_path):
+    """``gathered`` (the reader's FETCH) gives the records of ``read_queue_records``
+    back to back in one array, and ``commit_log_view`` the bytes ``read_commit_log``
+    copies, None where it gives None (past dispatched, a negative size)."""
+    config = small_config(tmp_path / "store", mapped_file_size_consume_queue=20 * 300)
+    store = MessageStore(config)
+    store.load()
+    reader = StoreReader(config)
+    try:
+        store.put_batch([Message(topic=BULK, body=bulk_body(i), queue_id=i % 3)
+                         for i in range(900)])
+        store.dispatch()
+        d = store.reput_from_offset
+        for queue_id, offset, budget in [(0, 0, 1 << 30), (1, 7, 1 << 30), (2, 250, 1 << 30),
+                                         (0, 3, 5000), (1, 3, 1)]:
+            copied = reader.read_queue_records(BULK, queue_id, offset, 1000, budget, d)
+            gathered = reader.read_queue_records(BULK, queue_id, offset, 1000, budget, d,
+                                                 gathered=True)
+            assert gathered[:7] == copied[:7] and gathered.nbytes == copied.nbytes
+            assert len(gathered.data) == 1
+            assert bytes(gathered.data[0]) == b"".join(bytes(x) for x in copied.data)
+        for phy, size in [(0, 500), (1000, 4000), (d - 300, 300), (d - 300, 301), (5, -1)]:
+            view = reader.commit_log_view(phy, size, d)
+            copy = reader.read_commit_log(phy, size, d)
+            assert (None if view is None else bytes(view)) == copy
+            del view
+        assert reader.commit_log_view(0, 100, d) is not None
+        assert reader.commit_log_view(d - 50, 100, d) is None
+    finally:
+        reader.close()
+        store.close()
+
+
 # ============================================================ a running store
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
