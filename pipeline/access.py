@@ -240,34 +240,48 @@ class RemoteStore:
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
              batch_rows: int = DEFAULT_BATCH_ROWS, columns: tuple[str, ...] | None = None,
              tags: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
-        pos = rng.start
-        while pos < rng.end:
-            reply = self.client.fetch(rng.topic, rng.queue_id, pos,
-                                      min(batch_rows, rng.end - pos), BATCH_MAX_BYTES,
-                                      tags=tags or "*")
-            if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
-                    reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
-                      f"{min(rng.end, reply.min_offset) - 1} expired", fail_on_data_loss)
-                pos = max(pos + 1, reply.min_offset)
-                continue
-            if reply.status in _NOTHING_AT:
-                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
-                                    f"{reply.max_offset}, before offset {pos} of the range "
-                                    f"{rng.start}..{rng.end} (a recovery took messages back?)")
-            if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
-                    and reply.next_begin_offset > pos:
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
-                      f"{min(rng.end, reply.next_begin_offset) - 1} expired while being read",
-                      fail_on_data_loss)
-            elif reply.status is GetMessageStatus.FOUND:
-                batch = _remote_batch(reply, rng, pos, columns, tags)
-                if batch.num_rows:
-                    yield batch
-            if reply.next_begin_offset <= pos:
-                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the reader made no progress "
-                                    f"at offset {pos} ({reply.status.name})")
-            pos = reply.next_begin_offset
+        """The range's batches, FETCH after FETCH: each found reply's successor is asked
+        for before the reply is decoded, so the reader reads the next while this
+        process decodes (and Spark takes) this one."""
+        def ask(at: int) -> int:
+            return self.client.fetch_request(rng.topic, rng.queue_id, at,
+                                             min(batch_rows, rng.end - at), BATCH_MAX_BYTES,
+                                             tags=tags or "*")
+
+        pos, ahead = rng.start, None
+        try:
+            while pos < rng.end:
+                reply = self.client.fetch_reply(ask(pos) if ahead is None else ahead)
+                ahead = None
+                if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
+                        reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
+                    _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                          f"{min(rng.end, reply.min_offset) - 1} expired", fail_on_data_loss)
+                    pos = max(pos + 1, reply.min_offset)
+                    continue
+                if reply.status in _NOTHING_AT:
+                    raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
+                                        f"{reply.max_offset}, before offset {pos} of the range "
+                                        f"{rng.start}..{rng.end} (a recovery took messages "
+                                        "back?)")
+                if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
+                        and reply.next_begin_offset > pos:
+                    _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                          f"{min(rng.end, reply.next_begin_offset) - 1} expired while being "
+                          "read", fail_on_data_loss)
+                elif reply.status is GetMessageStatus.FOUND:
+                    if pos < reply.next_begin_offset < rng.end:
+                        ahead = ask(reply.next_begin_offset)
+                    batch = _remote_batch(reply, rng, pos, columns, tags)
+                    if batch.num_rows:
+                        yield batch
+                if reply.next_begin_offset <= pos:
+                    raise DataLossError(f"{rng.topic}/{rng.queue_id}: the reader made no "
+                                        f"progress at offset {pos} ({reply.status.name})")
+                pos = reply.next_begin_offset
+        finally:
+            if ahead is not None:   # stopped before its answer was needed
+                self.client.forget(ahead)
 
     def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         self.client.commit_offsets(group, topic, offsets)
