@@ -49,6 +49,7 @@ import zmq
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.client.consumer import update_offsets
 from rocketstore.client.topics import TopicNotExistError, user_topics
+from rocketstore.procs.allocator import keep_large_blocks
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot
@@ -72,6 +73,7 @@ class ReaderService(Service):
     name = "reader"
 
     def setup(self) -> None:
+        keep_large_blocks()     # a FETCH reply's buffers reuse the last one's pages
         self.reader = StoreReader(self.config)
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -392,3 +393,34 @@ def test_offsets_and_fetch_below_the_min_after_expiry(tmp_path):
             refused(lambda: rc.commit_offsets("late", BULK, {0: 2001}), "max offset 2000")
             rc.commit_offsets("late", BULK, {0: 0})   # below the min is allowed, as in RocketMQ
         assert rs.stop() == 0, rs.log()
+
+
+# ------------------------------------------------------------ the reader's allocator
+def page_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+def test_full_fetch_replies_reuse_the_pages_of_the_one_before(tmp_path):
+    """FETCH replies of 16 MiB of records one after another: the reader serves each
+    one's buffers from the pages of the last (``procs.allocator``), where glibc's
+    defaults fault about a page per 4 KiB of records in again every reply."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            for _ in range(11):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic=BULK, body=b"f" * 4000, queue_id=0) for _ in range(400)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        pid = rs.child_pid("reader")
+        with ReaderClient(rs.store_dir) as rc:
+            first = rc.fetch(BULK, 0, 0)    # maps the CommitLog's pages, grows the heap
+            assert first.status is S.FOUND and len(first.data) > 15 << 20
+            before = page_faults(pid)
+            for _ in range(3):
+                again = rc.fetch(BULK, 0, 0)
+                assert (again.status, len(again.data)) == (S.FOUND, len(first.data))
+            faults = page_faults(pid) - before
+        pages = 3 * len(first.data) // 4096
+        assert faults < pages // 4, (faults, pages)
