@@ -335,8 +335,10 @@ def gather_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_siz
     plan = plan_joined(got.units, max_bytes, at_least_one, file_size)
     taken, kept = plan.taken, len(plan.sizes)
     sizes = plan.sizes
-    if kept and int(sizes.min()) <= 0:  # no record has such a unit: read as ever, for
-        return read_records(got, max_bytes, at_least_one, file_size,  # the client to refuse
+    if kept and int(sizes.min()) <= 0:
+        # a unit no record can have (a damaged queue): read as read_records reads it,
+        # for the client to refuse
+        return read_records(got, max_bytes, at_least_one, file_size,
                             lambda phy, size: _copied(view(phy, size)))
     into = np.zeros(len(sizes) + 1, np.int64)
     np.cumsum(sizes, out=into[1:])
@@ -372,8 +374,9 @@ def copy_records(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     back to back, in order (``src``: uint8). Touching records are one piece; pieces of
     one length are copied by one numpy gather over overlapping windows of ``src``
     (``strides=(1,)``, each element a piece's bytes) into windows of ``out``, so a
-    batch of same-sized records costs a few numpy calls, whatever their count. When the
-    pieces have many lengths, each is a slice copy."""
+    batch of same-sized records costs a few numpy calls, whatever their count (an
+    assignment into the windows: ``np.take`` with ``out=`` would first copy the whole
+    overlapping window array). When the pieces have many lengths, each is a slice copy."""
     n = len(starts)
     if n == 0:
         return
