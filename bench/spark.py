@@ -9,7 +9,10 @@ Spark session on ``local[2]``:
 1. batch read, local path (executors map the files) and remote path (FETCH through
    the reader socket): rows/s of ``count(*)`` and ``sum(length(body))`` over the whole
    topic, which makes every row cross from Arrow into Spark; best of ``--repeat`` runs
-   after one that warms the JVM up, Spark's start not counted; then the same with a
+   after one that warms the JVM up, Spark's start not counted (and before any of them,
+   ``--warm-up-rounds`` untimed reads of every configuration: the JVM's JIT compiles
+   through the first few million rows, and would otherwise charge its CPU to the
+   configuration measured first); then the same with a
    schema naming only the columns the query uses (``queue_offset long, body binary``),
    the projection the format supports. Beside each rate, the CPU per row (user +
    system, averaged over the timed runs) of the Python workers, of Spark's JVM and of
@@ -173,6 +176,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--warm-up-rounds", type=int, default=1)
     args = parser.parse_args()
     from rocketstore.spark.demo import spark_session
     tmp = tempfile.mkdtemp(prefix="bench-spark-", dir=os.getcwd())
@@ -184,15 +188,21 @@ def main() -> None:
             t = time.perf_counter()
             spark = spark_session("rocketstore-bench")
             print(f"Spark session started in {time.perf_counter() - t:.1f} s", flush=True)
-            for path, where in (("local", {"store": store.store_dir}),
-                                ("remote", {"endpoint": f"ipc://{store.store_dir}"})):
-                for columns, schema in (("all columns", None), ("2 columns", PROJECTED)):
-                    rate, cpu = batch_read(spark, where, args.messages, args.repeat,
-                                           (store.child_pid("reader"), store.proc.pid),
-                                           schema)
-                    per_row = ", ".join(f"{kind} {s * 1e6:.2f}" for kind, s in cpu.items())
-                    print(f"batch read, {path} path, {columns}: {rate:,.0f} rows/s "
-                          f"(CPU µs per row: {per_row})", flush=True)
+            configurations = [(path, where, columns, schema)
+                              for path, where in (("local", {"store": store.store_dir}),
+                                                  ("remote", {"endpoint":
+                                                              f"ipc://{store.store_dir}"}))
+                              for columns, schema in (("all columns", None),
+                                                      ("2 columns", PROJECTED))]
+            pids = (store.child_pid("reader"), store.proc.pid)
+            for _ in range(args.warm_up_rounds):
+                for _, where, _, schema in configurations:
+                    batch_read(spark, where, args.messages, 0, pids, schema)
+            for path, where, columns, schema in configurations:
+                rate, cpu = batch_read(spark, where, args.messages, args.repeat, pids, schema)
+                per_row = ", ".join(f"{kind} {s * 1e6:.2f}" for kind, s in cpu.items())
+                print(f"batch read, {path} path, {columns}: {rate:,.0f} rows/s "
+                      f"(CPU µs per row: {per_row})", flush=True)
             lat = streaming_latency(spark, store, args.latency_seconds, tmp)
             if lat:
                 pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731
