@@ -9,8 +9,15 @@ Spark session on ``local[2]``:
 1. batch read, local path (executors map the files) and remote path (FETCH through
    the reader socket): rows/s of ``count(*)`` and ``sum(length(body))`` over the whole
    topic, which makes every row cross from Arrow into Spark; best of ``--repeat`` runs
-   after one that warms the JVM up, Spark's start not counted; then the same with a schema naming only the columns the
-   query uses (``queue_offset long, body binary``), the projection the format supports;
+   after one that warms the JVM up, Spark's start not counted (and before any of them,
+   ``--warm-up-rounds`` untimed reads of every configuration: the JVM's JIT compiles
+   through the first few million rows, and would otherwise charge its CPU to the
+   configuration measured first); then the same with a
+   schema naming only the columns the query uses (``queue_offset long, body binary``),
+   the projection the format supports. Beside each rate, the CPU per row (user +
+   system, averaged over the timed runs) of the Python workers, of Spark's JVM and of
+   the store's reader process, from ``/proc``: on a busy machine the rate follows the
+   load, the CPU much less;
 2. streaming latency: a query with a ``processingTime=0`` trigger reading topic ``Live``
    while a producer sends one message every 20 ms carrying its send time; latency is
    the time of the micro-batch's ``foreachBatch`` minus the send time, p50/p99/max.
@@ -65,21 +72,74 @@ def fill(store: RunningStore, n: int) -> float:
 PROJECTED = "queue_offset long, body binary"
 
 
-def batch_read(spark, where: dict, n: int, repeat: int, schema: str | None = None) -> float:
+def batch_read(spark, where: dict, n: int, repeat: int, pids: tuple[int, int],
+               schema: str | None = None) -> tuple[float, dict[str, float]]:
+    """The best rows/s of ``repeat`` runs, and the mean CPU seconds per row of each kind
+    of process (``cpu_by_kind(*pids)``) over them."""
     from pyspark.sql import functions as F
     best = 0.0
+    cpu: dict[str, float] = {}
     for attempt in range(repeat + 1):   # the first run warms the JVM and the workers up
         reader = spark.read.format("rocketstore")
         if schema:
             reader = reader.schema(schema)
         df = reader.options(**where).option("topic", "Bench").load()
+        before = cpu_by_kind(*pids)
         t = time.perf_counter()
         rows, size = df.agg(F.count("*"), F.sum(F.length("body"))).first()
         elapsed = time.perf_counter() - t
+        after = cpu_by_kind(*pids)
         assert rows == n and size == 128 * n, (rows, size)
         if attempt:
             best = max(best, n / elapsed)
-    return best
+            for kind in after:
+                cpu[kind] = cpu.get(kind, 0.0) + (after[kind] - before.get(kind, 0.0)) \
+                    / (n * repeat)
+    return best, cpu
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user + system CPU seconds) of a process, from /proc; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_by_kind(reader_pid: int, store_pid: int) -> dict[str, float]:
+    """CPU seconds so far of this process's descendants but the store's (``store_pid``,
+    its supervisor), as ``workers`` (Python: the pyspark daemon and its workers) and
+    ``JVM``, and of the store's ``reader``."""
+    if not os.path.isdir("/proc/self"):
+        return {}
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            got = _stat(int(name))
+            if got is not None:
+                parents[int(name)] = got
+    mine, grew = {os.getpid()}, True
+    while grew:
+        found = {pid for pid, (parent, _) in parents.items()
+                 if parent in mine and pid != store_pid} - mine
+        mine |= found
+        grew = bool(found)
+    out = {"workers": 0.0, "JVM": 0.0, "reader": 0.0}
+    for pid in mine - {os.getpid()}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                program = os.path.basename(f.read().split(b"\0")[0])
+        except OSError:
+            continue
+        out["JVM" if program == b"java" else "workers"] += parents[pid][1]
+    reader = _stat(reader_pid)
+    out["reader"] = reader[1] if reader else 0.0
+    return out
 
 
 def streaming_latency(spark, store: RunningStore, seconds: float, tmp: str) -> list[float]:
@@ -116,6 +176,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--warm-up-rounds", type=int, default=1)
     args = parser.parse_args()
     from rocketstore.spark.demo import spark_session
     tmp = tempfile.mkdtemp(prefix="bench-spark-", dir=os.getcwd())
@@ -127,11 +188,21 @@ def main() -> None:
             t = time.perf_counter()
             spark = spark_session("rocketstore-bench")
             print(f"Spark session started in {time.perf_counter() - t:.1f} s", flush=True)
-            for path, where in (("local", {"store": store.store_dir}),
-                                ("remote", {"endpoint": f"ipc://{store.store_dir}"})):
-                for columns, schema in (("all columns", None), ("2 columns", PROJECTED)):
-                    rate = batch_read(spark, where, args.messages, args.repeat, schema)
-                    print(f"batch read, {path} path, {columns}: {rate:,.0f} rows/s", flush=True)
+            configurations = [(path, where, columns, schema)
+                              for path, where in (("local", {"store": store.store_dir}),
+                                                  ("remote", {"endpoint":
+                                                              f"ipc://{store.store_dir}"}))
+                              for columns, schema in (("all columns", None),
+                                                      ("2 columns", PROJECTED))]
+            pids = (store.child_pid("reader"), store.proc.pid)
+            for _ in range(args.warm_up_rounds):
+                for _, where, _, schema in configurations:
+                    batch_read(spark, where, args.messages, 0, pids, schema)
+            for path, where, columns, schema in configurations:
+                rate, cpu = batch_read(spark, where, args.messages, args.repeat, pids, schema)
+                per_row = ", ".join(f"{kind} {s * 1e6:.2f}" for kind, s in cpu.items())
+                print(f"batch read, {path} path, {columns}: {rate:,.0f} rows/s "
+                      f"(CPU µs per row: {per_row})", flush=True)
             lat = streaming_latency(spark, store, args.latency_seconds, tmp)
             if lat:
                 pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000  # noqa: E731

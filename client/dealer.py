@@ -151,6 +151,13 @@ class Dealer:
                 return answer
         return replies.pop(request_id)
 
+    def forget(self, request_id: int) -> None:
+        """No longer wait for request ``request_id``: its answer, come or to come, is
+        dropped (a reader that stopped before it needed what it asked for ahead)."""
+        self._pending.pop(request_id, None)
+        self.replies.pop(request_id, None)
+        self._ended.discard(request_id)
+
     def _take_reply(self, frame: bytes) -> None:
         """Keep ``frame`` if it answers a pending request."""
         request_id = protocol.reply_request_id(frame)

@@ -48,6 +48,9 @@ class ReaderClient:
 
     def _ask(self, frame: bytes, request_id: int) -> bytes:
         self._dealer.send(frame, request_id, resends=1)
+        return self._answer(request_id)
+
+    def _answer(self, request_id: int) -> bytes:
         reply = self._dealer.receive(request_id)
         try:
             raise_if_error(reply)
@@ -132,11 +135,31 @@ class ReaderClient:
         reply against its units in bulk. With ``tags`` (a subscription, as ``pull``'s),
         the units of messages with other tags come back blank, without their records.
         """
+        return self.fetch_reply(self.fetch_request(topic, queue_id, offset, max_msgs,
+                                                  max_bytes, tags))
+
+    def fetch_request(self, topic: str, queue_id: int, offset: int,
+                      max_msgs: int = protocol.MAX_FETCH_MSGS,
+                      max_bytes: int = protocol.MAX_FETCH_BYTES,
+                      tags: str | Sequence[str] = "*") -> int:
+        """``fetch`` sent without waiting for its answer: the request's id, for
+        ``fetch_reply``. A reader of a queue asks for its next range before it decodes
+        the last one, so the reader reads while the client decodes."""
         rid = self._dealer.next_id()
         expression = " || ".join(sorted(subscription_tags(tags))) or "*"
-        return protocol.decode_fetch_reply(self._ask(
-            protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs, max_bytes,
-                                  expression), rid))
+        self._dealer.send(protocol.encode_fetch(rid, topic, queue_id, offset, max_msgs,
+                                                max_bytes, expression), rid, resends=1)
+        return rid
+
+    def fetch_reply(self, request_id: int) -> protocol.FetchReply:
+        """The answer to ``fetch_request``'s request ``request_id``, as ``fetch``
+        returns it (and raises what it raises)."""
+        return protocol.decode_fetch_reply(self._answer(request_id))
+
+    def forget(self, request_id: int) -> None:
+        """Drop the answer to ``fetch_request``'s request ``request_id``, which will not
+        be asked for (``fetch_reply``)."""
+        self._dealer.forget(request_id)
 
     def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         """Record consumer ``group``'s next offset per queue of ``topic`` in the store's

@@ -7,7 +7,7 @@ Both give the same three things, so the source's driver and tasks never care whi
     bounds(topics, since_ms)     StoreReader over the mapped files,  OFFSETS through the reader
                                  bounded by DISPATCHED (shm table)   socket
     read(range, ...)             consume queue units + CommitLog     FETCH through the reader socket
-                                 spans copied from the mappings      (units + their records)
+                                 spans read in the mappings          (units + their records)
     commit(group, topic, ...)    consumerOffset.json, under its      COMMIT through the reader
                                  flock (as a local Consumer)         socket (the reader writes it)
 
@@ -174,9 +174,12 @@ class LocalStore:
                 dispatched: int, fail_on_data_loss: bool, columns: tuple[str, ...] | None,
                 tags: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
         file_size = self.config.mapped_file_size_commit_log
-        # one copy and one batch per span, as storage.bulk_read plans them for the
-        # reader: records in one CommitLog file and MAX_SPAN_BYTES stretch of it, without
-        # a big gap (so a batch holds at most about MAX_SPAN_BYTES of records)
+        # one batch per span, as storage.bulk_read plans them for the reader: records in
+        # one CommitLog file and MAX_SPAN_BYTES stretch of it, without a big gap (so a
+        # batch holds at most about MAX_SPAN_BYTES of records); the records are read
+        # where they are mapped (records_to_batch copies only what goes into the batch,
+        # never the other queues' records between them), and the view is dropped before
+        # the batch is handed on
         stretch = phy % file_size // MAX_SPAN_BYTES
         cut = np.flatnonzero((phy[1:] // file_size != phy[:-1] // file_size)
                              | (stretch[1:] != stretch[:-1])
@@ -184,15 +187,17 @@ class LocalStore:
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(phy)]):
             a, b = int(a), int(b)
             begin = int(phy[a])
-            data = self.reader.read_commit_log(begin, int(phy[b - 1] + size[b - 1]) - begin,
+            data = self.reader.commit_log_view(begin, int(phy[b - 1] + size[b - 1]) - begin,
                                                dispatched)
             if data is None:
                 _loss(f"{rng.topic}/{rng.queue_id}: offsets {offsets[a]}..{offsets[b - 1]} "
                       "expired while being read", fail_on_data_loss)
                 continue
-            yield _rows(data, phy[a:b] - begin, rng, columns, tags, expect_sizes=size[a:b],
-                        expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
-                        source="CommitLog", buf_offset=begin)
+            batch = _rows(data, phy[a:b] - begin, rng, columns, tags, expect_sizes=size[a:b],
+                          expect_queue_offsets=offsets[a:b], expect_commit_log_offsets=phy[a:b],
+                          source="CommitLog", buf_offset=begin)
+            del data
+            yield batch
 
     def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         update_offsets(self.config.config_dir, f"{topic}@{group}",
@@ -235,34 +240,48 @@ class RemoteStore:
     def read(self, rng: QueueRange, *, fail_on_data_loss: bool = True,
              batch_rows: int = DEFAULT_BATCH_ROWS, columns: tuple[str, ...] | None = None,
              tags: tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
-        pos = rng.start
-        while pos < rng.end:
-            reply = self.client.fetch(rng.topic, rng.queue_id, pos,
-                                      min(batch_rows, rng.end - pos), BATCH_MAX_BYTES,
-                                      tags=tags or "*")
-            if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
-                    reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
-                      f"{min(rng.end, reply.min_offset) - 1} expired", fail_on_data_loss)
-                pos = max(pos + 1, reply.min_offset)
-                continue
-            if reply.status in _NOTHING_AT:
-                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
-                                    f"{reply.max_offset}, before offset {pos} of the range "
-                                    f"{rng.start}..{rng.end} (a recovery took messages back?)")
-            if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
-                    and reply.next_begin_offset > pos:
-                _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
-                      f"{min(rng.end, reply.next_begin_offset) - 1} expired while being read",
-                      fail_on_data_loss)
-            elif reply.status is GetMessageStatus.FOUND:
-                batch = _remote_batch(reply, rng, pos, columns, tags)
-                if batch.num_rows:
-                    yield batch
-            if reply.next_begin_offset <= pos:
-                raise DataLossError(f"{rng.topic}/{rng.queue_id}: the reader made no progress "
-                                    f"at offset {pos} ({reply.status.name})")
-            pos = reply.next_begin_offset
+        """The range's batches, FETCH after FETCH: each found reply's successor is asked
+        for before the reply is decoded, so the reader reads the next while this
+        process decodes (and Spark takes) this one."""
+        def ask(at: int) -> int:
+            return self.client.fetch_request(rng.topic, rng.queue_id, at,
+                                             min(batch_rows, rng.end - at), BATCH_MAX_BYTES,
+                                             tags=tags or "*")
+
+        pos, ahead = rng.start, None
+        try:
+            while pos < rng.end:
+                reply = self.client.fetch_reply(ask(pos) if ahead is None else ahead)
+                ahead = None
+                if reply.status is GetMessageStatus.OFFSET_TOO_SMALL or (
+                        reply.status is not GetMessageStatus.FOUND and reply.min_offset > pos):
+                    _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                          f"{min(rng.end, reply.min_offset) - 1} expired", fail_on_data_loss)
+                    pos = max(pos + 1, reply.min_offset)
+                    continue
+                if reply.status in _NOTHING_AT:
+                    raise DataLossError(f"{rng.topic}/{rng.queue_id}: the queue ends at "
+                                        f"{reply.max_offset}, before offset {pos} of the range "
+                                        f"{rng.start}..{rng.end} (a recovery took messages "
+                                        "back?)")
+                if reply.status is GetMessageStatus.OFFSET_FOUND_NULL \
+                        and reply.next_begin_offset > pos:
+                    _loss(f"{rng.topic}/{rng.queue_id}: offsets {pos}.."
+                          f"{min(rng.end, reply.next_begin_offset) - 1} expired while being "
+                          "read", fail_on_data_loss)
+                elif reply.status is GetMessageStatus.FOUND:
+                    if pos < reply.next_begin_offset < rng.end:
+                        ahead = ask(reply.next_begin_offset)
+                    batch = _remote_batch(reply, rng, pos, columns, tags)
+                    if batch.num_rows:
+                        yield batch
+                if reply.next_begin_offset <= pos:
+                    raise DataLossError(f"{rng.topic}/{rng.queue_id}: the reader made no "
+                                        f"progress at offset {pos} ({reply.status.name})")
+                pos = reply.next_begin_offset
+        finally:
+            if ahead is not None:   # stopped before its answer was needed
+                self.client.forget(ahead)
 
     def commit(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         self.client.commit_offsets(group, topic, offsets)

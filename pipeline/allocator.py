@@ -7,19 +7,16 @@ same pages in again. ``MALLOC_TOP_PAD_=268435456`` in a worker's environment sto
 local path), but a Spark user had to know to set ``spark.executorEnv.MALLOC_TOP_PAD_``.
 ``keep_heap_top`` makes the same setting from inside the worker, through ``mallopt``,
 once per process, before its first read; a worker whose environment names the variable
-keeps what it names (glibc read it at start). Elsewhere than glibc it does nothing.
+keeps what it names (glibc read it at start). Elsewhere than glibc it does nothing
+(``rocketstore.procs.allocator.mallopt``, which the reader process uses too).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import logging
 import os
 
-log = logging.getLogger(__name__)
+from rocketstore.procs.allocator import M_TOP_PAD, mallopt
 
-M_TOP_PAD = -2                  # glibc's mallopt parameter (malloc.h)
 TOP_PAD_BYTES = 256 << 20       # what MALLOC_TOP_PAD_=268435456 sets
 _applied: bool | None = None    # None: not tried in this process yet
 
@@ -29,19 +26,5 @@ def keep_heap_top() -> bool:
     environment set ``MALLOC_TOP_PAD_``. True when the process runs with a top pad."""
     global _applied
     if _applied is None:
-        _applied = "MALLOC_TOP_PAD_" in os.environ or _mallopt(M_TOP_PAD, TOP_PAD_BYTES)
+        _applied = "MALLOC_TOP_PAD_" in os.environ or mallopt(M_TOP_PAD, TOP_PAD_BYTES)
     return _applied
-
-
-def _mallopt(param: int, value: int) -> bool:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False            # not glibc: nothing to tune
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    ok = mallopt(param, value) == 1
-    if not ok:
-        log.debug("mallopt(%d, %d) refused", param, value)
-    return ok

@@ -14,8 +14,9 @@ bytes; the client decodes them.
   FETCH_REPLY of up to ``MAX_FETCH_MSGS`` units and their records, no more than
   ``max_bytes`` (at most ``MAX_FETCH_BYTES``) of them, read across consume queue files;
   RocketMQ's per-pull transfer limits (32 messages / 256 KiB) are for consumers and do
-  not apply. The records go out as CommitLog spans copied whole (``storage.bulk_read``),
-  unchecked: the client checks every one against its unit, in bulk.
+  not apply. The records go out back to back, copied once from the mapping
+  (``storage.bulk_read``), unchecked: the client checks every one against its unit, in
+  bulk.
 - COMMIT: the reader writes ``config/consumerOffset.json`` on behalf of remote clients:
   their group's offsets are merged in through ``client.consumer.update_offsets`` (the
   same flock and RocketMQ shape local ``Consumer``s use), so a remote group's progress
@@ -48,6 +49,7 @@ import zmq
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.client.consumer import update_offsets
 from rocketstore.client.topics import TopicNotExistError, user_topics
+from rocketstore.procs.allocator import keep_large_blocks
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
 from rocketstore.shm.positions import Slot
@@ -71,6 +73,7 @@ class ReaderService(Service):
     name = "reader"
 
     def setup(self) -> None:
+        keep_large_blocks()     # a FETCH reply's buffers reuse the last one's pages
         self.reader = StoreReader(self.config)
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -241,7 +244,8 @@ class ReaderService(Service):
         """A FETCH_REPLY of the units from ``req.offset`` on and their records, read
         consume queue file after file (``StoreReader.read_queue_records``) until
         ``max_msgs``, ``max_bytes`` or the queue's end, all bounded by one DISPATCHED.
-        The records are copied, not checked: the client checks each against its unit."""
+        The records are copied once, from the mapping (``bulk_read.gather_records``),
+        not checked: the client checks each against its unit."""
         _refuse_if(check_topic(req.topic, internal=True), req.request_id)
         if req.max_msgs <= 0 or req.max_bytes <= 0:
             _refuse_if(f"max_msgs {req.max_msgs} and max_bytes {req.max_bytes} must be "
@@ -259,7 +263,8 @@ class ReaderService(Service):
         while count < max_msgs and nbytes < max_bytes:
             r = self.reader.read_queue_records(
                 req.topic, req.queue_id, offset, max_msgs - count, max_bytes - nbytes,
-                dispatched, min_commit_log_offset=min_phy, at_least_one=nbytes == 0)
+                dispatched, min_commit_log_offset=min_phy, at_least_one=nbytes == 0,
+                gathered=True)
             first = first or r
             if r.status is not GetMessageStatus.FOUND or r.count == 0:
                 break

@@ -31,6 +31,12 @@ span, the common pull, is planned without numpy (``plan_short``: its fixed cost 
 most of the read); its columns are lists, and the records are then checked with
 ``struct`` too (``read_path.check_unit_views``).
 
+A reader that ships the records on (the reader process's FETCH) takes them with
+``gather_records``: ``plan_joined``'s spans, each seen through a view of the mapping
+instead of copied, and only the taken records copied out of it, back to back, by a few
+numpy gathers (``copy_records``); a span of four interleaved queues is never copied
+whole, and there is no object per record.
+
 Blank (filler) units (``BLANK_UNIT_SIZE``) are taken like any other but point at no
 record. Nothing here checks a record: the client does, and must.
 """
@@ -315,6 +321,91 @@ def _read_one_span(got: QueueUnits, plan: JoinedPlan, columns: tuple,
                             lo, hi, b"", [], 0)
     return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
                         got.units, [copied], sum(columns[1]), plan.starts, columns)
+
+
+def gather_records(got: QueueUnits, max_bytes: int, at_least_one: bool, file_size: int,
+                   view: Callable[[int, int], memoryview | None]) -> QueueRecords:
+    """``read_records``' records copied once, straight out of the mapping: ``plan_joined``,
+    then ``view(commit_log_offset, size)`` for each span (a memoryview of the mapped
+    bytes, not a copy; None when they are gone, which ends the records as a failed
+    ``copy`` does) and ``copy_records`` of only the taken records, back to back, into
+    one numpy array (``data`` is that one array). A span's bytes between the records
+    (other queues' records) are never copied. The views are dropped before it returns."""
+    offset, lo, hi = got.first, got.min_offset, got.max_offset
+    plan = plan_joined(got.units, max_bytes, at_least_one, file_size)
+    taken, kept = plan.taken, len(plan.sizes)
+    sizes = plan.sizes
+    if kept and int(sizes.min()) <= 0:
+        # a unit no record can have (a damaged queue): read as read_records reads it,
+        # for the client to refuse
+        return read_records(got, max_bytes, at_least_one, file_size,
+                            lambda phy, size: _copied(view(phy, size)))
+    into = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=into[1:])
+    data = np.empty(int(into[-1]), np.uint8)
+    firsts = np.searchsorted(plan.span_of, np.arange(len(plan.begins) + 1))
+    for i, (begin, end) in enumerate(zip(plan.begins.tolist(), plan.ends.tolist())):
+        mapped = view(begin, end - begin)
+        if mapped is None:  # expired while being read: stop before it
+            taken, kept = int(plan.first_units[i]), int(firsts[i])
+            if taken == 0:
+                return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
+                                    offset + int(plan.end_units[0]), lo, hi, b"", [], 0)
+            break
+        a, b = int(firsts[i]), int(firsts[i + 1])
+        copy_records(np.frombuffer(mapped, np.uint8), plan.starts[a:b] - plan.starts[a],
+                     sizes[a:b], data[into[a]:into[b]])
+        del mapped
+    nbytes = int(into[kept])
+    return QueueRecords(GetMessageStatus.FOUND, offset, taken, offset + taken, lo, hi,
+                        got.units[:taken * CQ_STORE_UNIT_SIZE], [data[:nbytes]], nbytes)
+
+
+def _copied(mapped: memoryview | None) -> bytes | None:
+    return None if mapped is None else bytes(mapped)
+
+
+GATHER_WIDTHS_MAX = 64   # more distinct piece lengths than this are copied piece by piece
+
+
+def copy_records(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                 out: np.ndarray) -> None:
+    """``out`` (uint8, ``sizes.sum()`` bytes) = the records ``src[starts[i]:][:sizes[i]]``
+    back to back, in order (``src``: uint8). Touching records are one piece; pieces of
+    one length are copied by one numpy gather over overlapping windows of ``src``
+    (``strides=(1,)``, each element a piece's bytes) into windows of ``out``, so a
+    batch of same-sized records costs a few numpy calls, whatever their count (an
+    assignment into the windows: ``np.take`` with ``out=`` would first copy the whole
+    overlapping window array). When the pieces have many lengths, each is a slice copy."""
+    n = len(starts)
+    if n == 0:
+        return
+    ends = starts + sizes
+    leads = np.flatnonzero(np.concatenate(([True], starts[1:] != ends[:-1])))
+    pos = starts[leads]
+    width = np.add.reduceat(sizes, leads)
+    at = np.zeros(len(leads), np.int64)
+    np.cumsum(width[:-1], out=at[1:])
+    if (width == width[0]).all():
+        w = int(width[0])
+        _windows(out, w)[at] = _windows(src, w)[pos]
+        return
+    lengths, group = np.unique(width, return_inverse=True)
+    if len(lengths) > GATHER_WIDTHS_MAX:
+        target, source = memoryview(out), memoryview(src)
+        for p, w, d in zip(pos.tolist(), width.tolist(), at.tolist()):
+            target[d:d + w] = source[p:p + w]
+        return
+    for k, w in enumerate(lengths.tolist()):
+        chosen = group == k
+        _windows(out, w)[at[chosen]] = _windows(src, w)[pos[chosen]]
+
+
+def _windows(u8: np.ndarray, width: int) -> np.ndarray:
+    """``w[i]`` is the ``width`` bytes from ``u8[i]`` as one numpy void: a view that
+    shares ``u8``'s memory (writable when ``u8`` is), no copy."""
+    return np.ndarray((max(len(u8) - width + 1, 0),), np.dtype((np.void, width)),
+                      buffer=u8, strides=(1,))
 
 
 def unit_columns(units: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:

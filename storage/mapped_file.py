@@ -353,6 +353,16 @@ class MappedFile:
         finally:
             self.release()
 
+    def view(self, pos: int, size: int) -> memoryview | None:
+        """``read`` without the copy: a memoryview of the mapped bytes. While it lives
+        the mapping cannot be closed (``_cleanup`` leaves that to the view's end)."""
+        if pos < 0 or size < 0 or pos + size > self.read_position or not self.hold():
+            return None
+        try:
+            return memoryview(self.buf)[pos:pos + size]
+        finally:
+            self.release()
+
     # ------------------------------------------------------------------- lifecycle
     def hold(self) -> bool:
         if self.available and self._ref_count > 0:

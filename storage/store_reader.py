@@ -88,7 +88,8 @@ import logging
 import os
 from typing import Callable, Iterable
 
-from rocketstore.storage.bulk_read import QueueRecords, QueueUnits, read_records
+from rocketstore.storage.bulk_read import (
+    QueueRecords, QueueUnits, gather_records, read_records)
 from rocketstore.storage.commit_log import CommitLog
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT,
@@ -462,7 +463,8 @@ class StoreReader:
     def read_queue_records(self, topic: str, queue_id: int, offset: int, max_units: int,
                            max_bytes: int, dispatched: int, *,
                            min_commit_log_offset: int | None = None,
-                           at_least_one: bool = True, joined: bool = False) -> QueueRecords:
+                           at_least_one: bool = True, joined: bool = False,
+                           gathered: bool = False) -> QueueRecords:
         """``read_queue_units`` with the records the units point at (``storage.bulk_read``):
         units from ``offset`` while their records fit ``max_bytes`` (a first record over
         it still comes when ``at_least_one``), one consume queue file at most. The
@@ -472,7 +474,10 @@ class StoreReader:
         NO_MATCHED_LOGIC_QUEUE for an unknown queue, and OFFSET_FOUND_NULL when the
         consume queue file or the first records' CommitLog file went while being read
         (``next_begin_offset`` is past them). ``joined``: the records in one ``bytes``
-        at ``starts`` (``bulk_read.plan_joined``), for a reader that decodes them here."""
+        at ``starts`` (``bulk_read.plan_joined``), for a reader that decodes them here.
+        ``gathered``: the records back to back in one numpy array, copied once from the
+        mapping and nothing else of the CommitLog copied (``bulk_read.gather_records``),
+        for a reader that ships them on."""
         self._check_open()
         qv = self._queue(topic, queue_id)
         if qv is None:
@@ -489,6 +494,10 @@ class StoreReader:
         if got.count == 0:  # the consume queue file went meanwhile
             return QueueRecords(GetMessageStatus.OFFSET_FOUND_NULL, offset, 0,
                                 qv.roll_next_file(offset), lo, hi, b"", [], 0)
+        if gathered:
+            return gather_records(got, max_bytes, at_least_one,
+                                  self.config.mapped_file_size_commit_log,
+                                  lambda phy, size: self._view(phy, size, dispatched, min_phy))
         return read_records(got, max_bytes, at_least_one,
                             self.config.mapped_file_size_commit_log,
                             lambda phy, size: self._copy(phy, size, dispatched, min_phy),
@@ -529,6 +538,24 @@ class StoreReader:
             return None
         self._bound_commit_log(dispatched)
         return self._read_record(commit_log_offset, size, min_phy)
+
+    def commit_log_view(self, commit_log_offset: int, size: int,
+                        dispatched: int) -> memoryview | None:
+        """``read_commit_log`` without the copy: a read-only memoryview of the mapped
+        bytes. The caller drops it before this reader moves on (``drop_expired``,
+        ``close``): a mapping closed while a view of it lives stays mapped until the view
+        goes."""
+        self._check_open()
+        return self._view(commit_log_offset, size, dispatched, self._commit_log_min(None))
+
+    def _view(self, commit_log_offset: int, size: int, dispatched: int,
+              min_phy: int) -> memoryview | None:
+        if size < 0 or commit_log_offset + size > dispatched or commit_log_offset < min_phy:
+            return None
+        self._bound_commit_log(dispatched)
+        mf = self._cl_files.find_mapped_file_by_offset(commit_log_offset)
+        return mf.view(commit_log_offset - mf.file_from_offset, size) if mf is not None \
+            else None
 
     def _index_files(self) -> list[IndexFileView]:
         """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""

@@ -1,14 +1,22 @@
 """``storage.bulk_read.plan_spans``: which units a bulk read takes and how it copies
 their records (spans within one CommitLog file, touching records joined into pieces);
-``plan_joined`` and ``plan_short`` plan the same spans without the loop."""
+``plan_joined`` and ``plan_short`` plan the same spans without the loop;
+``gather_records`` copies the same records as ``read_records``, straight from views."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from rocketstore.storage import bulk_read
 from rocketstore.storage.bulk_read import (
-    MAX_SPAN_BYTES, SPAN_GAP_BYTES, Span, plan_joined, plan_short, plan_spans)
+    MAX_SPAN_BYTES, SPAN_GAP_BYTES, QueueUnits, Span, copy_records, gather_records,
+    plan_joined, plan_short, plan_spans, read_records)
 from rocketstore.storage.consume_queue import BLANK_UNIT, CQ_UNIT
+from rocketstore.storage.status import GetMessageStatus
 
 FILE = 1 << 20
 
@@ -214,3 +222,84 @@ def test_plan_joined_at_the_edges_of_a_span():
     ]:
         _same_plans(raw, file_size)
         assert len(plan_joined(raw, 1 << 40, True, file_size).begins) == spans
+
+
+# ------------------------------------------------------------------ gather_records
+COMMIT_LOG = random.Random(7).randbytes(2 * MAX_SPAN_BYTES + (1 << 20))  # a CommitLog's bytes
+
+
+def _both_reads(raw: bytes, budget: int, at_least_one: bool, file_size: int,
+                gone_from: int | None = None):
+    """``read_records`` (copies) and ``gather_records`` (views) of ``raw``'s units over
+    ``COMMIT_LOG``; a span from ``gone_from`` on is gone (expired while being read)."""
+    mapped = memoryview(COMMIT_LOG)
+
+    def view(phy: int, size: int):
+        if gone_from is not None and phy >= gone_from:
+            return None
+        return mapped[phy:phy + size]
+
+    got = QueueUnits(raw, 5, len(raw) // 20, 0, 1000)
+    copied = read_records(got, budget, at_least_one, file_size,
+                          lambda phy, size: None if view(phy, size) is None
+                          else bytes(view(phy, size)))
+    return copied, gather_records(got, budget, at_least_one, file_size, view)
+
+
+def _same_records(copied, gathered) -> None:
+    assert gathered[:6] == copied[:6]   # status, first, count, next, min, max
+    assert bytes(gathered.units) == bytes(copied.units)
+    assert gathered.nbytes == copied.nbytes
+    assert b"".join(gathered.data) == b"".join(copied.data)
+
+
+@given(layouts, st.integers(1, 100_000), st.booleans(),
+       st.sampled_from([FILE, 2 * MAX_SPAN_BYTES + (1 << 20)]), st.integers(0, 2))
+@settings(max_examples=300, deadline=None)
+def test_gather_records_copies_what_read_records_copies(layout, budget, at_least_one,
+                                                        file_size, gone):
+    """The same units taken, the same status and offsets, and byte for byte the same
+    records back to back, however the records lie (blanks, gaps, records going back,
+    file and stretch boundaries), also when the second or the first span is gone."""
+    pairs = _pairs(layout, file_size)
+    raw = units(*pairs)
+    plan = plan_joined(raw, budget, at_least_one, file_size)
+    gone_from = None
+    if gone and len(plan.begins) >= gone:
+        gone_from = int(plan.begins[gone - 1]) if gone == 1 else int(plan.begins[1])
+    copied, gathered = _both_reads(raw, budget, at_least_one, file_size, gone_from)
+    _same_records(copied, gathered)
+    if gone == 1 and len(plan.begins) and plan.first_units[0] == 0:
+        assert gathered.status is GetMessageStatus.OFFSET_FOUND_NULL
+
+
+def test_gather_records_with_units_of_no_or_negative_size():
+    """A damaged queue's units are read as ``read_records`` reads them."""
+    for raw, budget in [(units((0, 100), (100, 0), (100, 10)), 1 << 40),
+                        (units((0, 100), (105, -60), (50, 5)), 50)]:
+        _same_records(*_both_reads(raw, budget, False, FILE))
+
+
+@pytest.mark.parametrize("widths_max", [bulk_read.GATHER_WIDTHS_MAX, 1])
+@pytest.mark.parametrize("shape", ["one size", "three sizes", "many sizes", "touching runs"])
+def test_copy_records_puts_the_records_back_to_back(shape, widths_max, monkeypatch):
+    """Every way ``copy_records`` copies (one gather for one width, one per width, a
+    slice per piece past ``GATHER_WIDTHS_MAX`` widths, touching records as one piece)
+    gives the records in order, back to back, and writes nothing past them."""
+    monkeypatch.setattr(bulk_read, "GATHER_WIDTHS_MAX", widths_max)
+    rng = random.Random(shape)
+    src = np.frombuffer(COMMIT_LOG[:1 << 20], np.uint8)
+    starts, sizes, at = [], [], 3
+    for _ in range(500):
+        size = {"one size": 263, "three sizes": rng.choice([92, 263, 1000]),
+                "many sizes": rng.randint(92, 3000),
+                "touching runs": rng.choice([100, 300])}[shape]
+        starts.append(at)
+        sizes.append(size)
+        touching = shape == "touching runs" and rng.random() < 0.7
+        at += size + (0 if touching else rng.randint(1, 700))
+    out = np.full(sum(sizes) + 16, 0xEE, np.uint8)
+    copy_records(src, np.array(starts), np.array(sizes), out[:sum(sizes)])
+    assert out[:sum(sizes)].tobytes() == b"".join(COMMIT_LOG[a:a + n]
+                                                  for a, n in zip(starts, sizes))
+    assert (out[sum(sizes):] == 0xEE).all()

@@ -58,6 +58,23 @@ def test_columns_asked_for_come_alone(running, path):
     assert pa.Table.from_batches(batches).column(0).to_pylist() == list(range(3, 9))
 
 
+def test_a_remote_read_asks_ahead_and_a_read_stopped_early_leaves_no_answer_behind(running):
+    """Each found reply's successor is asked for before the reply is decoded: a read
+    stopped after its first batch has one request out, whose answer is dropped, so the
+    same store's next reads get their own answers and nothing is kept for it."""
+    with RemoteStore(f"ipc://{running.store_dir}") as store:
+        dealer = store.client._dealer
+        reading = store.read(QueueRange(BIG, 0, 0, COUNT), batch_rows=10)
+        first = next(reading)
+        assert first.column("queue_offset").to_pylist() == list(range(10))
+        assert len(dealer._pending) == 1          # the next ten, asked for ahead
+        reading.close()
+        assert not dealer._pending and not dealer.replies
+        again = pa.Table.from_batches(list(store.read(QueueRange(BIG, 0, 5, 45), batch_rows=10)))
+        assert again.column("queue_offset").to_pylist() == list(range(5, 45))
+        assert not dealer._pending and not dealer.replies
+
+
 def test_every_topic_is_the_same_set_on_both_paths(running):
     """Bounds of every topic (``topicPattern``): the local path listed the store's own
     SCHEDULE_TOPIC_XXXX too, where delayed messages wait (read now, and again when due);

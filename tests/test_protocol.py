@@ -772,6 +772,27 @@ def test_fetch_reply_checks_its_layout_but_leaves_the_records_to_the_caller():
            frame[:P.HEADER_SIZE] + b"\x09" + frame[P.HEADER_SIZE + 1:], 7)  # status 9
 
 
+@pytest.mark.parametrize("count", [P.SMALL_COLUMNS - 1, P.SMALL_COLUMNS, 3 * P.SMALL_COLUMNS])
+def test_fetch_reply_checks_few_and_many_units_alike(count):
+    """A reply's unit sizes are checked with struct for a few units and with numpy for
+    many: the same replies pass (blanks included) and the same ones are refused."""
+    recs = [raw_record(Message(topic="T", body=b"b" * i), i, 1000 * i) for i in range(count)]
+    units = units_of(recs)
+    blanks = [BLANK_UNIT] + units[:count // 2] + [BLANK_UNIT] + units[count // 2:]
+    reply = P.decode_fetch_reply(P.encode_fetch_reply(7, GetMessageStatus.FOUND, 3, 0, 3, 0,
+                                                      blanks, recs))
+    assert [bytes(r) for r in reply.records] == recs
+    all_blank = P.encode_fetch_reply(7, GetMessageStatus.FOUND, 3, 0, 3, 0,
+                                     [BLANK_UNIT] * count, [])
+    assert bytes(P.decode_fetch_reply(all_blank).data) == b""
+    for bad_units, bad_data in ((units, recs[:-1]), (units[:-1], recs),
+                                (units[:-1] + [CQ_UNIT.pack(0, 4, 0)], recs[:-1] + [b"\0" * 4])):
+        e = raises(ErrorCode.MALFORMED_FRAME, P.decode_fetch_reply,
+                   P.encode_fetch_reply(7, GetMessageStatus.FOUND, 3, 0, 3, 0, bad_units,
+                                        bad_data), 7)
+        assert "FETCH_REPLY" in e.detail
+
+
 def test_batch_frames_bad_utf8_and_lengths_past_the_frame():
     offsets = P.encode_offsets(5, ["TT"])
     raises(ErrorCode.MALFORMED_FRAME, P.decode_offsets, offsets[:-2] + b"\xff\xfe", 5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -90,6 +91,39 @@ def test_read_queue_records_takes_units_and_their_records_past_the_per_pull_limi
             S.OFFSET_OVERFLOW_BADLY
         assert reader.read_queue_records(BULK, 5, 0, 10, 1000, d).status is \
             S.NO_MATCHED_LOGIC_QUEUE
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_gathered_records_and_commit_log_views_hold_what_the_copies_hold(tmp_path):
+    """``gathered`` (the reader's FETCH) gives the records of ``read_queue_records``
+    back to back in one array, and ``commit_log_view`` the bytes ``read_commit_log``
+    copies, None where it gives None (past dispatched, a negative size)."""
+    config = small_config(tmp_path / "store", mapped_file_size_consume_queue=20 * 300)
+    store = MessageStore(config)
+    store.load()
+    reader = StoreReader(config)
+    try:
+        store.put_batch([Message(topic=BULK, body=bulk_body(i), queue_id=i % 3)
+                         for i in range(900)])
+        store.dispatch()
+        d = store.reput_from_offset
+        for queue_id, offset, budget in [(0, 0, 1 << 30), (1, 7, 1 << 30), (2, 250, 1 << 30),
+                                         (0, 3, 5000), (1, 3, 1)]:
+            copied = reader.read_queue_records(BULK, queue_id, offset, 1000, budget, d)
+            gathered = reader.read_queue_records(BULK, queue_id, offset, 1000, budget, d,
+                                                 gathered=True)
+            assert gathered[:7] == copied[:7] and gathered.nbytes == copied.nbytes
+            assert len(gathered.data) == 1
+            assert bytes(gathered.data[0]) == b"".join(bytes(x) for x in copied.data)
+        for phy, size in [(0, 500), (1000, 4000), (d - 300, 300), (d - 300, 301), (5, -1)]:
+            view = reader.commit_log_view(phy, size, d)
+            copy = reader.read_commit_log(phy, size, d)
+            assert (None if view is None else bytes(view)) == copy
+            del view
+        assert reader.commit_log_view(0, 100, d) is not None
+        assert reader.commit_log_view(d - 50, 100, d) is None
     finally:
         reader.close()
         store.close()
@@ -359,3 +393,34 @@ def test_offsets_and_fetch_below_the_min_after_expiry(tmp_path):
             refused(lambda: rc.commit_offsets("late", BULK, {0: 2001}), "max offset 2000")
             rc.commit_offsets("late", BULK, {0: 0})   # below the min is allowed, as in RocketMQ
         assert rs.stop() == 0, rs.log()
+
+
+# ------------------------------------------------------------ the reader's allocator
+def page_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+def test_full_fetch_replies_reuse_the_pages_of_the_one_before(tmp_path):
+    """FETCH replies of 16 MiB of records one after another: the reader serves each
+    one's buffers from the pages of the last (``procs.allocator``), where glibc's
+    defaults fault about a page per 4 KiB of records in again every reply."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p:
+            for _ in range(11):
+                assert all(r.ok for r in p.send_batch(
+                    [Message(topic=BULK, body=b"f" * 4000, queue_id=0) for _ in range(400)]))
+        wait_for(lambda: rs.slot(Slot.DISPATCHED) == rs.slot(Slot.WRITTEN), what="dispatch")
+        pid = rs.child_pid("reader")
+        with ReaderClient(rs.store_dir) as rc:
+            first = rc.fetch(BULK, 0, 0)    # maps the CommitLog's pages, grows the heap
+            assert first.status is S.FOUND and len(first.data) > 15 << 20
+            before = page_faults(pid)
+            for _ in range(3):
+                again = rc.fetch(BULK, 0, 0)
+                assert (again.status, len(again.data)) == (S.FOUND, len(first.data))
+            faults = page_faults(pid) - before
+        pages = 3 * len(first.data) // 4096
+        assert faults < pages // 4, (faults, pages)

@@ -48,7 +48,8 @@ from rocketstore.storage.commit_log import PutMessageResult
 from rocketstore.storage.message import (
     PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
     encode_properties, format_host, parse_host)
-from rocketstore.storage.consume_queue import BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT
+from rocketstore.storage.consume_queue import (
+    BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE)
 from rocketstore.storage.record import SIZE_MAGIC, RecordFormatError, decode_at
 from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
 
@@ -1164,14 +1165,25 @@ def decode_fetch_reply(frame) -> FetchReply:
     if q > len(view):
         raise _malformed(request_id, f"{len(view)} bytes cannot hold {count} FETCH_REPLY units")
     units = view[p:q]
-    sizes = [size for _, size, _ in CQ_UNIT.iter_unpack(units) if size != BLANK_UNIT_SIZE]
-    if sizes and min(sizes) < SIZE_MAGIC.size:
-        raise _malformed(request_id, f"FETCH_REPLY: a unit of size {min(sizes)} is no record")
-    if sum(sizes) != len(view) - q:
-        raise _malformed(request_id, f"FETCH_REPLY: units of {sum(sizes)} bytes of records, "
+    least, total = _record_sizes(units, count)
+    if least is not None and least < SIZE_MAGIC.size:
+        raise _malformed(request_id, f"FETCH_REPLY: a unit of size {least} is no record")
+    if total != len(view) - q:
+        raise _malformed(request_id, f"FETCH_REPLY: units of {total} bytes of records, "
                                      f"{len(view) - q} bytes of data")
     return FetchReply(request_id, status, next_begin, min_offset, max_offset, first,
                       units, view[q:])
+
+
+def _record_sizes(units, count: int) -> tuple[int | None, int]:
+    """The smallest size of the non-blank ``units`` (None when all are blank) and their
+    sum: with struct for a few units, with numpy for a bulk reply's thousands."""
+    if count < SMALL_COLUMNS:
+        sizes = [size for _, size, _ in CQ_UNIT.iter_unpack(units) if size != BLANK_UNIT_SIZE]
+        return (min(sizes) if sizes else None), sum(sizes)
+    size = np.frombuffer(units, CQ_UNIT_DTYPE)["size"]
+    real = size[size != BLANK_UNIT_SIZE].astype(np.int64)
+    return (int(real.min()) if len(real) else None), int(real.sum())
 
 
 # -------------------------------------------------------- COMMIT (PROTOCOL.md §4.11-4.12)
