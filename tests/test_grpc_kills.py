@@ -25,7 +25,8 @@ from rocketmq.v5.exception import ClientException
 
 from rocketstore import Consumer
 from rocketstore.storage.pop_state import ReceiptHandle
-from store_processes import RunningStore, free_port, wait_for
+from grpc_store import proxied_store
+from store_processes import wait_for
 
 INVISIBLE_S = 2             # the shortest the module's store takes (1000 ms)
 REQUEST_TIMEOUT_S = 3       # the client's default request timeout
@@ -40,22 +41,11 @@ WRITER = {"startsecs": 3600.0, "backoff_s": WRITER_DOWN_S, "backoff_max_s": WRIT
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    port = free_port()
-    rs = RunningStore(tmp_path_factory.mktemp("grpc-kills"), grpc_listen_port=port,
-                      min_invisible_time_mills_for_recv=1000, processes={"writer": WRITER})
-    rs.grpc_port = port
-    with rs:
-        wait_for(lambda: _serving(port), what="the proxy to serve gRPC")
+    with proxied_store(tmp_path_factory.mktemp("grpc-kills"),
+                       min_invisible_time_mills_for_recv=1000,
+                       processes={"writer": WRITER}) as rs:
         yield rs
 
-
-def _serving(port: int) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=0.5)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
 
 
 def configuration(store) -> ClientConfiguration:

@@ -31,7 +31,8 @@ from rocketstore.shm.positions import Slot
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.delay_level import level_waiting_at_least, parse_delay_levels
 from rocketstore.storage.errors import StoreConfigError
-from store_processes import RunningStore, cli, free_port, wait_for
+from grpc_store import proxied_store, serving
+from store_processes import cli, wait_for
 
 AK, SK = "rocketstore-ak", "rocketstore-sk"
 INVISIBLE_S = 2          # the shortest the module's store takes (min_invisible ... 1000)
@@ -41,24 +42,11 @@ DELAY_LEVELS = "1s 2s 3s 1m 2h"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    port = free_port()
-    rs = RunningStore(tmp_path_factory.mktemp("grpc"), grpc_listen_port=port,
-                      grpc_access_key=AK, grpc_secret_key=SK,
-                      min_invisible_time_mills_for_recv=1000, retry_max_times=RETRIES,
-                      message_delay_level=DELAY_LEVELS)
-    rs.grpc_port = port
-    with rs:
-        wait_for(lambda: _serving(port), what="the proxy to serve gRPC")
+    with proxied_store(tmp_path_factory.mktemp("grpc"), grpc_access_key=AK,
+                       grpc_secret_key=SK, min_invisible_time_mills_for_recv=1000,
+                       retry_max_times=RETRIES, message_delay_level=DELAY_LEVELS) as rs:
         yield rs
 
-
-def _serving(port: int) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=0.5)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
 
 
 def configuration(store, sk: str = SK) -> ClientConfiguration:
@@ -422,7 +410,7 @@ def test_sigkill_of_the_proxy_loses_no_acknowledged_message_and_brings_back_no_a
         pid = store.child_pid("proxy")
         restarts = store.restarts("proxy")
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: store.restarts("proxy") > restarts and _serving(store.grpc_port),
+        wait_for(lambda: store.restarts("proxy") > restarts and serving(store.grpc_port),
                  what="the proxy to be restarted")
         wait_for(lambda: len(acknowledged) >= 40, what="sends after the restart")
         stop.set()

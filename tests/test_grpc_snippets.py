@@ -11,32 +11,20 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 
 from rocketstore import Consumer
-from store_processes import ROOT, WORK_DIR, RunningStore, free_port, wait_for
+from grpc_store import proxied_store
+from store_processes import ROOT, WORK_DIR
 
 ENDPOINT = "127.0.0.1:8081"
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    port = free_port()
-    rs = RunningStore(tmp_path_factory.mktemp("grpc-snippets"), grpc_listen_port=port)
-    rs.grpc_port = port
-    with rs:
-        wait_for(lambda: _serving(port), what="the proxy to serve gRPC")
+    with proxied_store(tmp_path_factory.mktemp("grpc-snippets")) as rs:
         yield rs
 
-
-def _serving(port: int) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=0.5)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
 
 
 def python_block(doc: str, heading: str) -> str:

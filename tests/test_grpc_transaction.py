@@ -32,7 +32,8 @@ from rocketstore.storage.message import (
     transaction_value)
 from rocketstore.storage.transactional_message import (
     TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
-from store_processes import RunningStore, cli, free_port, wait_for
+from grpc_store import proxied_store, serving
+from store_processes import cli, wait_for
 
 AK, SK = "rocketstore-ak", "rocketstore-sk"
 TIMEOUT_MS = 5000           # transaction_timeout: born times are whole seconds
@@ -45,27 +46,15 @@ UNKNOWN = TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    port = free_port()
-    rs = RunningStore(tmp_path_factory.mktemp("grpc-tx"), grpc_listen_port=port,
-                      grpc_access_key=AK, grpc_secret_key=SK,
-                      min_invisible_time_mills_for_recv=1000, transaction_timeout=TIMEOUT_MS,
-                      transaction_check_interval=CHECK_INTERVAL_MS,
-                      transaction_check_max=CHECK_MAX)
-    rs.grpc_port = port
-    with rs:
-        wait_for(lambda: _serving(port), what="the proxy to serve gRPC")
+    with proxied_store(tmp_path_factory.mktemp("grpc-tx"), grpc_access_key=AK,
+                       grpc_secret_key=SK, min_invisible_time_mills_for_recv=1000,
+                       transaction_timeout=TIMEOUT_MS,
+                       transaction_check_interval=CHECK_INTERVAL_MS,
+                       transaction_check_max=CHECK_MAX) as rs:
         yield rs
     r = cli("check", "--config", rs.config_path)      # halves, ops, commits: consistent
     assert r.returncode == 0 and "consistent" in r.stdout, r.stdout + r.stderr
 
-
-def _serving(port: int) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=0.5)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
 
 
 def configuration(store) -> ClientConfiguration:
@@ -354,7 +343,7 @@ def test_sigkill_of_the_proxy_between_half_and_end_loses_and_doubles_nothing(sto
             send_half(producer, topic, b"checked-%d" % i)
         restarts = store.restarts("proxy")
         os.kill(store.child_pid("proxy"), signal.SIGKILL)
-        wait_for(lambda: store.restarts("proxy") > restarts and _serving(store.grpc_port),
+        wait_for(lambda: store.restarts("proxy") > restarts and serving(store.grpc_port),
                  timeout=60, what="the proxy to be restarted")
 
         stub, meta = raw_stub(store)
