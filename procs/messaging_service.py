@@ -410,15 +410,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return rpc.AckMessageResponse(status=top, entries=entries)
 
     def _ack_one(self, topic: str, group: str, entry) -> rpc.AckMessageResultEntry:
-        try:
-            self.pop.ack(topic, group, ReceiptHandle.decode(entry.receipt_handle))
-            result = status(Code.OK)
-        except InvalidReceiptHandle as e:
-            result = status(Code.INVALID_RECEIPT_HANDLE, str(e))
-        except OSError as e:
-            result = status(Code.INTERNAL_SERVER_ERROR, f"the ack could not be written: {e}")
+        _, failed = _by_handle(lambda: self.pop.ack(
+            topic, group, ReceiptHandle.decode(entry.receipt_handle)), "ack")
         return rpc.AckMessageResultEntry(message_id=entry.message_id,
-                                         receipt_handle=entry.receipt_handle, status=result)
+                                         receipt_handle=entry.receipt_handle,
+                                         status=failed or status(Code.OK))
 
     def ChangeInvisibleDuration(self, request, context):
         invisible_ms = request.invisible_duration.ToMilliseconds()
@@ -426,23 +422,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                    or self._invisible_refusal(invisible_ms))
         if refused:
             return rpc.ChangeInvisibleDurationResponse(status=refused)
-        try:
-            handle = self.pop.change_invisible(request.topic.name, request.group.name,
-                                               ReceiptHandle.decode(request.receipt_handle),
-                                               invisible_ms)
-        except InvalidReceiptHandle as e:
-            return rpc.ChangeInvisibleDurationResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, str(e)))
-        except OSError as e:
-            return rpc.ChangeInvisibleDurationResponse(status=status(
-                Code.INTERNAL_SERVER_ERROR, f"the change could not be written: {e}"))
+        handle, failed = _by_handle(lambda: self.pop.change_invisible(
+            request.topic.name, request.group.name,
+            ReceiptHandle.decode(request.receipt_handle), invisible_ms), "change")
+        if failed:
+            return rpc.ChangeInvisibleDurationResponse(status=failed)
         return rpc.ChangeInvisibleDurationResponse(status=status(Code.OK),
                                                    receipt_handle=handle.encode())
 
-    # ------------------------------------------------------------------ not served
-    def _not_served(self, what: str) -> pb.Status:
-        return status(Code.NOT_IMPLEMENTED, f"{what} is not served by this store")
-
+    # ------------------------------------------------------------------ transactions, dead letters
     def EndTransaction(self, request, context):
         refused = self._refusal(context) or self._topic_refusal(request.topic.name)
         if refused:
@@ -473,21 +461,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         refused = self._refusal(context) or self._topic_refusal(request.topic.name)
         if refused:
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=refused)
-        try:
-            forwarded = self.pop.forward_to_dead_letters(
-                request.topic.name, request.group.name,
-                ReceiptHandle.decode(request.receipt_handle))
-        except InvalidReceiptHandle as e:
-            return rpc.ForwardMessageToDeadLetterQueueResponse(
-                status=status(Code.INVALID_RECEIPT_HANDLE, str(e)))
-        except OSError as e:
-            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
-                Code.INTERNAL_SERVER_ERROR, f"the forward could not be written: {e}"))
+        forwarded, failed = _by_handle(lambda: self.pop.forward_to_dead_letters(
+            request.topic.name, request.group.name,
+            ReceiptHandle.decode(request.receipt_handle)), "forward")
+        if failed:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=failed)
         if not forwarded:
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(
                 Code.INTERNAL_SERVER_ERROR, "the store did not take the dead letter (its log "
                                             "says why)"))
         return rpc.ForwardMessageToDeadLetterQueueResponse(status=status(Code.OK))
+
+    # ------------------------------------------------------------------ not served
+    def _not_served(self, what: str) -> pb.Status:
+        return status(Code.NOT_IMPLEMENTED, f"{what} is not served by this store")
 
     def RecallMessage(self, request, context):
         return rpc.RecallMessageResponse(status=self._not_served("RecallMessage (delay "
@@ -518,6 +505,20 @@ class _TelemetryStream:
         self.client_id = client_id
         self.outbox: queue.Queue = queue.Queue()
         self.topics: set[str] = set()
+
+
+def _by_handle(change, what: str) -> tuple[object, pb.Status | None]:
+    """``change()`` (a change of the pop state a receipt handle names: an ack, a new
+    invisible duration, a forward) and None; or None and the status of its failure:
+    INVALID_RECEIPT_HANDLE for a handle that names nothing in flight,
+    INTERNAL_SERVER_ERROR when the state could not be written."""
+    try:
+        return change(), None
+    except InvalidReceiptHandle as e:
+        return None, status(Code.INVALID_RECEIPT_HANDLE, str(e))
+    except OSError as e:
+        return None, status(Code.INTERNAL_SERVER_ERROR,
+                            f"the {what} could not be written: {e}")
 
 
 def _tags(expression: pb.FilterExpression) -> list[str] | None:
