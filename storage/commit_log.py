@@ -431,7 +431,6 @@ class CommitLog:
         does not fit, a prefix stored when no file can be made or reserved
         (``append_error`` says why), the topic-queue table advanced for what was stored.
         """
-        self.append_error = ""
         view = memoryview(data)
         physical, queue_offsets = [], []
         for i, size in enumerate(sizes):
@@ -450,6 +449,7 @@ class CommitLog:
         CommitLog and stamped there, the topic-queue table advanced (a consumable
         record); ``(physical offset, queue offset)``. None when no file could be made or
         reserved (``append_failure`` says why; nothing was written)."""
+        self.append_error = ""
         try:
             mf = self._file_taking(self.mapped_file_queue.get_last_mapped_file(), size)
             sink = self._sink(mf)
