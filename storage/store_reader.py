@@ -97,6 +97,7 @@ from rocketstore.storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SI
 from rocketstore.storage.errors import CorruptRecordError, StoreClosedError, StoreFileError
 from rocketstore.storage.index_file import IndexFileView
 from rocketstore.storage.logic_queues import queue_dirs
+from rocketstore.storage.mapped_file import MappedFile
 from rocketstore.storage.message import MessageExt
 from rocketstore.storage.read_path import (
     NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_view, get_from_queue,
@@ -249,14 +250,16 @@ class StoreReader:
             mf.set_positions(min(max(end - start, 0), size))
         self._cl_bound = end
 
-    def _read_record(self, phy: int, size: int, min_phy: int) -> bytes | None:
-        """The ``size`` bytes at ``phy`` if they lie below the bound in a mapped file.
-        (Not ``CommitLog.get_message``: for offset 0 it falls back to the first file,
-        which after expiry holds other bytes.)"""
+    def _read_record(self, phy: int, size: int, min_phy: int,
+                     take=MappedFile.read) -> bytes | memoryview | None:
+        """The ``size`` bytes at ``phy`` if they lie below the bound in a mapped file: a
+        copy, or what ``take`` (``MappedFile.view``) gives. (Not
+        ``CommitLog.get_message``: for offset 0 it falls back to the first file, which
+        after expiry holds other bytes.)"""
         if phy < min_phy:
             return None
         mf = self._cl_files.find_mapped_file_by_offset(phy)
-        return mf.read(phy - mf.file_from_offset, size) if mf is not None else None
+        return take(mf, phy - mf.file_from_offset, size) if mf is not None else None
 
     # ----------------------------------------------------------------- queues
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueueView | None:
@@ -497,7 +500,8 @@ class StoreReader:
         if gathered:
             return gather_records(got, max_bytes, at_least_one,
                                   self.config.mapped_file_size_commit_log,
-                                  lambda phy, size: self._view(phy, size, dispatched, min_phy))
+                                  lambda phy, size: self._copy(phy, size, dispatched, min_phy,
+                                                               MappedFile.view))
         return read_records(got, max_bytes, at_least_one,
                             self.config.mapped_file_size_commit_log,
                             lambda phy, size: self._copy(phy, size, dispatched, min_phy),
@@ -533,11 +537,11 @@ class StoreReader:
         return self._copy(commit_log_offset, size, dispatched, self._commit_log_min(None))
 
     def _copy(self, commit_log_offset: int, size: int, dispatched: int,
-              min_phy: int) -> bytes | None:
+              min_phy: int, take=MappedFile.read) -> bytes | memoryview | None:
         if size < 0 or commit_log_offset + size > dispatched:
             return None
         self._bound_commit_log(dispatched)
-        return self._read_record(commit_log_offset, size, min_phy)
+        return self._read_record(commit_log_offset, size, min_phy, take)
 
     def commit_log_view(self, commit_log_offset: int, size: int,
                         dispatched: int) -> memoryview | None:
@@ -546,16 +550,8 @@ class StoreReader:
         ``close``): a mapping closed while a view of it lives stays mapped until the view
         goes."""
         self._check_open()
-        return self._view(commit_log_offset, size, dispatched, self._commit_log_min(None))
-
-    def _view(self, commit_log_offset: int, size: int, dispatched: int,
-              min_phy: int) -> memoryview | None:
-        if size < 0 or commit_log_offset + size > dispatched or commit_log_offset < min_phy:
-            return None
-        self._bound_commit_log(dispatched)
-        mf = self._cl_files.find_mapped_file_by_offset(commit_log_offset)
-        return mf.view(commit_log_offset - mf.file_from_offset, size) if mf is not None \
-            else None
+        return self._copy(commit_log_offset, size, dispatched, self._commit_log_min(None),
+                          MappedFile.view)
 
     def _index_files(self) -> list[IndexFileView]:
         """The index files on disk now, oldest first: new ones mapped, gone ones dropped."""
