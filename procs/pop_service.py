@@ -44,8 +44,7 @@ import logging
 import threading
 import time
 
-from rocketstore.client.dealer import ClientError
-from rocketstore.client.producer import Producer
+from rocketstore.procs.internal_producer import ClientError, InternalProducer
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.config import StoreConfig
@@ -85,7 +84,8 @@ class PopService:
         self.state = PopState(config.config_dir)
         self._cond = threading.Condition()
         self._turns: dict[str, int] = {}    # topic@group -> the queue index to start at
-        self._producer: Producer | None = None    # dead letters; used under the lock
+        self._producer = InternalProducer(config.store_path_root_dir,
+                                          SEND_TIMEOUT_MS)   # dead letters; under the lock
         self._dead_letters_after = 0.0    # monotonic time before which none is tried
         # (topic@group, unit) -> (client id, pop time) of the auto-renewed messages
         self._renewed: dict[tuple[str, tuple[int, int]], tuple[str, int]] = {}
@@ -106,8 +106,7 @@ class PopService:
         with self._cond:
             self.state.close()
             self.reader.close()
-            if self._producer is not None:
-                self._producer.close()
+            self._producer.close()
 
     # ------------------------------------------------------------------ receive
     def receive(self, topic: str, group: str, tags: list[str] | None, batch: int,
@@ -209,14 +208,9 @@ class PopService:
         pop ``DEAD_LETTER_BACKOFF_S`` later)."""
         if time.monotonic() < self._dead_letters_after:
             return False
-        if self._producer is None:
-            self._producer = Producer(self.config.store_path_root_dir,
-                                      timeout_ms=SEND_TIMEOUT_MS)
         try:
             (r,) = self._producer.send_batch([dead_letter(topic, group, m)])
         except ClientError as e:
-            self._producer.close()
-            self._producer = None
             return self._not_dead_lettered(m, group, str(e))
         if not r.ok:
             return self._not_dead_lettered(m, group, f"{r.status.name} {r.reason}")

@@ -65,8 +65,7 @@ import time
 from typing import Callable
 
 from rocketstore.client.consumer import read_offsets, update_offsets
-from rocketstore.client.dealer import ClientError
-from rocketstore.client.producer import Producer
+from rocketstore.procs.internal_producer import ClientError, InternalProducer
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.config import StoreConfig
@@ -113,7 +112,7 @@ class TransactionalMessageService:
         self.listener = listener
         self.reader = StoreReader(config)
         self._lock = threading.Lock()
-        self._producer: Producer | None = None
+        self._producer = InternalProducer(config.store_path_root_dir, SEND_TIMEOUT_MS)
         self._queue_turns: dict[str, itertools.count] = {}
         self.ended: set[int] = set()         # transactions (first half offsets) with an op
         self._unanswered: set[int] = set()   # ends the writer did not answer: unknown
@@ -125,9 +124,7 @@ class TransactionalMessageService:
     def close(self) -> None:
         with self._lock:
             self.reader.close()
-            if self._producer is not None:
-                self._producer.close()
-                self._producer = None
+            self._producer.close()
 
     # ------------------------------------------------------------------ send
     def half(self, m: Message) -> Message:
@@ -319,15 +316,9 @@ class TransactionalMessageService:
               timeout_ms: int = SEND_TIMEOUT_MS) -> list[SendResult]:
         """Each record's outcome. Raises ``TransactionStoreError`` when the writer did
         not answer within ``timeout_ms`` (the outcome is unknown)."""
-        if self._producer is None:
-            self._producer = Producer(self.config.store_path_root_dir,
-                                      timeout_ms=SEND_TIMEOUT_MS)
-        self._producer.timeout_ms = timeout_ms
         try:
-            results = self._producer.send_batch(records)
+            results = self._producer.send_batch(records, timeout_ms)
         except ClientError as e:
-            self._producer.close()
-            self._producer = None
             raise TransactionStoreError(None, f"the store's writer did not answer: {e}") \
                 from None
         return results

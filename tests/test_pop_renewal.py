@@ -91,9 +91,9 @@ def test_a_dead_letter_the_store_does_not_take_pauses_dead_letters_instead_of_ev
         try:
             with caplog.at_level("WARNING", logger=pop_service.__name__):
                 assert service._dead_letter("T", "G", m) is False
-                assert service._producer is None            # the failed one was closed
+                assert service._producer._producer is None  # the failed one was closed
                 assert service._dead_letter("T", "G", m) is False
-                assert service._producer is None            # and no other was made
+                assert service._producer._producer is None  # and no other was made
                 assert len(caplog.records) == 1
                 service._dead_letters_after = time.monotonic()   # the pause is over
                 assert service._dead_letter("T", "G", m) is False
