@@ -3,7 +3,9 @@
 ``Consumer(store_dir, group, topic)`` maps the consume queues and the CommitLog
 read-only (``storage.store_reader.StoreReader``) and never sees past DISPATCHED (so,
 under SYNC_FLUSH, never a message a crash could take back); ``poll`` long-polls on the
-dispatcher's ARRIVAL announcements of its topic instead of spinning. Messages come as
+dispatcher's wake-ups for its topic instead of spinning (its arrival bell,
+``shm.arrival_bell``, a futex the dispatcher's thread wakes the waiting one through;
+the bus's ARRIVAL announcements where the store has no bells). Messages come as
 ``storage.message_view.MessageView``: every ``MessageExt`` field by name, the body,
 properties and hosts decoded when first read, each over its own copy of the record.
 
@@ -75,6 +77,7 @@ import zmq
 
 from rocketstore.client.reach import running_table
 from rocketstore.shm import bus
+from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
 from rocketstore.storage.config import recorded_geometry
@@ -114,16 +117,14 @@ class Consumer:
         self._closed = self._closing = False
         self._lock = threading.RLock()       # one call at a time over the views and offsets
         self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
-        self.reader = self.context = self._wakeups = self._member = None
+        self.reader = self._wakeups = self._member = None
         self.topic_missing: TopicNotExistError | None = None
         self.table = running_table(store_dir)
         try:
             self.topic_missing = _missing(self.config.consume_queue_dir, self.table, topic,
                                           wait_for_topic)
             self.reader = StoreReader(self.config)
-            self.context = zmq.Context()
-            self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
-                                           [bus.arrival_topic(topic)])   # its topic's only
+            self._wakeups = _wakeups(store_dir, topic)
             self._member = _Membership(store_dir, group, topic)
         except BaseException:
             self._release()     # a context left open would hang the garbage collector
@@ -146,6 +147,7 @@ class Consumer:
                 if self._closing:
                     return []
                 self._rebalance_if_due()
+                seen = self._wakeups.seen()     # before the look: no wake-up falls between
                 found = self._pull_once(max_msgs)
             left_ms = int((deadline - time.monotonic()) * 1000)
             if found or left_ms <= 0:
@@ -153,7 +155,7 @@ class Consumer:
             with self._wait_lock:       # the other calls may run meanwhile
                 if self._closing:
                     return []
-                self._wakeups.wait(min(left_ms, 200))
+                self._wakeups.wait(seen, min(left_ms, 200))
 
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
@@ -387,8 +389,6 @@ class Consumer:
             self._member.leave()
         if self._wakeups is not None:
             self._wakeups.close()
-        if self.context is not None:
-            self.context.term()
         if self.reader is not None:
             self.reader.close()
         self.table.close()
@@ -454,6 +454,54 @@ def update_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
     """Merge ``offsets`` into ``consumerOffset.json`` under an exclusive flock."""
     with offsets_locked(config_dir):
         merge_offsets(config_dir, key, offsets)
+
+
+def _wakeups(store_dir: str, topic: str) -> "_BellWakeups | _BusWakeups":
+    """What wakes a waiting ``poll``: the topic's arrival bell when the store has
+    bells, else the bus."""
+    bells = ArrivalBells.open(store_dir)
+    return _BellWakeups(bells, topic) if bells is not None else _BusWakeups(store_dir, topic)
+
+
+class _BellWakeups:
+    """The topic's arrival bell: ``seen()`` before looking at the queues, then
+    ``wait(seen, ms)`` returns at once if the bell rang since."""
+
+    def __init__(self, bells: ArrivalBells, topic: str):
+        self._bells, self._topic = bells, topic
+
+    def seen(self) -> int:
+        return self._bells.bell(self._topic)
+
+    def wait(self, seen: int, timeout_ms: int) -> None:
+        self._bells.wait(self._topic, seen, timeout_ms)
+
+    def close(self) -> None:
+        self._bells.close()
+
+
+class _BusWakeups:
+    """The dispatcher's ARRIVAL announcements of the topic, on the bus: the
+    subscription keeps what comes while the queues are looked at."""
+
+    def __init__(self, store_dir: str, topic: str):
+        self._context = zmq.Context()
+        try:
+            self._subscriber = bus.Subscriber(self._context, store_dir, ["dispatcher"],
+                                              [bus.arrival_topic(topic)])  # its topic's only
+        except BaseException:
+            self._context.term()
+            raise
+
+    def seen(self) -> int:
+        return 0
+
+    def wait(self, seen: int, timeout_ms: int) -> None:
+        self._subscriber.wait(timeout_ms)
+
+    def close(self) -> None:
+        self._subscriber.close()
+        self._context.term()
 
 
 @contextlib.contextmanager
