@@ -369,6 +369,7 @@ class Consumer:
         self.table = fresh
         self.reader.reopen()
         self._caught_up.clear()     # a DISPATCHED of the old table means nothing here
+        self._wakeups.reopen()      # and its bells are no longer rung
 
     def close(self) -> None:
         """Commit, leave the group, release everything; a second close does nothing. A
@@ -460,21 +461,32 @@ def _wakeups(store_dir: str, topic: str) -> "_BellWakeups | _BusWakeups":
     """What wakes a waiting ``poll``: the topic's arrival bell when the store has
     bells, else the bus."""
     bells = ArrivalBells.open(store_dir)
-    return _BellWakeups(bells, topic) if bells is not None else _BusWakeups(store_dir, topic)
+    if bells is not None:
+        return _BellWakeups(bells, topic, store_dir)
+    return _BusWakeups(store_dir, topic)
 
 
 class _BellWakeups:
     """The topic's arrival bell: ``seen()`` before looking at the queues, then
     ``wait(seen, ms)`` returns at once if the bell rang since."""
 
-    def __init__(self, bells: ArrivalBells, topic: str):
-        self._bells, self._topic = bells, topic
+    def __init__(self, bells: ArrivalBells, topic: str, store_dir: str):
+        self._bells, self._topic, self._store_dir = bells, topic, store_dir
+
+    def reopen(self) -> None:
+        """The restarted store's bells. The old mapping is closed when its last user
+        lets go (a wait in another thread may still hold it: it times out); a store
+        started without bells leaves the old ones, and ``poll`` then looks every 200 ms."""
+        bells = ArrivalBells.open(self._store_dir)
+        if bells is not None:
+            self._bells = bells
 
     def seen(self) -> int:
         return self._bells.bell(self._topic)
 
-    def wait(self, seen: int, timeout_ms: int) -> None:
-        self._bells.wait(self._topic, seen, timeout_ms)
+    def wait(self, seen: int, timeout_ms: int) -> bool:
+        """Whether the bell rang (since ``seen``), or False after ``timeout_ms``."""
+        return self._bells.wait(self._topic, seen, timeout_ms)
 
     def close(self) -> None:
         self._bells.close()
@@ -496,8 +508,12 @@ class _BusWakeups:
     def seen(self) -> int:
         return 0
 
-    def wait(self, seen: int, timeout_ms: int) -> None:
-        self._subscriber.wait(timeout_ms)
+    def reopen(self) -> None:
+        """Nothing: the subscription reconnects to the restarted dispatcher itself."""
+
+    def wait(self, seen: int, timeout_ms: int) -> bool:
+        """Whether an announcement came, or False after ``timeout_ms``."""
+        return bool(self._subscriber.wait(timeout_ms))
 
     def close(self) -> None:
         self._subscriber.close()

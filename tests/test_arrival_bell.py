@@ -173,3 +173,31 @@ def test_a_consumer_of_a_store_without_bells_waits_on_the_bus(tmp_path):
             (msgs, at), = got
             assert [m.body for m in msgs] == [b"bus"]
             assert at - sent_at < 30
+
+
+def test_a_consumer_that_outlives_a_store_restart_waits_on_the_new_bells(tmp_path):
+    rs = RunningStore(tmp_path)
+    with rs:
+        with Producer(rs.store_dir) as p:
+            assert p.send("Again", b"before").ok
+        c = Consumer(rs.store_dir, "again", "Again", rebalance_interval_ms=100)
+        try:
+            assert [m.body for m in c.poll(10, 5000)] == [b"before"]
+            old = c._wakeups._bells
+            assert rs.stop() == 0, rs.log()
+            rs.start()
+            wait_for(lambda: c.poll(10, 0) == [] and c._wakeups._bells is not old, 30,
+                     "the consumer's look at the restarted store")
+            bells = ArrivalBells.open(rs.store_dir)
+            seen = c._wakeups.seen()
+            assert seen == bells.bell("Again")
+            with Producer(rs.store_dir) as p:
+                assert p.send("Again", b"after").ok
+            wait_for(lambda: bells.bell("Again") != seen, 30, "the new dispatcher's ring")
+            t0 = time.monotonic()
+            assert c._wakeups.wait(seen, 60_000)        # at once: it rang since ``seen``
+            assert time.monotonic() - t0 < 30
+            assert [m.body for m in c.poll(10, 5000)] == [b"after"]
+            bells.close()
+        finally:
+            c.close()
