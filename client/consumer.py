@@ -95,6 +95,7 @@ OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
 MAX_POLL_MESSAGES = 1 << 20        # a poll's count is the caller's max_msgs; this bounds it
 DEFAULT_MAX_POLL_BYTES = 64 << 20   # records one poll copies, about (one larger still comes)
+WAIT_SLICE_MS = 200     # a waiting poll looks at its queues at least this often regardless
 
 
 class Consumer:
@@ -116,7 +117,7 @@ class Consumer:
         self.rebalance_interval_ms = rebalance_interval_ms
         self._closed = self._closing = False
         self._lock = threading.RLock()       # one call at a time over the views and offsets
-        self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
+        self._wait_lock = threading.Lock()   # one waiter at a time on the wake-ups
         self.reader = self._wakeups = self._member = None
         self.topic_missing: TopicNotExistError | None = None
         self.table = running_table(store_dir)
@@ -155,7 +156,7 @@ class Consumer:
             with self._wait_lock:       # the other calls may run meanwhile
                 if self._closing:
                     return []
-                self._wakeups.wait(seen, min(left_ms, 200))
+                self._wakeups.wait(seen, min(left_ms, WAIT_SLICE_MS))
 
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
@@ -375,7 +376,9 @@ class Consumer:
         """Commit, leave the group, release everything; a second close does nothing. A
         ``poll`` waiting in another thread returns first."""
         self._closing = True
-        with self._wait_lock, self._lock:    # a poll waiting in another thread returns
+        if self._wakeups is not None:
+            self._wakeups.interrupt()        # a poll waiting in another thread returns now
+        with self._wait_lock, self._lock:    # (or at the end of its slice, on the bus)
             if self._closed:
                 return
             try:
@@ -476,17 +479,29 @@ class _BellWakeups:
     def reopen(self) -> None:
         """The restarted store's bells. The old mapping is closed when its last user
         lets go (a wait in another thread may still hold it: it times out); a store
-        started without bells leaves the old ones, and ``poll`` then looks every 200 ms."""
+        started without bells leaves the old ones, and ``poll`` then looks every
+        ``WAIT_SLICE_MS``."""
         bells = ArrivalBells.open(self._store_dir)
         if bells is not None:
             self._bells = bells
 
-    def seen(self) -> int:
-        return self._bells.bell(self._topic)
+    def seen(self) -> tuple[ArrivalBells, int]:
+        """The bells and the word read (a seen word is only good for the bells it was
+        read from: a restart may swap them before the wait)."""
+        bells = self._bells
+        return bells, bells.bell(self._topic)
 
-    def wait(self, seen: int, timeout_ms: int) -> bool:
-        """Whether the bell rang (since ``seen``), or False after ``timeout_ms``."""
-        return self._bells.wait(self._topic, seen, timeout_ms)
+    def wait(self, seen: tuple[ArrivalBells, int], timeout_ms: int) -> bool:
+        """Whether the bell rang (or anything woke it) since ``seen``, or False after
+        ``timeout_ms``; True at once when the bells were swapped since."""
+        bells, word = seen
+        if bells is not self._bells:
+            return True
+        return bells.wait(self._topic, word, timeout_ms)
+
+    def interrupt(self) -> None:
+        """Wake a ``wait`` in another thread (``close``)."""
+        self._bells.wake(self._topic)
 
     def close(self) -> None:
         self._bells.close()
@@ -510,6 +525,9 @@ class _BusWakeups:
 
     def reopen(self) -> None:
         """Nothing: the subscription reconnects to the restarted dispatcher itself."""
+
+    def interrupt(self) -> None:
+        """Nothing: a wait on the bus ends at the end of its slice."""
 
     def wait(self, seen: int, timeout_ms: int) -> bool:
         """Whether an announcement came, or False after ``timeout_ms``."""

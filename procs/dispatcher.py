@@ -250,6 +250,8 @@ class Dispatcher(Service):
         self.wakeups = self._wake_source()
         self.publisher = Publisher(self.context, self.store_dir, self.name)
         self.bells = ArrivalBells.open(self.store_dir, writable=True)   # local consumers'
+        if self.bells is not None:
+            self.bells.ring_all()       # what a killed predecessor published but never rang
         self.flush_service = FlushConsumeQueueService(
             self._flush_on_interval, flush_tick_s(self.config.flush_interval_consume_queue))
         self.flush_service.start()

@@ -18,7 +18,11 @@ CRC-32 of its name): the dispatcher's wake reaches the waiting consumer's thread
 No wake is lost: the dispatcher changes the word after DISPATCHED covers the messages,
 and a consumer reads the word before it reads DISPATCHED, so either its read saw those
 messages or the word is no longer what it read and its wait returns at once (the kernel
-compares and sleeps atomically). Two topics in one bucket wake each other's consumers
+compares and sleeps atomically). That takes stores seen in the order they were made
+and loads made in program order, which x86-64 gives plain moves (``shm.futex`` is
+available there only). A dispatcher killed between DISPATCHED and its ring leaves
+those topics unrung: its successor rings every bucket once at its start
+(``ring_all``), and a waiting consumer looks at its queues then. Two topics in one bucket wake each other's consumers
 now and then: a wake only wakes, the consumer looks at its queues and waits again. The
 bell never says what arrived (the bus's ARRIVAL does, for the processes that need it:
 the reader, the proxy); the position table and the queues are the truth.
@@ -112,14 +116,28 @@ class ArrivalBells:
 
     def wait(self, topic: str, seen: int, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for a ring of ``topic``'s bucket after ``seen`` was
-        read; True when it rang (before the call, or during it)."""
+        read; True when it rang (before the call, or during it) or was woken (``wake``),
+        False on the timeout or a signal."""
         return futex.wait(self._base + 4 * bucket(topic), seen, max(0, timeout_ms))
+
+    def wake(self, topic: str) -> None:
+        """Wake whoever waits on ``topic``'s bucket without ringing it (a consumer
+        closing wakes its own poll): they look at their queues, and wait again."""
+        futex.wake(self._base + 4 * bucket(topic))
+
+    def ring_all(self) -> None:
+        """Dispatcher only, at its start: ring every bucket once. A predecessor killed
+        between DISPATCHED and its ring left some unrung; the consumers then look."""
+        self.ring_buckets(range(BUCKETS))
 
     def ring(self, topics) -> None:
         """Dispatcher only, after DISPATCHED covers what arrived: ring each topic's
         bucket once (``topics``: names, each rung once however often it is named)."""
+        self.ring_buckets({bucket(t) for t in topics})
+
+    def ring_buckets(self, buckets) -> None:
         words = self._words
-        for b in {bucket(t) for t in topics}:
+        for b in buckets:
             words[b] = (int(words[b]) + 1) & 0xFFFF_FFFF     # wraps, as a futex word
             futex.wake(self._base + 4 * b)
 

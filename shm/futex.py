@@ -12,13 +12,14 @@ calls here never pass FUTEX_PRIVATE_FLAG, which would key it per process):
     wake(address)                         wakes every waiter of the word; with none, a
                                           hash lookup in the kernel and nothing more
 
-The word is the caller's to change (a plain store by its one writer: x86-64 and arm64
-keep a 32-bit aligned store whole). ctypes releases the interpreter lock for the call,
+The word is the caller's to change (a plain store by its one writer: x86-64 keeps a
+32-bit aligned store whole, and keeps stores, and loads, in program order, which the
+callers' no-lost-wake arguments rely on). ctypes releases the interpreter lock for the call,
 so a waiting thread holds up no other thread of its process; a signal cuts the wait
 short (EINTR), and Python then runs its handler as usual.
 
-``AVAILABLE`` is False where the system call's number is not known (a machine that is
-neither x86-64 nor arm64, or not Linux): callers then keep to the bus.
+``AVAILABLE`` is True on x86-64 Linux only: elsewhere (arm64 reorders plain loads and
+stores; another system has no futex) callers keep to the bus.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import sys
 
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _WAKE_ALL = 0x7FFF_FFFF
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine()) \
-    if sys.platform.startswith("linux") else None
+_SYS_FUTEX = 202 if sys.platform.startswith("linux") and platform.machine() == "x86_64" \
+    else None
 
 
 class _Timespec(ctypes.Structure):

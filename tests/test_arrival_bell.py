@@ -1,6 +1,12 @@
 """shm.arrival_bell: the dispatcher's wake-up of local consumers, a futex word per topic
 bucket in shared memory, between real processes; and a running store's Consumer woken
-through it, with the bus as the fallback, across a SIGKILLed dispatcher."""
+through it, with the bus as the fallback, across a SIGKILLed dispatcher and a store
+restart.
+
+A waiting ``poll`` also looks at its queues every ``WAIT_SLICE_MS`` whatever wakes it;
+the store tests raise that slice to a minute, so only a wake-up can end a wait before
+their bounds. A test waits until the waiter is asleep in the kernel (its thread's
+``/proc/.../syscall``) before it rings."""
 
 from __future__ import annotations
 
@@ -14,12 +20,36 @@ import pytest
 from store_processes import RunningStore, wait_for
 
 from rocketstore.client import Consumer, Producer
+from rocketstore.client import consumer as consumer_module
 from rocketstore.client.consumer import _BellWakeups, _BusWakeups
 from rocketstore.shm import arrival_bell, futex
 from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.storage import Message
 
 pytestmark = pytest.mark.skipif(not futex.AVAILABLE, reason="no futex on this machine")
+
+SYS_FUTEX = 202                         # x86-64, the only machine futex.AVAILABLE is on
+SYS_POLLS = (7, 232, 271, 281)          # poll, epoll_wait, ppoll, epoll_pwait: the bus's
+
+
+@pytest.fixture
+def slow_slice(monkeypatch):
+    """Only a wake-up ends a poll's wait within the tests' bounds."""
+    monkeypatch.setattr(consumer_module, "WAIT_SLICE_MS", 60_000)
+
+
+def _in_syscall(pid: int, numbers, tid: int | None = None) -> bool:
+    """Whether process ``pid`` (its thread ``tid``, else any thread) sleeps in one of
+    the system calls ``numbers``."""
+    tids = [tid] if tid is not None else os.listdir(f"/proc/{pid}/task")
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/syscall") as f:
+                if int(f.read().split()[0]) in numbers:
+                    return True
+        except (OSError, ValueError, IndexError):
+            pass
+    return False
 
 
 @pytest.fixture
@@ -54,7 +84,7 @@ def _waiter(store_dir: str, topic: str, timeout_ms: int):
 def test_a_ring_of_its_topic_wakes_a_waiter_in_another_process_at_once(bells, tmp_path):
     proc, out = _waiter(str(tmp_path), "Orders", 60_000)
     try:
-        time.sleep(0.2)          # let it reach the kernel's wait (a ring before is fine too)
+        wait_for(lambda: _in_syscall(proc.pid, (SYS_FUTEX,)), 30, "the waiter asleep")
         bells.ring(["Orders"])
         rang, waited = out.get(timeout=60)
         assert rang and waited < 30      # woken, long before its 60 s timeout
@@ -105,11 +135,19 @@ def test_no_bells_where_no_supervisor_made_them(tmp_path):
     assert ArrivalBells.open(str(tmp_path), writable=True) is None
 
 
-def _poll_in_thread(consumer: Consumer, timeout_ms: int):
+def _poll_in_thread(consumer: Consumer, timeout_ms: int, asleep_in=(SYS_FUTEX,)):
+    """A ``poll`` in a thread, once that thread sleeps in the kernel's wait."""
     got: list = []
-    t = threading.Thread(target=lambda: got.append((consumer.poll(32, timeout_ms),
-                                                   time.monotonic())))
+    tid: list = []
+
+    def run():
+        tid.append(threading.get_native_id())
+        got.append((consumer.poll(32, timeout_ms), time.monotonic()))
+
+    t = threading.Thread(target=run)
     t.start()
+    wait_for(lambda: tid and _in_syscall(os.getpid(), asleep_in, tid[0]), 30,
+             "the poll asleep in its wait")
     return t, got
 
 
@@ -121,7 +159,8 @@ def test_a_store_makes_its_bells_and_removes_them_at_a_clean_stop(tmp_path):
     assert not os.path.exists(segment)
 
 
-def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(tmp_path):
+def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(
+        tmp_path, slow_slice):
     with RunningStore(tmp_path) as rs:
         with Producer(rs.store_dir) as p, \
                 Consumer(rs.store_dir, "bells", "Bells", wait_for_topic=True) as c:
@@ -130,7 +169,6 @@ def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(t
             bells = ArrivalBells.open(rs.store_dir)
             seen = bells.bell("Bells")
             t, got = _poll_in_thread(c, 60_000)
-            time.sleep(0.3)                         # the consumer waits on its bell
             sent_at = time.monotonic()
             assert p.send("Bells", b"first").ok
             t.join(60)
@@ -147,7 +185,6 @@ def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(t
             wait_for(lambda: rs.child_pid("dispatcher") not in (0, dispatcher), 30,
                      "the new dispatcher's pid")
             t, got = _poll_in_thread(c, 60_000)
-            time.sleep(0.3)
             sent_at = time.monotonic()
             assert p.send("Bells", b"second").ok
             t.join(90)
@@ -158,15 +195,14 @@ def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(t
             bells.close()
 
 
-def test_a_consumer_of_a_store_without_bells_waits_on_the_bus(tmp_path):
+def test_a_consumer_of_a_store_without_bells_waits_on_the_bus(tmp_path, slow_slice):
     with RunningStore(tmp_path) as rs:
         arrival_bell.unlink(rs.store_dir)           # as a store started before bells
         with Producer(rs.store_dir) as p, \
                 Consumer(rs.store_dir, "bus", "OnTheBus", wait_for_topic=True) as c:
             assert isinstance(c._wakeups, _BusWakeups)
             assert c.poll(32, 0) == []
-            t, got = _poll_in_thread(c, 60_000)
-            time.sleep(0.3)
+            t, got = _poll_in_thread(c, 60_000, SYS_POLLS)
             sent_at = time.monotonic()
             assert p.send_batch([Message(topic="OnTheBus", body=b"bus")])[0].ok
             t.join(60)
@@ -190,10 +226,10 @@ def test_a_consumer_that_outlives_a_store_restart_waits_on_the_new_bells(tmp_pat
                      "the consumer's look at the restarted store")
             bells = ArrivalBells.open(rs.store_dir)
             seen = c._wakeups.seen()
-            assert seen == bells.bell("Again")
+            assert seen[1] == bells.bell("Again")
             with Producer(rs.store_dir) as p:
                 assert p.send("Again", b"after").ok
-            wait_for(lambda: bells.bell("Again") != seen, 30, "the new dispatcher's ring")
+            wait_for(lambda: bells.bell("Again") != seen[1], 30, "the new dispatcher's ring")
             t0 = time.monotonic()
             assert c._wakeups.wait(seen, 60_000)        # at once: it rang since ``seen``
             assert time.monotonic() - t0 < 30
@@ -201,3 +237,45 @@ def test_a_consumer_that_outlives_a_store_restart_waits_on_the_new_bells(tmp_pat
             bells.close()
         finally:
             c.close()
+
+
+def test_a_message_dispatched_between_the_look_and_the_wait_ends_the_wait_at_once(
+        tmp_path, slow_slice, monkeypatch):
+    """The order that loses no wake-up: the bell is read before the queues are looked
+    at. Here a message is sent, dispatched and rung for right after a look that found
+    nothing, before the wait begins: the wait must not sleep through it."""
+    with RunningStore(tmp_path) as rs:
+        with Producer(rs.store_dir) as p, \
+                Consumer(rs.store_dir, "between", "Between", wait_for_topic=True) as c:
+            assert c.poll(32, 0) == []
+            bells = ArrivalBells.open(rs.store_dir)
+            look = Consumer._pull_once
+            sent = []
+
+            def look_then_send(self, max_msgs):
+                found = look(self, max_msgs)
+                if not sent and not found:
+                    before = bells.bell("Between")
+                    sent.append(p.send("Between", b"between").ok)
+                    wait_for(lambda: bells.bell("Between") != before, 30, "the ring")
+                return found
+
+            monkeypatch.setattr(Consumer, "_pull_once", look_then_send)
+            t0 = time.monotonic()
+            got = c.poll(32, 60_000)
+            assert sent == [True] and [m.body for m in got] == [b"between"]
+            assert time.monotonic() - t0 < 30       # not the slice, nor the timeout
+            bells.close()
+
+
+def test_close_wakes_a_poll_waiting_in_another_thread(tmp_path, slow_slice):
+    with RunningStore(tmp_path) as rs:
+        c = Consumer(rs.store_dir, "closing", "Closing", wait_for_topic=True)
+        assert c.poll(32, 0) == []
+        t, got = _poll_in_thread(c, 60_000)
+        t0 = time.monotonic()
+        c.close()
+        t.join(60)
+        assert time.monotonic() - t0 < 30
+        (msgs, _), = got
+        assert msgs == []
