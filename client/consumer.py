@@ -3,7 +3,9 @@
 ``Consumer(store_dir, group, topic)`` maps the consume queues and the CommitLog
 read-only (``storage.store_reader.StoreReader``) and never sees past DISPATCHED (so,
 under SYNC_FLUSH, never a message a crash could take back); ``poll`` long-polls on the
-dispatcher's ARRIVAL announcements of its topic instead of spinning. Messages come as
+dispatcher's wake-ups for its topic instead of spinning (its arrival bell,
+``shm.arrival_bell``, a futex the dispatcher's thread wakes the waiting one through;
+the bus's ARRIVAL announcements where the store has no bells). Messages come as
 ``storage.message_view.MessageView``: every ``MessageExt`` field by name, the body,
 properties and hosts decoded when first read, each over its own copy of the record.
 
@@ -75,6 +77,7 @@ import zmq
 
 from rocketstore.client.reach import running_table
 from rocketstore.shm import bus
+from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
 from rocketstore.storage.config import recorded_geometry
@@ -92,6 +95,7 @@ OFFSET_FILE = "consumerOffset.json"
 GROUPS_DIR = "groups"       # the membership of consumer groups (made by ``up`` too)
 MAX_POLL_MESSAGES = 1 << 20        # a poll's count is the caller's max_msgs; this bounds it
 DEFAULT_MAX_POLL_BYTES = 64 << 20   # records one poll copies, about (one larger still comes)
+WAIT_SLICE_MS = 200     # a waiting poll looks at its queues at least this often regardless
 
 
 class Consumer:
@@ -113,17 +117,15 @@ class Consumer:
         self.rebalance_interval_ms = rebalance_interval_ms
         self._closed = self._closing = False
         self._lock = threading.RLock()       # one call at a time over the views and offsets
-        self._wait_lock = threading.Lock()   # one waiter at a time on the wake-up socket
-        self.reader = self.context = self._wakeups = self._member = None
+        self._wait_lock = threading.Lock()   # one waiter at a time on the wake-ups
+        self.reader = self._wakeups = self._member = None
         self.topic_missing: TopicNotExistError | None = None
         self.table = running_table(store_dir)
         try:
             self.topic_missing = _missing(self.config.consume_queue_dir, self.table, topic,
                                           wait_for_topic)
             self.reader = StoreReader(self.config)
-            self.context = zmq.Context()
-            self._wakeups = bus.Subscriber(self.context, store_dir, ["dispatcher"],
-                                           [bus.arrival_topic(topic)])   # its topic's only
+            self._wakeups = _wakeups(store_dir, topic)
             self._member = _Membership(store_dir, group, topic)
         except BaseException:
             self._release()     # a context left open would hang the garbage collector
@@ -146,6 +148,7 @@ class Consumer:
                 if self._closing:
                     return []
                 self._rebalance_if_due()
+                seen = self._wakeups.seen()     # before the look: no wake-up falls between
                 found = self._pull_once(max_msgs)
             left_ms = int((deadline - time.monotonic()) * 1000)
             if found or left_ms <= 0:
@@ -153,7 +156,7 @@ class Consumer:
             with self._wait_lock:       # the other calls may run meanwhile
                 if self._closing:
                     return []
-                self._wakeups.wait(min(left_ms, 200))
+                self._wakeups.wait(seen, min(left_ms, WAIT_SLICE_MS))
 
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
@@ -367,12 +370,15 @@ class Consumer:
         self.table = fresh
         self.reader.reopen()
         self._caught_up.clear()     # a DISPATCHED of the old table means nothing here
+        self._wakeups.reopen()      # and its bells are no longer rung
 
     def close(self) -> None:
         """Commit, leave the group, release everything; a second close does nothing. A
         ``poll`` waiting in another thread returns first."""
         self._closing = True
-        with self._wait_lock, self._lock:    # a poll waiting in another thread returns
+        if self._wakeups is not None:
+            self._wakeups.interrupt()        # a poll waiting in another thread returns now
+        with self._wait_lock, self._lock:    # (or at the end of its slice, on the bus)
             if self._closed:
                 return
             try:
@@ -387,8 +393,6 @@ class Consumer:
             self._member.leave()
         if self._wakeups is not None:
             self._wakeups.close()
-        if self.context is not None:
-            self.context.term()
         if self.reader is not None:
             self.reader.close()
         self.table.close()
@@ -454,6 +458,84 @@ def update_offsets(config_dir: str, key: str, offsets: dict[str, int]) -> None:
     """Merge ``offsets`` into ``consumerOffset.json`` under an exclusive flock."""
     with offsets_locked(config_dir):
         merge_offsets(config_dir, key, offsets)
+
+
+def _wakeups(store_dir: str, topic: str) -> "_BellWakeups | _BusWakeups":
+    """What wakes a waiting ``poll``: the topic's arrival bell when the store has
+    bells, else the bus."""
+    bells = ArrivalBells.open(store_dir)
+    if bells is not None:
+        return _BellWakeups(bells, topic, store_dir)
+    return _BusWakeups(store_dir, topic)
+
+
+class _BellWakeups:
+    """The topic's arrival bell: ``seen()`` before looking at the queues, then
+    ``wait(seen, ms)`` returns at once if the bell rang since."""
+
+    def __init__(self, bells: ArrivalBells, topic: str, store_dir: str):
+        self._bells, self._topic, self._store_dir = bells, topic, store_dir
+
+    def reopen(self) -> None:
+        """The restarted store's bells. The old mapping is closed when its last user
+        lets go (a wait in another thread may still hold it: it times out); a store
+        started without bells leaves the old ones, and ``poll`` then looks every
+        ``WAIT_SLICE_MS``."""
+        bells = ArrivalBells.open(self._store_dir)
+        if bells is not None:
+            self._bells = bells
+
+    def seen(self) -> tuple[ArrivalBells, int]:
+        """The bells and the word read (a seen word is only good for the bells it was
+        read from: a restart may swap them before the wait)."""
+        bells = self._bells
+        return bells, bells.bell(self._topic)
+
+    def wait(self, seen: tuple[ArrivalBells, int], timeout_ms: int) -> bool:
+        """Whether the bell rang (or anything woke it) since ``seen``, or False after
+        ``timeout_ms``; True at once when the bells were swapped since."""
+        bells, word = seen
+        if bells is not self._bells:
+            return True
+        return bells.wait(self._topic, word, timeout_ms)
+
+    def interrupt(self) -> None:
+        """Wake a ``wait`` in another thread (``close``)."""
+        self._bells.wake(self._topic)
+
+    def close(self) -> None:
+        self._bells.close()
+
+
+class _BusWakeups:
+    """The dispatcher's ARRIVAL announcements of the topic, on the bus: the
+    subscription keeps what comes while the queues are looked at."""
+
+    def __init__(self, store_dir: str, topic: str):
+        self._context = zmq.Context()
+        try:
+            self._subscriber = bus.Subscriber(self._context, store_dir, ["dispatcher"],
+                                              [bus.arrival_topic(topic)])  # its topic's only
+        except BaseException:
+            self._context.term()
+            raise
+
+    def seen(self) -> int:
+        return 0
+
+    def reopen(self) -> None:
+        """Nothing: the subscription reconnects to the restarted dispatcher itself."""
+
+    def interrupt(self) -> None:
+        """Nothing: a wait on the bus ends at the end of its slice."""
+
+    def wait(self, seen: int, timeout_ms: int) -> bool:
+        """Whether an announcement came, or False after ``timeout_ms``."""
+        return bool(self._subscriber.wait(timeout_ms))
+
+    def close(self) -> None:
+        self._subscriber.close()
+        self._context.term()
 
 
 @contextlib.contextmanager

@@ -40,8 +40,10 @@ its end. One pass:
    across a file), for at most ``DISPATCH_BUDGET_MS``; after each chunk publish
    DISPATCHED (every unit and index entry below it is in its mapped file), then
    announce DISPATCHED and one ARRIVAL per topic that grew, with each of its queues that
-   grew and that queue's next offset; a run of a few records is parsed with ``struct``
-   alone (``storage.reput``'s small path), a long one with numpy;
+   grew and that queue's next offset, and ring those topics' arrival bells (``shm.
+   arrival_bell``: local consumers wake without a ZeroMQ hop); a run of a few records
+   is parsed with ``struct`` alone (``storage.reput``'s small path), a long one with
+   numpy;
 4. raise what the flush thread failed with, if it did (below).
 
 The flushes run on a thread of their own, RocketMQ's FlushConsumeQueueService
@@ -149,6 +151,7 @@ from rocketstore.procs.service import MAX_TURN_MS, TURN_MS, Service
 from rocketstore.shm.bus import (
     APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
     encode_offset)
+from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.storage.clock import now_ms
@@ -246,6 +249,9 @@ class Dispatcher(Service):
             raise
         self.wakeups = self._wake_source()
         self.publisher = Publisher(self.context, self.store_dir, self.name)
+        self.bells = ArrivalBells.open(self.store_dir, writable=True)   # local consumers'
+        if self.bells is not None:
+            self.bells.ring_all()       # what a killed predecessor published but never rang
         self.flush_service = FlushConsumeQueueService(
             self._flush_on_interval, flush_tick_s(self.config.flush_interval_consume_queue))
         self.flush_service.start()
@@ -539,9 +545,12 @@ class Dispatcher(Service):
             self._error_shown = False
         publish = self.publisher.publish
         publish(DISPATCHED, encode_offset(offset))
-        for topic, queues in self._arrivals.items():
+        arrivals = self._arrivals
+        for topic, queues in arrivals.items():
             publish(arrival_topic(topic), encode_arrival(topic, queues))
-        self._arrivals.clear()
+        if self.bells is not None and arrivals:
+            self.bells.ring(arrivals)
+        arrivals.clear()
 
     # ================================================================== expiry
     def _follow_min_offset(self) -> None:
@@ -579,6 +588,8 @@ class Dispatcher(Service):
         self.checkpoint.close()
         self.wakeups.close()
         self.publisher.close()
+        if self.bells is not None:
+            self.bells.close()
 
 
 def _out_of_space(e: BaseException) -> bool:

@@ -34,7 +34,7 @@ import os
 from typing import NamedTuple
 
 from rocketstore.client.consumer import GROUPS_DIR
-from rocketstore.shm import doorbell
+from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.positions import (
     PositionTable, Slot, StoreState, now_ms, process_start_ticks, segment_state)
 from rocketstore.shm.transient_pool import TransientStorePool, commit_left_behind
@@ -82,6 +82,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         physic_ts = store.checkpoint.physic_msg_timestamp
         table = PositionTable.create(root)  # unlinks whatever holds the name first
         doorbell.create(root)               # the same: a dead run's is replaced
+        arrival_bell.create(root)           # and the consumers' bells
         if config.transient_store_pool_enable:
             pool = TransientStorePool(root, config.transient_store_pool_size,
                                       config.mapped_file_size_commit_log, create=True)
@@ -91,6 +92,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
             table.close()
             table.unlink()
             doorbell.unlink(root)
+            arrival_bell.unlink(root)
         lock.release()
         raise
     table.reset({Slot.SUPERVISOR_PID: os.getpid(),

@@ -85,7 +85,7 @@ from rocketstore.procs import metrics, promotion
 from rocketstore.procs.recovery import recover_and_publish
 from rocketstore.procs.service import EXIT_CANNOT_LISTEN, run_service
 from rocketstore.procs.stats import clear_published
-from rocketstore.shm import doorbell
+from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
@@ -576,6 +576,7 @@ class Supervisor:
         t.set(Slot.STATE, StoreState.STOPPED)
         t.unlink()
         doorbell.unlink(self.store_dir)
+        arrival_bell.unlink(self.store_dir)
         t.close()
         self.table = None
         self._lock.release()

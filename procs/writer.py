@@ -456,7 +456,8 @@ class WriterService(Service):
         ``check_clean_run`` takes as it is (the common one-message send), are appended
         record by record (``CommitLog.append_small``: no RecordBatch, no numpy), and
         answered as one drain: WRITTEN once, the replies, one APPENDED; the statistics,
-        the last record and the append's time are taken once for the drain. Returns the
+        the last record and the append's time are taken once for the drain, after the
+        replies (a producer waiting one at a time waits for none of it). Returns the
         frames from the first one it does not take, for the batch path, in order (so a
         producer's requests are stored in the order it sent them)."""
         now = max(now_ms(), self.last_store_ts)
@@ -475,11 +476,12 @@ class WriterService(Service):
         else:
             k = len(frames)
         if taken:
-            self._note_append_time(time.monotonic() - began)
+            appending = time.monotonic() - began
+            self._answer_drain(taken, now, drain.end)
+            self._note_append_time(appending)     # the bookkeeping after the answers
             if drain.topics:
                 self.last_record = LastRecord(drain.last_offset, now)
                 count_puts(self.stats, drain.topics, drain.sizes)
-            self._answer_drain(taken, now, drain.end)
             if taken[-1].results.failed_append:   # past the WRITTEN just published lie
                 self.reset_to_written()            # the torn bytes of the failure
         return frames[k:]
@@ -884,12 +886,11 @@ class WriterService(Service):
         if not_master:
             return PutMessageResult.refused(PutMessageStatus.SERVICE_NOT_AVAILABLE, not_master)
         table = self.table
+        if table.puts_clear() and self.role != "SLAVE":
+            return None     # puts are taken (every cause below clear)
         flush_error = table.get(Slot.FLUSH_ERROR)
         dispatch_error = table.get(Slot.DISPATCH_ERROR)
         state = table.get(Slot.STATE)
-        if not (flush_error or dispatch_error) and state in _OK_STATES and \
-                self.role != "SLAVE" and not table.get(Slot.DISK_FULL):
-            return None     # puts are taken (every cause below clear)
         return refusal(StoreCondition(
             not_running=None if state in _OK_STATES else _state_name(state),
             slave=self.role == "SLAVE",

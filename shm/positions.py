@@ -314,6 +314,12 @@ UPPER_BOUNDS = {Slot.FLUSHED: Slot.WRITTEN, Slot.COMMITTED: Slot.WRITTEN,
                 Slot.MIN_OFFSET: Slot.DISPATCHED}
 
 
+# the slots ``puts_clear`` reads, as plain ints (an enum member indexes more slowly)
+_STATE, _FLUSH_ERROR = int(Slot.STATE), int(Slot.FLUSH_ERROR)
+_DISPATCH_ERROR, _DISK_FULL = int(Slot.DISPATCH_ERROR), int(Slot.DISK_FULL)
+_TAKING_STATES = (int(StoreState.RUNNING), int(StoreState.STARTING))
+
+
 class PositionTableError(Exception):
     """The segment is missing, stale or not a position table."""
 
@@ -458,6 +464,14 @@ class PositionTable:
     # ------------------------------------------------------------------ slots
     def get(self, slot: int) -> int:
         return self._slots[slot]
+
+    def puts_clear(self) -> bool:
+        """The table's part of "this store takes puts", read once a drain by the writer:
+        STATE RUNNING or STARTING, and FLUSH_ERROR, DISPATCH_ERROR and DISK_FULL clear
+        (``storage.put_path`` names the refusal when any is not)."""
+        slots = self._slots
+        return not (slots[_FLUSH_ERROR] or slots[_DISPATCH_ERROR] or slots[_DISK_FULL]) \
+            and slots[_STATE] in _TAKING_STATES
 
     def set(self, slot: Slot, value: int) -> None:
         """Store one slot: only its writer (see the table) may. Raises

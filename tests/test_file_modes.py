@@ -12,7 +12,7 @@ import pytest
 
 from conftest import msg, small_config
 from rocketstore.client import Consumer, Producer
-from rocketstore.shm import doorbell
+from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.positions import segment_name
 from rocketstore.storage import MessageStore, StoreConfig
 from rocketstore.storage.errors import StoreConfigError
@@ -76,6 +76,8 @@ def test_a_running_store_and_its_consumers_make_0750_and_0640(tmp_path):
         assert stat.S_IMODE(os.stat(segment).st_mode) == 0o640
         bell = "/dev/shm/sem." + doorbell.semaphore_name(store.store_dir)[1:]   # Linux's place
         assert stat.S_IMODE(os.stat(bell).st_mode) == 0o640
+        bells = "/dev/shm" + arrival_bell.bells_name(store.store_dir)
+        assert stat.S_IMODE(os.stat(bells).st_mode) == 0o640
         assert store.stop() == 0
     modes = _modes(store.store_dir)
     shared = {p: m for p, m in modes.items() if p.split("/")[0] == "groups"}

@@ -29,7 +29,7 @@ import pytest
 
 from conftest import crash, small_config
 from rocketstore.client import Consumer, Producer
-from rocketstore.shm import doorbell
+from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.positions import Slot, segment_name
 from rocketstore.storage import Message, MessageStore
 from store_processes import RunningStore, cli
@@ -184,6 +184,7 @@ def test_a_running_store_cut_off_keeps_what_was_fsynced(tmp_path, flush_type):
     except posix_ipc.ExistentialError:
         pass
     doorbell.unlink(store.store_dir)       # a reboot empties /dev/shm
+    arrival_bell.unlink(store.store_dir)
     _cut_power(store.store_dir, flushed, None, rng, 64 * 1024)
     durable = {b: a for b, a in acked.items() if a[3] <= flushed}
     if flush_type == "SYNC_FLUSH":
