@@ -151,6 +151,18 @@ def _poll_in_thread(consumer: Consumer, timeout_ms: int, asleep_in=(SYS_FUTEX,))
     return t, got
 
 
+def _woken_by_a_send(consumer: Consumer, send, body: bytes, asleep_in=(SYS_FUTEX,)) -> None:
+    """``consumer`` polls in a thread and sleeps; ``send(body)`` then ends its wait
+    with that message, long before the poll's timeout (60 s) and its slice."""
+    t, got = _poll_in_thread(consumer, 60_000, asleep_in)
+    sent_at = time.monotonic()
+    assert send(body)
+    t.join(90)
+    (msgs, at), = got
+    assert [m.body for m in msgs] == [body]
+    assert at - sent_at < 30
+
+
 def test_a_store_makes_its_bells_and_removes_them_at_a_clean_stop(tmp_path):
     with RunningStore(tmp_path) as rs:
         segment = "/dev/shm" + arrival_bell.bells_name(rs.store_dir)
@@ -168,13 +180,7 @@ def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(
             assert c.poll(32, 0) == []
             bells = ArrivalBells.open(rs.store_dir)
             seen = bells.bell("Bells")
-            t, got = _poll_in_thread(c, 60_000)
-            sent_at = time.monotonic()
-            assert p.send("Bells", b"first").ok
-            t.join(60)
-            (msgs, at), = got
-            assert [m.body for m in msgs] == [b"first"]
-            assert at - sent_at < 30            # woken, long before its 60 s timeout
+            _woken_by_a_send(c, lambda body: p.send("Bells", body).ok, b"first")
             wait_for(lambda: bells.bell("Bells") != seen, 30, "the dispatcher's ring")
             seen = bells.bell("Bells")
 
@@ -184,13 +190,7 @@ def test_a_waiting_consumer_is_woken_by_its_bell_and_after_a_killed_dispatcher(
             wait_for(lambda: rs.restarts("dispatcher") > before, 30, "a new dispatcher")
             wait_for(lambda: rs.child_pid("dispatcher") not in (0, dispatcher), 30,
                      "the new dispatcher's pid")
-            t, got = _poll_in_thread(c, 60_000)
-            sent_at = time.monotonic()
-            assert p.send("Bells", b"second").ok
-            t.join(90)
-            (msgs, at), = got
-            assert [m.body for m in msgs] == [b"second"]
-            assert at - sent_at < 45
+            _woken_by_a_send(c, lambda body: p.send("Bells", body).ok, b"second")
             wait_for(lambda: bells.bell("Bells") != seen, 30, "the successor's ring")
             bells.close()
 
@@ -202,13 +202,9 @@ def test_a_consumer_of_a_store_without_bells_waits_on_the_bus(tmp_path, slow_sli
                 Consumer(rs.store_dir, "bus", "OnTheBus", wait_for_topic=True) as c:
             assert isinstance(c._wakeups, _BusWakeups)
             assert c.poll(32, 0) == []
-            t, got = _poll_in_thread(c, 60_000, SYS_POLLS)
-            sent_at = time.monotonic()
-            assert p.send_batch([Message(topic="OnTheBus", body=b"bus")])[0].ok
-            t.join(60)
-            (msgs, at), = got
-            assert [m.body for m in msgs] == [b"bus"]
-            assert at - sent_at < 30
+            _woken_by_a_send(
+                c, lambda body: p.send_batch([Message(topic="OnTheBus", body=body)])[0].ok,
+                b"bus", SYS_POLLS)
 
 
 def test_a_consumer_that_outlives_a_store_restart_waits_on_the_new_bells(tmp_path):
