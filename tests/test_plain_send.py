@@ -1,0 +1,83 @@
+"""The one-message send's own path: ``Producer.send`` of a plain message encodes its
+frame from the arguments (``protocol.encode_plain_send``), and a one-record answer is
+read with one ``struct``. Each gives what the general path gives, byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rocketstore.storage import Message, record_batch
+from rocketstore.storage.status import PutMessageStatus
+from rocketstore.wire import protocol
+
+STORE_HOST = bytes([127, 0, 0, 1, 0, 0, 0x28, 0x9A])
+
+
+def general_frame(request_id, topic, body, tags, key, queue_id, born_timestamp):
+    """The frame ``Producer.send`` made before it had a path of its own, or the error
+    that sent it to a SEND frame."""
+    try:
+        m = Message(topic, body, tags=tags, keys=[key] if key is not None else None,
+                    queue_id=queue_id)
+        return protocol.encode_one_send_record(
+            request_id, record_batch.encode_message(m, born_timestamp))
+    except Exception as e:        # noqa: BLE001 (the producer's own fallback)
+        return type(e)
+
+
+texts = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(topic=st.one_of(st.sampled_from(["Orders", "T", "x" * 127, "x" * 128, ""]), texts),
+       body=st.one_of(st.binary(max_size=300), st.just(bytearray(b"ba"))),
+       tags=st.one_of(st.none(), st.just(""), texts), key=st.one_of(st.none(), texts),
+       queue_id=st.one_of(st.none(), st.integers(-2, 8), st.just(2 ** 31)),
+       request_id=st.integers(0, 2 ** 64 - 1), born=st.integers(0, 2 ** 62))
+def test_a_plain_frame_is_the_general_frame(topic, body, tags, key, queue_id, request_id,
+                                            born):
+    plain = protocol.encode_plain_send(request_id, topic, body, tags, key, queue_id, born)
+    general = general_frame(request_id, topic, body, tags, key, queue_id, born)
+    if plain is not None:
+        assert plain == general
+    else:                          # judged by the general path, as before
+        assert general is not None
+
+
+@pytest.mark.parametrize("topic, body, tags, key, queue_id", [
+    ("Orders", b"body", "TagA", "k1", None),
+    ("Orders", b"", None, None, 3),
+    ("Orders", b"y", "日本", "ключ", 7),
+    ("Orders", b"z", "a b", "", 0),
+])
+def test_plain_messages_take_the_plain_path(topic, body, tags, key, queue_id):
+    plain = protocol.encode_plain_send(9, topic, body, tags, key, queue_id, 1234)
+    assert plain is not None
+    assert plain == general_frame(9, topic, body, tags, key, queue_id, 1234)
+
+
+@pytest.mark.parametrize("topic, body, tags, key, queue_id", [
+    ("Orders", b"z", "a\x01b", "k", None),      # a byte the properties reserve
+    ("Orders", b"z", "t", "a b", None),         # the key separator
+    ("Orders", b"z", "t", "k", -1),
+    ("Orders", b"z", "t", "k", 2 ** 31),
+    ("Orders", bytearray(b"z"), "t", "k", 1),
+    ("x" * 128, b"z", "t", "k", 1),             # a v2 topic
+    ("Orders", b"z", "t" * 40000, "k", 1),      # properties over 32767 bytes
+])
+def test_what_is_not_plain_goes_the_general_way(topic, body, tags, key, queue_id):
+    assert protocol.encode_plain_send(9, topic, body, tags, key, queue_id, 1234) is None
+
+
+@pytest.mark.parametrize("columns", [
+    (0, 1, 3, 900, 17), (0, 1, 3, -1, 17), (1, 2, 3, 2 ** 62 + 5, 5), (0, 0, 0, 0, 0)])
+def test_a_one_record_answer_reads_as_the_general_decoder_reads_it(columns):
+    frame = protocol.encode_one_send_records_reply(5, STORE_HOST, *columns)
+    assert protocol.decode_one_send_result(frame) == \
+        protocol.decode_send_records_reply(frame)[1][0]
+    columns = dict(zip(("status", "queue_id", "queue_offset", "commit_log_offset",
+                        "store_timestamp"), ([c] for c in columns)))
+    with_reason = protocol.encode_send_records_reply(5, STORE_HOST, columns, {0: "why"})
+    assert protocol.decode_one_send_result(with_reason) is None    # the general decoder's
+    assert protocol.decode_send_records_reply(with_reason)[1][0].reason == "why"
