@@ -1,12 +1,18 @@
 """The one-message send's own path: ``Producer.send`` of a plain message encodes its
-frame from the arguments (``protocol.encode_plain_send``), and a one-record answer is
-read with one ``struct``. Each gives what the general path gives, byte for byte."""
+frame from the arguments (``protocol.encode_plain_send``), a settled ``Dealer`` waits
+with one blocking ``recv``, and a one-record answer is read with one ``struct``. Each
+gives what the general path gives, byte for byte and rule for rule."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import zmq
 from hypothesis import given, settings, strategies as st
 
+from rocketstore.client import ConnectionLost, Producer, RequestTimeout
 from rocketstore.storage import Message, record_batch
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.wire import protocol
@@ -81,3 +87,82 @@ def test_a_one_record_answer_reads_as_the_general_decoder_reads_it(columns):
     with_reason = protocol.encode_send_records_reply(5, STORE_HOST, columns, {0: "why"})
     assert protocol.decode_one_send_result(with_reason) is None    # the general decoder's
     assert protocol.decode_send_records_reply(with_reason)[1][0].reason == "why"
+
+
+@pytest.fixture
+def router(tmp_path):
+    """A bare ROUTER where a store's ingest socket would be, and its address."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    address = f"ipc://{tmp_path}/ingest.sock"
+    sock.bind(address)
+    yield sock, address
+    sock.close(0)
+    ctx.term()
+
+
+def answer(router: zmq.Socket, offset: int) -> int:
+    """Answer the next request PUT_OK at ``offset``; its request id."""
+    peer, frame = router.recv_multipart()
+    request_id = protocol.reply_request_id(frame)
+    router.send_multipart([peer, protocol.encode_one_send_records_reply(
+        request_id, STORE_HOST, 0, 1, offset, offset, 17)])
+    return request_id
+
+
+def settled(p: Producer, router: zmq.Socket) -> None:
+    """One send answered, so the first handshake is judged and waits block in recv."""
+    pending = p.send_async([Message("Orders", b"first")])
+    answer(router, 0)
+    assert pending.result()[0].ok
+    assert p._dealer._settled
+
+
+def test_a_settled_wait_keeps_other_answers_and_drops_a_forgotten_one(router):
+    sock, address = router
+    with Producer(address, timeout_ms=5000) as p:
+        settled(p, sock)
+        dealer = p._dealer
+        ids = [dealer.next_id() for _ in range(3)]
+        for request_id in ids:
+            dealer.send(protocol.encode_plain_send(request_id, "Orders", b"b", None, None,
+                                                   None, 1), request_id)
+        dealer.forget(ids[0])
+        answered = [answer(sock, offset) for offset in (10, 11, 12)]
+        assert answered == ids
+        third = protocol.decode_one_send_result(dealer.receive(ids[2]))
+        second = protocol.decode_one_send_result(dealer.receive(ids[1]))
+        assert (second.queue_offset, third.queue_offset) == (11, 12)
+        assert not dealer.replies and not dealer._pending    # the forgotten one dropped
+
+
+def test_a_plain_send_times_out_as_any_send_does(router):
+    sock, address = router
+    with Producer(address, timeout_ms=300) as p:
+        settled(p, sock)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout, match=r"no answer to request \d+ within 300 ms; "
+                                                 r"its outcome is unknown$"):
+            p.send("Orders", b"never answered", tags="TagA", keys=["k"])
+        assert time.monotonic() - started >= 0.3
+        assert not p._dealer._pending
+        late = answer(sock, 5)                        # the late answer is dropped
+        p.send_async([Message("Orders", b"next")])
+        answer(sock, 6)
+        assert p.flush() is None and late not in p._dealer.replies
+
+
+def test_a_plain_send_blocked_in_its_wait_sees_the_connection_lost(router):
+    sock, address = router
+    with Producer(address, timeout_ms=20_000) as p:
+        settled(p, sock)
+        gone = threading.Timer(0.3, sock.close, (0,))   # the store's process goes away
+        gone.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(ConnectionLost, match="was lost with request"):
+                p.send("Orders", b"in flight", tags="TagA", keys=["k"])
+        finally:
+            gone.join()
+        assert time.monotonic() - started < 10     # seen at once, not at the timeout
