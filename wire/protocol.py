@@ -634,7 +634,7 @@ _PLAIN_TOPICS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 byt
 _PLAIN_TAGS: dict[str, str] = {}        # tags -> their TAGS property pair
 _PLAIN_REMEMBERED = 4096                # at most this many of each
 _KEYS_NAME = f"{PROPERTY_KEYS}\x01"
-_MAX_QUEUE_ID = 0x7FFFFFFF
+_PLAIN_MAX_RECORD = MAX_FRAME_BYTES - _ONE_SEND_RECORDS.size   # a frame's room for it
 
 
 def encode_plain_send(request_id: int, topic: str, body: bytes, tags: str | None,
@@ -647,38 +647,36 @@ def encode_plain_send(request_id: int, topic: str, body: bytes, tags: str | None
     None for a message that is not plain, which that general encoder judges: a body
     that is not bytes, a topic not 1-127 bytes of UTF-8, tags or a key that is not a
     str free of control characters (a key also of the key separator), a queue id not
-    None nor 0..2**31-1, properties over 32767 bytes, a request id that is no u64."""
-    topic_part = _PLAIN_TOPICS.get(topic)
-    if topic_part is None:
-        topic_part = _plain_topic(topic)
-    if not topic_part or type(body) is not bytes:
-        return None
-    text = ""
-    if tags:
-        text = _PLAIN_TAGS.get(tags) or _plain_tags(tags)
-        if not text:
+    None nor 0..2**31-1, properties over 32767 bytes, a frame over MAX_FRAME_BYTES, a
+    request id that is no u64."""
+    try:
+        topic_part = _PLAIN_TOPICS.get(topic) or _plain_topic(topic)
+        if not topic_part or type(body) is not bytes:
             return None
-    if key:
-        if type(key) is not str or not key.isprintable() or KEY_SEPARATOR in key:
+        text = ""
+        if tags:
+            text = _PLAIN_TAGS.get(tags) or _plain_tags(tags)
+            if not text:
+                return None
+        if key:
+            if type(key) is not str or not key.isprintable() or KEY_SEPARATOR in key:
+                return None
+            text = f"{text}{_KEYS_NAME}{key}\x02"
+        properties = text.encode()
+        if queue_id is None:
+            queue_id = -1
+        elif type(queue_id) is not int or queue_id < 0:
             return None
-        text = f"{text}{_KEYS_NAME}{key}\x02"
-    properties = text.encode()
-    if queue_id is None:
-        queue_id = -1
-    elif type(queue_id) is not int or not 0 <= queue_id <= _MAX_QUEUE_ID:
+        n, p = len(body), len(properties)
+        size = BODY_POS + n + len(topic_part) + 2 + p
+        if p > MAX_PROPERTIES_LENGTH or size > _PLAIN_MAX_RECORD:
+            return None
+        head = _ONE_PLAIN.pack(MAGIC, VERSION, _SEND_RECORDS, request_id, 1, size,
+                               MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF, queue_id,
+                               born_timestamp, _PLAIN_BORN_HOST, n)
+    except (TypeError, struct.error):      # an unhashable topic or tags; a field too wide
         return None
-    n, p = len(body), len(properties)
-    if p > MAX_PROPERTIES_LENGTH or type(request_id) is not int or \
-            not 0 <= request_id < 1 << 64:
-        return None
-    head = _ONE_PLAIN.pack(MAGIC, VERSION, _SEND_RECORDS, request_id, 1,
-                           BODY_POS + n + len(topic_part) + 2 + p, MESSAGE_MAGIC_CODE,
-                           zlib.crc32(body) & 0x7FFFFFFF, queue_id, born_timestamp,
-                           _PLAIN_BORN_HOST, n)
-    frame = b"".join((head, body, topic_part, p.to_bytes(2, "big"), properties))
-    if len(frame) > MAX_FRAME_BYTES:
-        return None
-    return frame
+    return b"".join((head, body, topic_part, p.to_bytes(2, "big"), properties))
 
 
 def _plain_topic(topic: str) -> bytes:
@@ -856,9 +854,16 @@ _SEND_RECORDS_REPLY = int(Kind.SEND_RECORDS_REPLY)
 
 
 _REPLY_ID = struct.Struct(">2sBxQ")    # magic, version, (kind), request id
-# a one-record SEND_RECORDS_REPLY with no reason from an IPv4 store host, whole
-_ONE_REPLY_V4 = struct.Struct(">2sBBQIB8s" + _ONE_RESULT.format[1:])
-assert _ONE_REPLY_V4.size == HEADER_SIZE + 1 + 8 + _ONE_RESULT.size
+# a one-record SEND_RECORDS_REPLY from an IPv4 store host: the header (its request id
+# read by ``reply_request_id``), the host's length (8) and bytes, then ``_ONE_RESULT``
+_V4_REPLY_KIND = MAGIC + bytes((VERSION, _SEND_RECORDS_REPLY))   # magic, version, kind
+_V4_REPLY_COUNT_HOST = struct.pack(">IB", 1, 8)                  # count, host length
+_V4_REPLY_HOST_AT = HEADER_SIZE + 1
+_V4_REPLY_RESULT_AT = _V4_REPLY_HOST_AT + 8
+_V4_REPLY_OFFSET_AT = _V4_REPLY_RESULT_AT + 1 + 4 + 8      # after status, queue id, offset
+_V4_REPLY_STAMP_AT = _V4_REPLY_OFFSET_AT + 8
+_V4_REPLY_SIZE = _V4_REPLY_RESULT_AT + _ONE_RESULT.size
+assert HEADER.format == ">2sBBQI"        # kind at byte 3, count at bytes 12-15
 
 
 def reply_request_id(frame) -> int:
@@ -878,18 +883,19 @@ def decode_one_send_result(frame) -> SendResult | None:
     send's answer), its header and body read once; None for any other frame (another
     kind, an ERROR, more records, a reason, bytes out of place), which the general
     decoders read and name what is wrong. An answer from an IPv4 store host is read
-    with one ``struct``."""
+    with one ``struct`` after two comparisons of its fixed bytes; its message id is the
+    hex of its host and offset bytes as they lie in the frame."""
     n = len(frame)
-    if n == _ONE_REPLY_V4.size:
-        magic, version, kind, _, count, host_length, host, code, queue_id, queue_offset, \
-            offset, stamp, reasons = _ONE_REPLY_V4.unpack(frame)
-        if magic == MAGIC and version == VERSION and kind == _SEND_RECORDS_REPLY and \
-                count == 1 and host_length == 8 and not reasons:
-            status = _PUT_STATUSES.get(code)
-            if status is not None:
-                return SendResult(status, (host + offset.to_bytes(8, "big")).hex().upper()
-                                  if offset >= 0 else "", queue_id, queue_offset, offset,
-                                  stamp, "")
+    if n == _V4_REPLY_SIZE and frame[:4] == _V4_REPLY_KIND and \
+            frame[12:17] == _V4_REPLY_COUNT_HOST:
+        code, queue_id, queue_offset, offset, stamp, reasons = \
+            _ONE_RESULT.unpack_from(frame, _V4_REPLY_RESULT_AT)
+        status = _PUT_STATUSES.get(code)
+        if status is not None and not reasons:
+            return SendResult(status, (frame[_V4_REPLY_HOST_AT:_V4_REPLY_RESULT_AT]
+                                       + frame[_V4_REPLY_OFFSET_AT:_V4_REPLY_STAMP_AT]
+                                       ).hex().upper() if offset >= 0 else "",
+                              queue_id, queue_offset, offset, stamp, "")
     if n <= HEADER_SIZE:
         return None
     magic, version, kind, request_id, count = HEADER.unpack_from(frame, 0)
