@@ -71,6 +71,9 @@ def test_plain_messages_take_the_plain_path(topic, body, tags, key, queue_id):
     ("Orders", bytearray(b"z"), "t", "k", 1),
     ("x" * 128, b"z", "t", "k", 1),             # a v2 topic
     ("Orders", b"z", "t" * 40000, "k", 1),      # properties over 32767 bytes
+    (["Orders"], b"z", "t", "k", 1),            # what only the general path names
+    ("Orders", b"z", ["t"], "k", 1),
+    ("Orders", b"z", "t", 5, 1),
 ])
 def test_what_is_not_plain_goes_the_general_way(topic, body, tags, key, queue_id):
     assert protocol.encode_plain_send(9, topic, body, tags, key, queue_id, 1234) is None
