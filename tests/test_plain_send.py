@@ -83,8 +83,9 @@ def test_what_is_not_plain_goes_the_general_way(topic, body, tags, key, queue_id
     (0, 1, 3, 900, 17), (0, 1, 3, -1, 17), (1, 2, 3, 2 ** 62 + 5, 5), (0, 0, 0, 0, 0)])
 def test_a_one_record_answer_reads_as_the_general_decoder_reads_it(columns):
     frame = protocol.encode_one_send_records_reply(5, STORE_HOST, *columns)
-    assert protocol.decode_one_send_result(frame) == \
-        protocol.decode_send_records_reply(frame)[1][0]
+    general = protocol.decode_send_records_reply(frame)[1][0]
+    assert protocol.decode_one_send_result(frame) == general
+    assert protocol.decode_one_send_result(memoryview(frame)) == general
     columns = dict(zip(("status", "queue_id", "queue_offset", "commit_log_offset",
                         "store_timestamp"), ([c] for c in columns)))
     with_reason = protocol.encode_send_records_reply(5, STORE_HOST, columns, {0: "why"})

@@ -643,7 +643,7 @@ def encode_plain_send(request_id: int, topic: str, body: bytes, tags: str | None
     """``encode_one_send_record(request_id, record_batch.encode_message(m, born_timestamp))``
     of a plain message ``m = Message(topic, body, tags=tags, keys=[key],
     queue_id=queue_id)`` (``key`` None or "" for none) with no other field set, packed
-    with one ``struct``: the same bytes (tests/test_send_records.py compares them).
+    with one ``struct``: the same bytes (tests/test_plain_send.py compares them).
     None for a message that is not plain, which that general encoder judges: a body
     that is not bytes, a topic not 1-127 bytes of UTF-8, tags or a key that is not a
     str free of control characters (a key also of the key separator), a queue id not
@@ -681,7 +681,7 @@ def encode_plain_send(request_id: int, topic: str, body: bytes, tags: str | None
 
 def _plain_topic(topic: str) -> bytes:
     """The TOPICLENGTH byte and UTF-8 bytes of ``topic`` (remembered); b"" when it is
-    not a str of 1-127 bytes."""
+    not a printable str of 1-127 bytes."""
     if type(topic) is not str or not topic.isprintable():
         return b""          # (no surrogates: the general encoder names those)
     raw = topic.encode("utf-8")
@@ -882,11 +882,11 @@ def decode_one_send_result(frame) -> SendResult | None:
     """The result of a SEND_RECORDS_REPLY of one record without a reason (a one-message
     send's answer), its header and body read once; None for any other frame (another
     kind, an ERROR, more records, a reason, bytes out of place), which the general
-    decoders read and name what is wrong. An answer from an IPv4 store host is read
-    with one ``struct`` after two comparisons of its fixed bytes; its message id is the
-    hex of its host and offset bytes as they lie in the frame."""
+    decoders read and name what is wrong. An answer from an IPv4 store host (as bytes)
+    is read with one ``struct`` after two comparisons of its fixed bytes; its message id
+    is the hex of its host and offset bytes as they lie in the frame."""
     n = len(frame)
-    if n == _V4_REPLY_SIZE and frame[:4] == _V4_REPLY_KIND and \
+    if n == _V4_REPLY_SIZE and type(frame) is bytes and frame[:4] == _V4_REPLY_KIND and \
             frame[12:17] == _V4_REPLY_COUNT_HOST:
         code, queue_id, queue_offset, offset, stamp, reasons = \
             _ONE_RESULT.unpack_from(frame, _V4_REPLY_RESULT_AT)
