@@ -134,38 +134,12 @@ class Dealer:
     def receive(self, request_id: int) -> bytes:
         """The reply to ``request_id`` (others that arrive first are kept). Raises
         ``ConnectionLost`` when its connection was lost and it is not resent,
-        ``RequestTimeout`` when no answer came within ``timeout_ms``."""
-        if self._settled:
-            return self._receive_settled(request_id)
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        socket, replies = self.socket, self.replies
-        while request_id not in replies:
-            if request_id in self._ended:
-                self._ended.discard(request_id)
-                raise self._lost(request_id)
-            if not self._watch.done or self._fault is not None:
-                self._check_first()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._timed_out(request_id)
-            answer = None
-            for sock, _ in zmq.zmq_poll(self._poll_items, int(left * 1000) + 1):
-                if sock is socket:
-                    frame = socket.recv()
-                    answers = protocol.reply_request_id(frame)
-                    if self._pending.pop(answers, False) is not False:
-                        if answers == request_id:
-                            answer = frame
-                        else:
-                            replies[answers] = frame
-                else:
-                    self._read_watch()
-            if answer is not None:
-                return answer
-        return replies.pop(request_id)
+        ``RequestTimeout`` when no answer came within ``timeout_ms``.
 
-    def _receive_settled(self, request_id: int) -> bytes:
-        """``receive`` once the first handshake succeeded (the module's Cost)."""
+        Once the first handshake succeeded: a blocking ``recv`` after a look at the
+        monitor's descriptor (the module's Cost); before, ``_receive_first``."""
+        if not self._settled:
+            return self._receive_first(request_id)
         replies, pending, ended = self.replies, self._pending, self._ended
         deadline = time.monotonic() + self.timeout_ms / 1000
         wait_ms = self.timeout_ms if self.timeout_ms < WATCH_EVERY_MS else WATCH_EVERY_MS
@@ -193,6 +167,36 @@ class Dealer:
                 if answers == request_id:
                     return frame
                 replies[answers] = frame
+        return replies.pop(request_id)
+
+    def _receive_first(self, request_id: int) -> bytes:
+        """``receive`` until the first handshake succeeded: a poll of the data socket
+        and the monitor together, whose events judge the first connection."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        socket, replies = self.socket, self.replies
+        while request_id not in replies:
+            if request_id in self._ended:
+                self._ended.discard(request_id)
+                raise self._lost(request_id)
+            if not self._watch.done or self._fault is not None:
+                self._check_first()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timed_out(request_id)
+            answer = None
+            for sock, _ in zmq.zmq_poll(self._poll_items, int(left * 1000) + 1):
+                if sock is socket:
+                    frame = socket.recv()
+                    answers = protocol.reply_request_id(frame)
+                    if self._pending.pop(answers, False) is not False:
+                        if answers == request_id:
+                            answer = frame
+                        else:
+                            replies[answers] = frame
+                else:
+                    self._read_watch()
+            if answer is not None:
+                return answer
         return replies.pop(request_id)
 
     def _timed_out(self, request_id: int) -> RequestTimeout:
