@@ -155,10 +155,9 @@ class Dealer:
                 self._rcvtimeo_ms = wait_ms
             try:
                 frame = self._recv()
-            except zmq.Again:
-                self._read_watch()
+            except zmq.Again:            # the monitor is looked at again first
                 left = deadline - time.monotonic()
-                if left <= 0 and request_id not in replies and request_id not in ended:
+                if left <= 0 and not self._watch_fd.poll(0):
                     raise self._timed_out(request_id)
                 wait_ms = min(WATCH_EVERY_MS, max(int(left * 1000) + 1, 1))
                 continue
