@@ -25,16 +25,23 @@ the one gone. A request sent after the loss but before it was seen is ended (or 
 too: its outcome is unknown all the same. An answer to a request already answered,
 ended or timed out is dropped.
 
-Cost: nothing at a send once the first handshake succeeded (one dict entry); a wait
-polls the data socket and the monitor together, as before the handshake, and reads an
-answer's request id with one ``struct`` (``protocol.reply_request_id``); the answer
-awaited is handed back at once, others are kept. ZeroMQ's flags are passed as ints
-(``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
+Cost: nothing at a send once the first handshake succeeded (one dict entry; the frame
+goes to the send of pyzmq's backend, past the Python wrapper that adds the arguments of
+DRAFT sockets). A wait before that polls the data socket and the monitor together. After it, a wait is
+one blocking ``recv`` on the data socket (its RCVTIMEO: WATCH_EVERY_MS, or what is
+left of the timeout when that is shorter, set only when it changes), after a look at
+the monitor's descriptor (one ``poll`` of it without waiting: events are read only
+when it shows some); the monitor is read again whenever a ``recv`` ends without a
+frame, so a connection lost while a wait is blocked is seen within WATCH_EVERY_MS.
+An answer's request id is read with one ``struct`` (``protocol.reply_request_id``);
+the answer awaited is handed back at once, others are kept. ZeroMQ's flags are passed
+as ints (``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
 """
 
 from __future__ import annotations
 
 import itertools
+import select
 import time
 
 import zmq
@@ -48,6 +55,7 @@ from rocketstore.wire import curve, endpoints, protocol
 __all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_if_error"]
 
 _COPY_BELOW = 65536          # frames shorter than this are copied by ZeroMQ, not tracked
+WATCH_EVERY_MS = 50          # longest a settled wait blocks in recv before it reads the monitor
 
 
 class _Resend:
@@ -84,6 +92,8 @@ class Dealer:
         self._ended: set[int] = set()
         self._lost_seen = 0                  # connections lost handled so far
         self._fault: StoreUnreachableError | None = None
+        self._settled = False                # the first handshake succeeded (no fault)
+        self._rcvtimeo_ms = -1               # the data socket's RCVTIMEO, as last set
         self.context = zmq.Context()
         try:
             self.socket = self.context.socket(zmq.DEALER)
@@ -91,12 +101,16 @@ class Dealer:
             curve.client_options(self.socket, curve_server_key, curve_client_key)
             endpoints.allow_ipv6(self.socket, target.address)
             self._watch = reach.ConnectionWatch(self.socket, target, bool(curve_server_key))
+            self._watch_fd = select.poll()   # the monitor's descriptor: events may wait
+            self._watch_fd.register(self._watch.monitor.getsockopt(zmq.FD), select.POLLIN)
             self._connect()
         except BaseException:
             self.close()     # a context left open would hang the garbage collector
             raise
         # what every wait polls: the data socket, and the monitor while it is watched
         self._poll_items = [(self.socket, POLLIN), (self._watch.monitor, POLLIN)]
+        self._send_frame = super(zmq.Socket, self.socket).send   # no DRAFT arguments
+        self._recv = self.socket.recv
 
     def _connect(self) -> None:
         try:
@@ -111,16 +125,52 @@ class Dealer:
         """Send request ``request_id`` (the id in ``frame``); with ``resends``, send it
         again after a lost connection, at most that many times, within
         ``timeout_ms``."""
-        if not self._watch.done or self._fault is not None:
+        if not self._settled:
             self._check_first()
-        self.socket.send(frame, 0, len(frame) < _COPY_BELOW)
+        self._send_frame(frame, 0, len(frame) < _COPY_BELOW)
         self._pending[request_id] = _Resend(
             frame, resends, time.monotonic() + self.timeout_ms / 1000) if resends else None
 
     def receive(self, request_id: int) -> bytes:
         """The reply to ``request_id`` (others that arrive first are kept). Raises
         ``ConnectionLost`` when its connection was lost and it is not resent,
-        ``RequestTimeout`` when no answer came within ``timeout_ms``."""
+        ``RequestTimeout`` when no answer came within ``timeout_ms``.
+
+        Once the first handshake succeeded: a blocking ``recv`` after a look at the
+        monitor's descriptor (the module's Cost); before, ``_receive_first``."""
+        if not self._settled:
+            return self._receive_first(request_id)
+        replies, pending, ended = self.replies, self._pending, self._ended
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        wait_ms = self.timeout_ms if self.timeout_ms < WATCH_EVERY_MS else WATCH_EVERY_MS
+        while request_id not in replies:
+            if request_id in ended:
+                ended.discard(request_id)
+                raise self._lost(request_id)
+            if self._watch_fd.poll(0):
+                self._read_watch()
+                continue
+            if wait_ms != self._rcvtimeo_ms:
+                self.socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._rcvtimeo_ms = wait_ms
+            try:
+                frame = self._recv()
+            except zmq.Again:            # the monitor is looked at again first
+                left = deadline - time.monotonic()
+                if left <= 0 and not self._watch_fd.poll(0):
+                    raise self._timed_out(request_id)
+                wait_ms = min(WATCH_EVERY_MS, max(int(left * 1000) + 1, 1))
+                continue
+            answers = protocol.reply_request_id(frame)
+            if pending.pop(answers, False) is not False:
+                if answers == request_id:
+                    return frame
+                replies[answers] = frame
+        return replies.pop(request_id)
+
+    def _receive_first(self, request_id: int) -> bytes:
+        """``receive`` until the first handshake succeeded: a poll of the data socket
+        and the monitor together, whose events judge the first connection."""
         deadline = time.monotonic() + self.timeout_ms / 1000
         socket, replies = self.socket, self.replies
         while request_id not in replies:
@@ -131,10 +181,7 @@ class Dealer:
                 self._check_first()
             left = deadline - time.monotonic()
             if left <= 0:
-                self._pending.pop(request_id, None)
-                raise RequestTimeout(f"no answer to request {request_id} within "
-                                     f"{self.timeout_ms} ms; its outcome is unknown"
-                                     + self._watch.waiting_for())
+                raise self._timed_out(request_id)
             answer = None
             for sock, _ in zmq.zmq_poll(self._poll_items, int(left * 1000) + 1):
                 if sock is socket:
@@ -150,6 +197,12 @@ class Dealer:
             if answer is not None:
                 return answer
         return replies.pop(request_id)
+
+    def _timed_out(self, request_id: int) -> RequestTimeout:
+        """No longer wait for ``request_id``: the error its wait raises."""
+        self._pending.pop(request_id, None)
+        return RequestTimeout(f"no answer to request {request_id} within {self.timeout_ms} "
+                              "ms; its outcome is unknown" + self._watch.waiting_for())
 
     def forget(self, request_id: int) -> None:
         """No longer wait for request ``request_id``: its answer, come or to come, is
@@ -207,6 +260,7 @@ class Dealer:
                 self._disconnect()
         if self._fault is not None:
             raise self._fault
+        self._settled = self._watch.done
 
     def _disconnect(self) -> None:
         """Drop the connection being retried, and with it what was queued for it."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import secrets
 import struct
+import time
 from typing import Iterable, Sequence
 
 from rocketstore.client import group_address
@@ -154,7 +155,23 @@ class Producer:
              keys: Sequence[str] | None = None, properties: dict[str, str] | None = None,
              queue_id: int | None = None, delay_level: int = 0) -> protocol.SendResult:
         """Send one message and wait for its result. Raises ``TypeError`` for a body
-        that is not bytes (bytearray, memoryview)."""
+        that is not bytes (bytearray, memoryview).
+
+        A plain message (no properties nor delay, at most one key) from a producer
+        that is not idempotent, with nothing else in flight, is encoded from the
+        arguments (``protocol.encode_plain_send``) and sent without the window's
+        bookkeeping (``_send_one``); any other as a batch of one ``Message``. The
+        frame is the same."""
+        if not (properties or delay_level or self.producer_id or self._in_flight) and \
+                self.wire == "records":
+            key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
+            if key is not None or not keys:
+                dealer = self._dealer
+                request_id = dealer.next_id()
+                frame = protocol.encode_plain_send(request_id, topic, body, tags, key,
+                                                   queue_id, time.time_ns() // 1_000_000)
+                if frame is not None:
+                    return self._send_one(frame, request_id)
         if not isinstance(body, BODY_TYPES):
             raise TypeError(f"send(topic, body) takes the body as bytes, not "
                             f"{type(body).__name__} (a Message goes to send_batch([message]))")
@@ -162,6 +179,15 @@ class Producer:
                       properties=dict(properties) if properties else {}, queue_id=queue_id,
                       delay_level=delay_level)
         return self._send_batch([msg], None)[0]
+
+    def _send_one(self, frame: bytes, request_id: int) -> protocol.SendResult:
+        """Send a frame of one record and wait for its result: what ``_send_batch``
+        does for it, without the window's bookkeeping (nothing else is in flight) nor
+        sequences (the producer is not idempotent)."""
+        dealer = self._dealer
+        dealer.send(frame, request_id)
+        frame = dealer.receive(request_id)
+        return protocol.decode_one_send_result(frame) or _decode_reply(frame)[0]
 
     def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
@@ -279,10 +305,7 @@ class Producer:
         one = protocol.decode_one_send_result(frame)   # a one-message send's answer
         if one is not None:
             return [one]
-        raise_if_error(frame)
-        if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
-            return protocol.decode_send_records_reply(frame)[1]
-        return protocol.decode_send_reply(frame)[1]
+        return _decode_reply(frame)
 
     def flush(self) -> None:
         """Wait for every batch in flight (their handles still give their results)."""
@@ -315,7 +338,17 @@ class PendingSend:
         return self._results
 
 
+def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
+    """The results a SEND or SEND_RECORDS reply carries; ``ClientError`` for an ERROR
+    frame."""
+    raise_if_error(frame)
+    if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
+        return protocol.decode_send_records_reply(frame)[1]
+    return protocol.decode_send_reply(frame)[1]
+
+
 BODY_TYPES = (bytes, bytearray, memoryview)
+_KEY_LISTS = (list, tuple)        # keys that ``send`` reads as one key when they hold one
 _NOT_A_BATCH = (Message, *BODY_TYPES, str)
 
 

@@ -32,9 +32,10 @@ whole timeout and ``RequestTimeout``.
 
 "First wait" checks read ZeroMQ's socket monitor of the client's socket, polled beside
 it while the client waits for an answer (and read, without waiting, at each send),
-until one handshake succeeds; after that a send reads nothing more and a wait polls
-the same two sockets, now only for connections lost (``ConnectionWatch``: the process
-at the other end went away; ``Dealer`` ends or resends what was in flight then).
+until one handshake succeeds; after that a send reads nothing more and a wait reads
+the monitor only for connections lost, before it blocks and at least every
+``dealer.WATCH_EVERY_MS`` while it does (``ConnectionWatch``: the process at the other
+end went away; ``Dealer`` ends or resends what was in flight then).
 No request is added: the check rides on the client's own first request.
 ZeroMQ delivers nothing before a handshake succeeds, so a client that raises one of
 these errors has sent nothing to a store; ``Dealer`` then disconnects, so nothing it

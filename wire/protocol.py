@@ -42,15 +42,19 @@ import enum
 import itertools
 import ipaddress
 import struct
+import zlib
 from typing import Iterable, NamedTuple, Sequence
 
 from rocketstore.storage.commit_log import PutMessageResult
 from rocketstore.storage.message import (
-    PROPERTY_WAIT_STORE_MSG_OK, Host, Message, MessageExt, decode_properties,
-    encode_properties, format_host, parse_host)
+    KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_WAIT_STORE_MSG_OK, Host, Message,
+    MessageExt, decode_properties, encode_host, encode_properties, format_host, parse_host)
 from rocketstore.storage.consume_queue import (
     BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT, CQ_UNIT_DTYPE)
-from rocketstore.storage.record import SIZE_MAGIC, RecordFormatError, decode_at
+from rocketstore.storage.record import (
+    MAX_PROPERTIES_LENGTH, MAX_V1_TOPIC_LENGTH, MESSAGE_MAGIC_CODE, SIZE_MAGIC,
+    RecordFormatError, decode_at)
+from rocketstore.storage.record_batch import BODY_POS
 from rocketstore.storage.status import GetMessageStatus, PutMessageStatus
 
 import numpy as np
@@ -618,6 +622,88 @@ def encode_one_send_record(request_id: int, record: bytes, producer_id: int = 0,
     return head + record
 
 
+# A SEND_RECORDS frame of one plain record, up to its body: the header, producer id and
+# sequence 0, the offsets table (one 0); then the record's fields 1-15 in
+# ``record_batch.encode_message``'s IPv4 layout, those a producer leaves zero (FLAG,
+# QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG; STORETIMESTAMP, STOREHOSTADDRESS,
+# RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET) as pad bytes, the born host the default.
+_ONE_PLAIN = struct.Struct(">2sBBQI20x" "iIii24xq8s28xi")
+assert _ONE_PLAIN.size == _ONE_SEND_RECORDS.size + BODY_POS
+_PLAIN_BORN_HOST = encode_host(Message("T").born_host)
+_PLAIN_TOPICS: dict[str, bytes] = {}    # topic -> its length byte and UTF-8 bytes
+_PLAIN_TAGS: dict[str, str] = {}        # tags -> their TAGS property pair
+_PLAIN_REMEMBERED = 4096                # at most this many of each
+_KEYS_NAME = f"{PROPERTY_KEYS}\x01"
+_PLAIN_MAX_RECORD = MAX_FRAME_BYTES - _ONE_SEND_RECORDS.size   # a frame's room for it
+
+
+def encode_plain_send(request_id: int, topic: str, body: bytes, tags: str | None,
+                      key: str | None, queue_id: int | None, born_timestamp: int
+                      ) -> bytes | None:
+    """``encode_one_send_record(request_id, record_batch.encode_message(m, born_timestamp))``
+    of a plain message ``m = Message(topic, body, tags=tags, keys=[key],
+    queue_id=queue_id)`` (``key`` None or "" for none) with no other field set, packed
+    with one ``struct``: the same bytes (tests/test_plain_send.py compares them).
+    None for a message that is not plain, which that general encoder judges: a body
+    that is not bytes, a topic not 1-127 bytes of UTF-8, tags or a key that is not a
+    str free of control characters (a key also of the key separator), a queue id not
+    None nor 0..2**31-1, properties over 32767 bytes, a frame over MAX_FRAME_BYTES, a
+    request id that is no u64."""
+    try:
+        topic_part = _PLAIN_TOPICS.get(topic) or _plain_topic(topic)
+        if not topic_part or type(body) is not bytes:
+            return None
+        text = ""
+        if tags:
+            text = _PLAIN_TAGS.get(tags) or _plain_tags(tags)
+            if not text:
+                return None
+        if key:
+            if type(key) is not str or not key.isprintable() or KEY_SEPARATOR in key:
+                return None
+            text = f"{text}{_KEYS_NAME}{key}\x02"
+        properties = text.encode()
+        if queue_id is None:
+            queue_id = -1
+        elif type(queue_id) is not int or queue_id < 0:
+            return None
+        n, p = len(body), len(properties)
+        size = BODY_POS + n + len(topic_part) + 2 + p
+        if p > MAX_PROPERTIES_LENGTH or size > _PLAIN_MAX_RECORD:
+            return None
+        head = _ONE_PLAIN.pack(MAGIC, VERSION, _SEND_RECORDS, request_id, 1, size,
+                               MESSAGE_MAGIC_CODE, zlib.crc32(body) & 0x7FFFFFFF, queue_id,
+                               born_timestamp, _PLAIN_BORN_HOST, n)
+    except (TypeError, struct.error):      # an unhashable topic or tags; a field too wide
+        return None
+    return b"".join((head, body, topic_part, p.to_bytes(2, "big"), properties))
+
+
+def _plain_topic(topic: str) -> bytes:
+    """The TOPICLENGTH byte and UTF-8 bytes of ``topic`` (remembered); b"" when it is
+    not a printable str of 1-127 bytes."""
+    if type(topic) is not str or not topic.isprintable():
+        return b""          # (no surrogates: the general encoder names those)
+    raw = topic.encode("utf-8")
+    if not 0 < len(raw) <= MAX_V1_TOPIC_LENGTH:
+        return b""
+    part = bytes((len(raw),)) + raw
+    if len(_PLAIN_TOPICS) < _PLAIN_REMEMBERED:
+        _PLAIN_TOPICS[topic] = part
+    return part
+
+
+def _plain_tags(tags: str) -> str:
+    """The TAGS property pair of ``tags`` (remembered); "" when they are not a str
+    free of control characters."""
+    if type(tags) is not str or not tags.isprintable():
+        return ""
+    part = f"{PROPERTY_TAGS}\x01{tags}\x02"
+    if len(_PLAIN_TAGS) < _PLAIN_REMEMBERED:
+        _PLAIN_TAGS[tags] = part
+    return part
+
+
 _ONE_FIXED = struct.Struct(">QQI")          # producer id, first sequence, the one offset
 ONE_RECORD_AT = _ONE_SEND_RECORDS.size       # where the record of a one-record frame starts
 
@@ -768,6 +854,16 @@ _SEND_RECORDS_REPLY = int(Kind.SEND_RECORDS_REPLY)
 
 
 _REPLY_ID = struct.Struct(">2sBxQ")    # magic, version, (kind), request id
+# a one-record SEND_RECORDS_REPLY from an IPv4 store host: the header (its request id
+# read by ``reply_request_id``), the host's length (8) and bytes, then ``_ONE_RESULT``
+_V4_REPLY_KIND = MAGIC + bytes((VERSION, _SEND_RECORDS_REPLY))   # magic, version, kind
+_V4_REPLY_COUNT_HOST = struct.pack(">IB", 1, 8)                  # count, host length
+_V4_REPLY_HOST_AT = HEADER_SIZE + 1
+_V4_REPLY_RESULT_AT = _V4_REPLY_HOST_AT + 8
+_V4_REPLY_OFFSET_AT = _V4_REPLY_RESULT_AT + 1 + 4 + 8      # after status, queue id, offset
+_V4_REPLY_STAMP_AT = _V4_REPLY_OFFSET_AT + 8
+_V4_REPLY_SIZE = _V4_REPLY_RESULT_AT + _ONE_RESULT.size
+assert HEADER.format == ">2sBBQI"        # kind at byte 3, count at bytes 12-15
 
 
 def reply_request_id(frame) -> int:
@@ -786,8 +882,20 @@ def decode_one_send_result(frame) -> SendResult | None:
     """The result of a SEND_RECORDS_REPLY of one record without a reason (a one-message
     send's answer), its header and body read once; None for any other frame (another
     kind, an ERROR, more records, a reason, bytes out of place), which the general
-    decoders read and name what is wrong."""
+    decoders read and name what is wrong. An answer from an IPv4 store host (as bytes)
+    is read with one ``struct`` after two comparisons of its fixed bytes; its message id
+    is the hex of its host and offset bytes as they lie in the frame."""
     n = len(frame)
+    if n == _V4_REPLY_SIZE and type(frame) is bytes and frame[:4] == _V4_REPLY_KIND and \
+            frame[12:17] == _V4_REPLY_COUNT_HOST:
+        code, queue_id, queue_offset, offset, stamp, reasons = \
+            _ONE_RESULT.unpack_from(frame, _V4_REPLY_RESULT_AT)
+        status = _PUT_STATUSES.get(code)
+        if status is not None and not reasons:
+            return SendResult(status, (frame[_V4_REPLY_HOST_AT:_V4_REPLY_RESULT_AT]
+                                       + frame[_V4_REPLY_OFFSET_AT:_V4_REPLY_STAMP_AT]
+                                       ).hex().upper() if offset >= 0 else "",
+                              queue_id, queue_offset, offset, stamp, "")
     if n <= HEADER_SIZE:
         return None
     magic, version, kind, request_id, count = HEADER.unpack_from(frame, 0)
