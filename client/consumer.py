@@ -376,7 +376,7 @@ class Consumer:
         """Commit, leave the group, release everything; a second close does nothing. A
         ``poll`` waiting in another thread returns first."""
         self._closing = True
-        if self._wakeups is not None:
+        if self._wakeups is not None and not self._closed:
             self._wakeups.interrupt()        # a poll waiting in another thread returns now
         with self._wait_lock, self._lock:    # (or at the end of its slice, on the bus)
             if self._closed:
@@ -500,8 +500,12 @@ class _BellWakeups:
         return bells.wait(self._topic, word, timeout_ms)
 
     def interrupt(self) -> None:
-        """Wake a ``wait`` in another thread (``close``)."""
-        self._bells.wake(self._topic)
+        """Wake a ``wait`` in another thread (``close``); nothing once the bells are
+        closed (a ``close`` racing another)."""
+        try:
+            self._bells.wake(self._topic)
+        except OSError:
+            pass        # unmapped under the call: closed meanwhile, nobody waits on it
 
     def close(self) -> None:
         self._bells.close()

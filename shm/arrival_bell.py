@@ -122,8 +122,10 @@ class ArrivalBells:
 
     def wake(self, topic: str) -> None:
         """Wake whoever waits on ``topic``'s bucket without ringing it (a consumer
-        closing wakes its own poll): they look at their queues, and wait again."""
-        futex.wake(self._base + 4 * bucket(topic))
+        closing wakes its own poll): they look at their queues, and wait again. Nothing
+        once these bells are closed."""
+        if self._words is not None:
+            futex.wake(self._base + 4 * bucket(topic))
 
     def ring_all(self) -> None:
         """Dispatcher only, at its start: ring every bucket once. A predecessor killed

@@ -275,3 +275,16 @@ def test_close_wakes_a_poll_waiting_in_another_thread(tmp_path, slow_slice):
         assert time.monotonic() - t0 < 30
         (msgs, _), = got
         assert msgs == []
+
+
+def test_a_closed_bells_wake_does_nothing(bells, tmp_path):
+    reader = ArrivalBells.open(str(tmp_path))
+    reader.close()
+    reader.wake("Orders")                   # unmapped: no futex call at all
+
+
+def test_a_second_close_of_a_consumer_does_nothing(tmp_path):
+    with RunningStore(tmp_path) as rs:
+        c = Consumer(rs.store_dir, "twice", "Twice", wait_for_topic=True)
+        c.close()
+        c.close()
