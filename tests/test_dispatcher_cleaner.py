@@ -609,21 +609,28 @@ def test_a_failed_flush_on_the_flush_thread_stops_dispatch_with_its_errno(env_fa
     """An fdatasync that fails with EIO on the flush thread: the next turn of the dispatch
     loop raises it and sets DISPATCH_ERROR to EIO, as a failed flush in the loop did."""
     env = env_factory(fill=30, flush_consume_queue_thorough_interval=0)
+    failing = threading.Event()     # set once the first dispatch is done: on a slow machine
+                                    # the flush thread's first tick may come within it
 
     def eio(fd):
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
+        if failing.is_set():
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
     d = InProcessDispatcher(env, monkeypatch, eio)
     try:
         d.dispatch(10)
+        failing.set()
+        env.appender.append_new(5)          # dirty queues for the flush thread to fail on
         deadline = time.monotonic() + DEADLINE_S
-        while d.service.flush_service.error is None:
-            assert time.monotonic() < deadline, "the flush thread never failed"
-            time.sleep(0.01)
-        env.appender.append_new(5)
-        with pytest.raises(OSError) as raised:
-            d.service.turn()
-        assert raised.value.errno == errno.EIO
+        raised = None
+        while raised is None:
+            assert time.monotonic() < deadline, "no turn raised the flush thread's failure"
+            try:
+                d.service.turn()
+            except OSError as e:
+                raised = e
+        assert raised.errno == errno.EIO
         assert env.table.get(Slot.DISPATCH_ERROR) == errno.EIO
+        assert d.service.flush_service.error is raised
     finally:
         d.close()
 
