@@ -121,7 +121,7 @@ from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
 from rocketstore.shm.doorbell import Doorbell
-from rocketstore.shm.positions import Slot, StoreState, now_ms
+from rocketstore.shm.positions import PUTS_STATES, Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
@@ -150,7 +150,6 @@ SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _PUT_OK_VALUE = _PUT_OK.value
-_OK_STATES = (StoreState.RUNNING, StoreState.STARTING)
 _SEND_RECORDS = protocol.Kind.SEND_RECORDS
 
 
@@ -892,7 +891,7 @@ class WriterService(Service):
         dispatch_error = table.get(Slot.DISPATCH_ERROR)
         state = table.get(Slot.STATE)
         return refusal(StoreCondition(
-            not_running=None if state in _OK_STATES else _state_name(state),
+            not_running=None if state in PUTS_STATES else _state_name(state),
             slave=self.role == "SLAVE",
             flush_error=errno_text(flush_error) if flush_error else None,
             logics_error=(f"the dispatcher waits for disk space ({errno_text(dispatch_error)})"

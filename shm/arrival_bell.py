@@ -45,8 +45,7 @@ import numpy as np
 import posix_ipc
 
 from rocketstore.shm import futex
-from rocketstore.shm.positions import segment_name
-from rocketstore.storage import file_modes
+from rocketstore.shm.positions import create_segment, segment_name, unlink_segment
 
 BUCKETS = 64                    # words; a topic's is crc32(name) % BUCKETS
 SEGMENT_SIZE = BUCKETS * 4
@@ -65,31 +64,21 @@ def bucket(topic: str) -> int:
 def create(store_dir: str) -> None:
     """Supervisor only (it holds the store's lock): make the bells, every word 0,
     replacing a segment a dead run left."""
-    unlink(store_dir)
-    memory = posix_ipc.SharedMemory(bells_name(store_dir), posix_ipc.O_CREX,
-                                    mode=file_modes.file_mode(), size=SEGMENT_SIZE)
-    try:
-        os.fchmod(memory.fd, file_modes.file_mode())     # the umask cut the mode above
-    finally:
-        memory.close_fd()
+    create_segment(bells_name(store_dir), SEGMENT_SIZE).close_fd()
 
 
 def unlink(store_dir: str) -> None:
     """Remove the bells (a clean stop, or before ``create``); nothing if none."""
-    try:
-        posix_ipc.unlink_shared_memory(bells_name(store_dir))
-    except posix_ipc.ExistentialError:
-        pass
+    unlink_segment(bells_name(store_dir))
 
 
 class ArrivalBells:
     """One process's mapping of a store's bells."""
 
-    def __init__(self, mapped: mmap.mmap, writable: bool):
+    def __init__(self, mapped: mmap.mmap):
         self._map = mapped
         self._words = np.frombuffer(mapped, np.uint32, BUCKETS)
         self._base = self._words.ctypes.data
-        self.writable = writable
 
     @classmethod
     def open(cls, store_dir: str, writable: bool = False) -> "ArrivalBells | None":
@@ -105,7 +94,7 @@ class ArrivalBells:
             if os.fstat(memory.fd).st_size < SEGMENT_SIZE:
                 return None     # made but not sized yet: a supervisor still starting
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            return cls(mmap.mmap(memory.fd, SEGMENT_SIZE, prot=prot), writable)
+            return cls(mmap.mmap(memory.fd, SEGMENT_SIZE, prot=prot))
         finally:
             memory.close_fd()
 

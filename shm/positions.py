@@ -314,10 +314,36 @@ UPPER_BOUNDS = {Slot.FLUSHED: Slot.WRITTEN, Slot.COMMITTED: Slot.WRITTEN,
                 Slot.MIN_OFFSET: Slot.DISPATCHED}
 
 
+# the states in which a store takes puts (with no error slot set: ``puts_clear``)
+PUTS_STATES = (int(StoreState.RUNNING), int(StoreState.STARTING))
 # the slots ``puts_clear`` reads, as plain ints (an enum member indexes more slowly)
 _STATE, _FLUSH_ERROR = int(Slot.STATE), int(Slot.FLUSH_ERROR)
 _DISPATCH_ERROR, _DISK_FULL = int(Slot.DISPATCH_ERROR), int(Slot.DISK_FULL)
-_TAKING_STATES = (int(StoreState.RUNNING), int(StoreState.STARTING))
+
+
+def create_segment(name: str, size: int) -> posix_ipc.SharedMemory:
+    """Supervisor only (it holds the store's lock, so a segment of that name belongs to
+    a dead run): make shared memory segment ``name`` of ``size`` bytes, replacing one
+    left behind. The owner writes it, the owner's group reads it (consumers of the
+    group), as the store's files: ``file_modes.file_mode()``, set again after the
+    creation, whose mode the umask cut."""
+    unlink_segment(name)
+    memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=file_modes.file_mode(),
+                                    size=size)
+    try:
+        os.fchmod(memory.fd, file_modes.file_mode())
+    except BaseException:
+        memory.close_fd()
+        raise
+    return memory
+
+
+def unlink_segment(name: str) -> None:
+    """Remove shared memory segment ``name``; nothing if there is none."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        pass
 
 
 class PositionTableError(Exception):
@@ -402,16 +428,7 @@ class PositionTable:
         the store's lock, so any segment of that name belongs to a dead run). The table
         writes as the supervisor."""
         name = segment_name(store_dir)
-        try:
-            posix_ipc.unlink_shared_memory(name)
-        except posix_ipc.ExistentialError:
-            pass
-        # the owner writes it, the owner's group reads it (consumers of the group), as the
-        # store's files: file_modes.file_mode()
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=file_modes.file_mode(),
-                                        size=SEGMENT_SIZE)
-        os.fchmod(memory.fd, file_modes.file_mode())
-        table = cls(name, memory, owner=True, process=SUPERVISOR)
+        table = cls(name, create_segment(name, SEGMENT_SIZE), owner=True, process=SUPERVISOR)
         table._slots[Slot.MAGIC] = MAGIC_VALUE
         return table
 
@@ -456,10 +473,7 @@ class PositionTable:
 
     def unlink(self) -> None:
         """Supervisor only, at a clean stop."""
-        try:
-            posix_ipc.unlink_shared_memory(self.name)
-        except posix_ipc.ExistentialError:
-            pass
+        unlink_segment(self.name)
 
     # ------------------------------------------------------------------ slots
     def get(self, slot: int) -> int:
@@ -471,7 +485,7 @@ class PositionTable:
         (``storage.put_path`` names the refusal when any is not)."""
         slots = self._slots
         return not (slots[_FLUSH_ERROR] or slots[_DISPATCH_ERROR] or slots[_DISK_FULL]) \
-            and slots[_STATE] in _TAKING_STATES
+            and slots[_STATE] in PUTS_STATES
 
     def set(self, slot: Slot, value: int) -> None:
         """Store one slot: only its writer (see the table) may. Raises
