@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 
 import pytest
@@ -53,15 +54,23 @@ def test_requests_behind_a_slow_append_are_refused_as_page_cache_busy(tmp_path):
     """``os_page_cache_busy_time_out_mills`` = 1. A frame of MAX_BATCH_RECORDS records is
     one append on its own (the writer drains no more behind it) and takes far over 1 ms;
     the small frames sent right behind it wait meanwhile, and are answered
-    OS_PAGECACHE_BUSY (PCBUSY_CLEAN_QUEUE)."""
+    OS_PAGECACHE_BUSY (PCBUSY_CLEAN_QUEUE). The writer is stopped while the four frames
+    are sent, so the small ones are queued behind the big one before its append begins
+    (on a busy machine the producer could otherwise send them after it ended)."""
     with RunningStore(tmp_path, os_page_cache_busy_time_out_mills=1,
                       mapped_file_size_commit_log=64 << 20) as store:
         big = [Message(topic="Busy", body=bytes(200), queue_id=0)
                for _ in range(MAX_BATCH_RECORDS)]
         small = [Message(topic="Busy", body=b"behind", queue_id=1)]
         with Producer(store.store_dir, window=16) as p:
-            first = p.send_async(big)
-            behind = [p.send_async(small) for _ in range(3)]
+            assert p.send("BusyWarmUp", b"connected").ok    # the handshake, before the stop
+            writer = store.child_pid("writer")
+            os.kill(writer, signal.SIGSTOP)
+            try:
+                first = p.send_async(big)
+                behind = [p.send_async(small) for _ in range(3)]
+            finally:
+                os.kill(writer, signal.SIGCONT)
             stored = first.result()
             waited = [r for x in behind for r in x.result()]
         assert all(r.status.name == "PUT_OK" for r in stored)
