@@ -47,6 +47,7 @@ import time
 import zmq
 from multiprocess import forkserver
 
+from rocketstore.procs import affinity
 from rocketstore.wire.curve import Guard, ListenError
 from rocketstore.procs.stats import ProcessStats
 from rocketstore.shm.positions import PROC_STATE, PositionTable, ProcessState
@@ -85,6 +86,10 @@ class Service:
             self._guard = Guard(self.context, cfg.curve_server_key, cfg.curve_authorized_keys,
                                 self.stats)
         return self._guard
+
+    def place(self) -> None:
+        """Before ``serve``, in the process's own entry point: where it runs
+        (``procs.affinity``). Nothing, for most processes."""
 
     def setup(self) -> None:
         """Open files and sockets (after the table and context exist)."""
@@ -175,6 +180,8 @@ def run_service(module: str, store_dir: str, config: dict) -> None:
     service_class = importlib.import_module(module).SERVICE
     configure_logging(store_dir, service_class.name)
     service = service_class(store_dir, StoreConfig(**config))
+    affinity.name_process(service.name)
+    service.place()
     file_modes.use_umask(service.config.data_umask)
     service.supervised = True
     try:

@@ -114,6 +114,7 @@ import zmq
 
 from rocketstore.wire import curve, endpoints, protocol
 from rocketstore.wire.protocol import ErrorCode, ProtocolError
+from rocketstore.procs import affinity
 from rocketstore.procs.fencing import Fence
 from rocketstore.procs.replica import Replica
 from rocketstore.procs.send_results import SendResults, SmallResults
@@ -194,6 +195,9 @@ class WriterService(Service):
     snapshot_written = -1         # the WRITTEN the last producer snapshot covers
 
     # ================================================================== life
+    def place(self) -> None:
+        affinity.keep_writer(self.config.writer_cpu_affinity, self.config.writer_cpu)
+
     def setup(self) -> None:
         cfg = self.config
         self.table.end_torn_publish()      # a predecessor killed inside publish_written

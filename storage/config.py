@@ -214,6 +214,11 @@ class StoreConfig:
     dashboard_address: str = "127.0.0.1"
     dashboard_auth: str = ""
     dashboard_allow_writes: bool = False
+    # rocketstore's: keep the writer process on one CPU (procs.affinity): writer_cpu, or
+    # with -1 the one the fewest other stores' writers are kept on; nothing is pinned
+    # where the writer may use a single CPU
+    writer_cpu_affinity: bool = True
+    writer_cpu: int = -1
     # rocketstore's: the store's files are 0666 & ~data_umask, its directories
     # 0777 & ~data_umask (storage.file_modes): owner and group by default
     data_umask: int = 0o027
@@ -343,6 +348,9 @@ class StoreConfig:
                      "producer_id_expiration_ms"):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
+        if self.writer_cpu < -1:
+            raise StoreConfigError(f"writer_cpu must be a CPU number or -1 (the store "
+                                   f"chooses), not {self.writer_cpu}")
         if self.tcp_listen_address:
             _loopback_unless_gated(
                 "tcp_listen_address", self.tcp_listen_address, bool(self.curve_server_key),
@@ -705,6 +713,9 @@ NOTES: dict[str, str] = {
     "cluster_address": "a ZooKeeper connect string (RocketMQ's controller is DLedger's)",
     "cluster_session_timeout_ms": "rocketstore's: the ZooKeeper session's timeout",
     "metrics_port": "rocketstore's",
+    "writer_cpu_affinity": "rocketstore's: the writer is kept on one CPU (off: it runs "
+                           "on any)",
+    "writer_cpu": "rocketstore's: the writer's CPU; -1, the default: the store chooses",
     "metrics_address": "rocketstore's",
     "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
     "grpc_listen_port": "rocketstore's: RocketMQ 5's gRPC MessagingService (the proxy "
