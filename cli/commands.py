@@ -107,7 +107,9 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
         age = "-" if p["heartbeat_age_ms"] is None else f"{p['heartbeat_age_ms']} ms"
         print(f"  {name:<11} pid {p['pid']:<8} {p['state']:<9} heartbeat {age:<10} "
               f"restarts {p['restarts']}"
-              + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else ""))
+              + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else "")
+              + (f"  kept on CPU {p['cpus'][0]}" if p.get("cpus") and len(p["cpus"]) == 1
+                 and len(os.sched_getaffinity(0)) > 1 else ""))
     _print_replication(st["ha"])
     if "controller" in st:
         _print_group(st["controller"])

@@ -1,7 +1,7 @@
 """What ``rocketstore status`` and the metrics endpoint report of a running store:
-positions, processes (state, pid, heartbeat age), disk (the file system, what the
-store's files reserve, quarantine), the error flags, each consumer group's lag and the
-replication (a master's slaves, a slave's master).
+positions, processes (state, pid, heartbeat age, the CPUs each may use), disk (the file
+system, what the store's files reserve, quarantine), the error flags, each consumer
+group's lag and the replication (a master's slaves, a slave's master).
 
 Read from the position table, the processes' published statistics (``stats``) and the
 store's files; it writes nothing.
@@ -36,6 +36,7 @@ def store_status(store_dir: str) -> dict:
         for name, proc in snap["processes"].items():
             beat = table.get_process(name, HEARTBEAT_MS)
             proc["heartbeat_age_ms"] = now - beat if beat else None
+            proc["cpus"] = _cpus(proc["pid"])
         usage = shutil.disk_usage(store_dir)
         positions = {"min_offset": snap["min_offset"], "written": written,
                      "flushed": snap["flushed"], "dispatched": snap["dispatched"],
@@ -70,6 +71,17 @@ def store_status(store_dir: str) -> dict:
         return status
     finally:
         table.close()
+
+
+def _cpus(pid: int) -> list[int] | None:
+    """The CPUs process ``pid`` may run on (one, for a writer kept on its CPU); None
+    when it is not running."""
+    if not pid:
+        return None
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return None
 
 
 def not_writeable(snap: dict) -> list[str]:

@@ -3,11 +3,12 @@ one CPU. Real stores under ``rocketstore up``; the CPUs are read from /proc."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 
 import pytest
-from store_processes import RunningStore
+from store_processes import RunningStore, cli
 
 from rocketstore.procs import affinity
 from rocketstore.storage import StoreConfig
@@ -67,6 +68,11 @@ def test_the_writer_and_every_thread_it_starts_are_kept_on_one_cpu_and_each_proc
         assert all(c == cpus for c in threads.values()), threads
         assert os.sched_getaffinity(store.child_pid("dispatcher")) == ALLOWED
         assert f"the writer is kept on CPU {next(iter(cpus))}" in store.log()
+        status = json.loads(cli("status", "--store", store.store_dir, "--json").stdout)
+        assert status["processes"]["writer"]["cpus"] == sorted(cpus)
+        assert status["processes"]["dispatcher"]["cpus"] == sorted(ALLOWED)
+        text = cli("status", "--store", store.store_dir).stdout
+        assert f"kept on CPU {next(iter(cpus))}" in text and text.count("kept on CPU") == 1
     finally:
         store.stop()
 
