@@ -89,7 +89,8 @@ def keep_writer(enabled: bool, wanted: int) -> int | None:
     and the writer runs free."""
     if not enabled:
         return None
-    cpu = choose_cpu(os.sched_getaffinity(0), wanted, writers_kept(exclude=os.getpid()))
+    kept = writers_kept(exclude=os.getpid())
+    cpu = choose_cpu(os.sched_getaffinity(0), wanted, kept)
     if cpu is None:
         return None
     try:
@@ -98,5 +99,6 @@ def keep_writer(enabled: bool, wanted: int) -> int | None:
         log.warning("writer_cpu %d cannot be used here (%s): the writer runs on any CPU",
                     cpu, e)
         return None
-    log.info("the writer is kept on CPU %d (writer_cpu_affinity)", cpu)
+    log.info("the writer is kept on CPU %d (other stores' writers kept on each CPU: %s)",
+             cpu, dict(sorted(kept.items())))
     return cpu

@@ -3,8 +3,10 @@ one CPU. Real stores under ``rocketstore up``; the CPUs are read from /proc."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 from collections import Counter
 
 import pytest
@@ -78,14 +80,23 @@ def test_the_writer_and_every_thread_it_starts_are_kept_on_one_cpu_and_each_proc
 
 
 @needs_two_cpus
-def test_a_second_store_keeps_its_writer_on_another_cpu(tmp_path):
+def test_a_second_store_keeps_its_writer_where_the_fewest_other_writers_are(tmp_path):
+    """The second store's writer sees the first's, and takes the CPU fewest other
+    writers are kept on (the highest of those). Other stores may run beside this test
+    (the suite's other worker): the rule is checked against what the writer saw, as its
+    log says."""
     first = store_in(tmp_path / "a").start()
     second = store_in(tmp_path / "b")
     try:
         second.start()
         a = os.sched_getaffinity(first.child_pid("writer"))
         b = os.sched_getaffinity(second.child_pid("writer"))
-        assert len(a) == len(b) == 1 and a != b
+        assert len(a) == len(b) == 1
+        seen = re.search(r"the writer is kept on CPU (\d+) \(other stores' writers kept on "
+                         r"each CPU: (\{.*?\})\)", second.log())
+        chosen, kept = int(seen[1]), Counter(ast.literal_eval(seen[2]))
+        assert {chosen} == b and kept[next(iter(a))] >= 1
+        assert chosen == min(ALLOWED, key=lambda cpu: (kept[cpu], -cpu))
     finally:
         second.stop()
         first.stop()
