@@ -109,7 +109,7 @@ def cmd_status(args: argparse.Namespace, config: StoreConfig) -> int:
               f"restarts {p['restarts']}"
               + (f" (watchdog kills {p['watchdog_kills']})" if p.get("watchdog_kills") else "")
               + (f"  kept on CPU {p['cpus'][0]}" if p.get("cpus") and len(p["cpus"]) == 1
-                 and len(os.sched_getaffinity(0)) > 1 else ""))
+                 and (os.cpu_count() or 1) > 1 else ""))
     _print_replication(st["ha"])
     if "controller" in st:
         _print_group(st["controller"])

@@ -9,15 +9,15 @@ send is a chain of short runs of several threads (the producer, its ZeroMQ I/O t
 the writer's I/O thread, the writer), each woken by the one before. Left to the
 scheduler, the writer wakes on whichever CPU the chain reached, its caches filled by
 whatever ran there last; a send's few dozen microseconds of Python then cost up to half
-again as much. Measured on two cores, one producer sending one at a time: the writer's
-main thread 50-57 us per send and 6.1-6.8 k sends/s free, 36-43 us and 7.7-8.8 k sends/s
-kept on one CPU. Engines built for low latency keep their threads on CPUs for the same
+again as much. Measured on two cores, one producer sending one at a time (three pairs
+in turn): the writer's main thread 40-49 us per send and 7.2-7.9 k sends/s free, 32-38
+us and 8.6-9.9 k sends/s kept on one CPU. Engines built for low latency keep their threads on CPUs for the same
 reason (Seastar's shard per core); like them, this one is a choice an operator can undo.
 
 The CPU (``choose_cpu``): ``writer_cpu`` when set (-1, the default, lets the store
 choose); else, of the CPUs the writer may use (its affinity when it starts: a cgroup's or
 ``taskset``'s limits hold), the one fewest other stores' writers are kept on, the
-highest of those (the first CPU takes most interrupts). Other writers are found by their
+highest of those (CPU 0 often takes most interrupts). Other writers are found by their
 names (``writers_kept``). With a single CPU to use nothing is pinned. Two stores started
 at the same instant may choose the same CPU; each still works, the second's sends a
 little slower. The threads the writer starts later (ZeroMQ's, the allocation thread)
