@@ -92,9 +92,8 @@ class ReaderService(Service):
         self.parked: list[tuple[bytes, protocol.PullRequest, float]] = []
         # A FETCH makes one object per record (~65,000 a reply) and keeps none: with the
         # default thresholds the cyclic collector would run hundreds of times a reply and
-        # take about a third of the reader's time; it collects rarely here, and never
-        # walks what setup made (frozen).
-        gc.freeze()
+        # take about a third of the reader's time; it collects rarely here (and, as in
+        # every store process, never walks what setup made: procs.service freezes it).
         gc.set_threshold(GC_THRESHOLD, 50, 100)
 
     def turn(self) -> None:

@@ -21,7 +21,14 @@ Then:
    thread a library started early, OpenBLAS's say, would take a blocked signal's
    default action and end the process.)
 3. it attaches the position table, writing as ``name`` (shm.positions refuses a slot
-   another process owns), builds its ZeroMQ context, and calls ``setup``;
+   another process owns), builds its ZeroMQ context, and calls ``setup``; then it
+   freezes what exists (``gc.freeze``: the modules, the mappings' objects, the tables
+   setup loaded), so the cyclic collector never walks them again. A full collection of
+   an unfrozen store process walks all of it, some milliseconds, inside whichever send
+   or dispatch it interrupts; frozen, the send -> visible p99 at 4,000 msgs/s was
+   lower in five of five runs in turn (1.34-1.74 ms against 1.63-2.14). Objects are
+   still freed when their last reference goes; only cycles made before the freeze are
+   never collected;
 4. it loops ``turn()`` until stopping; after a turn, when ``TURN_MS`` (10 ms) passed
    since it last did, it writes its heartbeat slot, its statistics about once a second
    (``self.stats``, ``procs.stats``) and reads its stop mark, so a turn of a busy
@@ -37,6 +44,7 @@ Each service module defines one ``Service`` subclass named ``SERVICE``.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -107,6 +115,8 @@ class Service:
         self.context = zmq.Context()
         try:
             self.setup()
+            if self.supervised:
+                gc.freeze()     # step 3 of the module's docstring
             due_ns = 0
             while not self.stopping:
                 self.turn()

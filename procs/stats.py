@@ -24,6 +24,7 @@ dict update: the writer counts per batch, never per byte.
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import os
 import threading
@@ -99,6 +100,10 @@ class ProcessStats:
                                 "values": [[list(k), v] for k, v in values.items()]}
                          for name, values in self.counters.items()},
             "histograms": {name: h.snapshot() for name, h in self.histograms.items()},
+            # the cyclic collector: objects frozen after setup (procs.service), and the
+            # collections of each generation so far (a full one can pause a few ms)
+            "gc": {"frozen": gc.get_freeze_count(),
+                   "collections": [g["collections"] for g in gc.get_stats()]},
             **self.extra,
         }
 

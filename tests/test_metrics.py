@@ -162,6 +162,19 @@ def test_the_endpoint_is_off_by_default(tmp_path):
         assert "metrics on" not in s.log()
 
 
+def test_every_store_process_freezes_what_its_setup_made(tmp_path):
+    """procs.service: after setup the cyclic collector never walks the modules and
+    tables again (a full collection would pause a send or a dispatch); each process's
+    published statistics say how many objects it froze and its collections."""
+    with RunningStore(tmp_path) as s:
+        for name in ("writer", "dispatcher", "flusher", "reader"):
+            wait_for(lambda: read_published(s.store_dir, name) is not None, 10,
+                     f"the {name}'s statistics")
+            gc_state = read_published(s.store_dir, name)["gc"]
+            assert gc_state["frozen"] > 10_000, (name, gc_state)
+            assert len(gc_state["collections"]) == 3
+
+
 def test_histogram_buckets_and_snapshot():
     h = Histogram((0.001, 0.01))
     for v in (0.0005, 0.001, 0.002, 5.0):
