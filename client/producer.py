@@ -187,7 +187,7 @@ class Producer:
         dealer = self._dealer
         dealer.send(frame, request_id)
         frame = dealer.receive(request_id)
-        return protocol.decode_one_send_result(frame) or _decode_reply(frame)[0]
+        return _decode_reply(frame)[0]
 
     def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
@@ -302,9 +302,6 @@ class Producer:
             frame = self._dealer.receive(request_id)
         finally:
             self._in_flight.pop(request_id, None)
-        one = protocol.decode_one_send_result(frame)   # a one-message send's answer
-        if one is not None:
-            return [one]
         return _decode_reply(frame)
 
     def flush(self) -> None:
@@ -339,8 +336,12 @@ class PendingSend:
 
 
 def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
-    """The results a SEND or SEND_RECORDS reply carries; ``ClientError`` for an ERROR
+    """The results a SEND or SEND_RECORDS reply carries (a one-message send's answer
+    read at once: ``protocol.decode_one_send_result``); ``ClientError`` for an ERROR
     frame."""
+    one = protocol.decode_one_send_result(frame)
+    if one is not None:
+        return [one]
     raise_if_error(frame)
     if protocol.peek_header(frame).kind is protocol.Kind.SEND_RECORDS_REPLY:
         return protocol.decode_send_records_reply(frame)[1]
