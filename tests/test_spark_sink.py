@@ -196,7 +196,9 @@ def test_a_resend_after_a_timeout_cuts_its_frames_by_bytes_too(running, monkeypa
 
 # ------------------------------------------------------------------------------ retries
 def python_workers() -> list[int]:
-    """Pids of the Python workers Spark's pyspark.daemon forked (not the daemon)."""
+    """Pids of the Python workers this process's Spark (its JVM's pyspark.daemon)
+    forked: not the daemon, and none of a Spark another test process runs beside this
+    one (xdist), whose tasks a kill would fail."""
     daemons, parents = set(), {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -204,14 +206,19 @@ def python_workers() -> list[int]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read()
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if b"pyspark.daemon" not in cmd:
+                continue
+            parents[int(pid)] = ppid = _parent(int(pid))
+            if _parent(ppid) == os.getpid():        # the daemon <- its JVM <- this process
+                daemons.add(int(pid))
         except OSError:
             continue
-        if b"pyspark.daemon" in cmd:
-            daemons.add(int(pid))
-            parents[int(pid)] = ppid
     return [pid for pid, ppid in parents.items() if ppid in daemons]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def stored_count(rs: RunningStore, topic: str) -> int:
