@@ -108,6 +108,7 @@ import collections
 import errno
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -211,6 +212,8 @@ class WriterService(Service):
                      if pool_size else None)
         self.commit_log = self._open_commit_log()
         self.small_path = not self.commit_log.store_host_v6 and self.role != "SLAVE"
+        # answers that wait for nobody (ASYNC_FLUSH on an ASYNC_MASTER): the one-record lane
+        self.one_lane = self.small_path and not (self.sync_flush or self.sync_master)
         self.written, self.last_store_ts = self.table.read_written()   # this process's own
         self.drained_at = time.monotonic()   # when the last drain was taken
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
@@ -394,8 +397,14 @@ class WriterService(Service):
     def _serve(self, frames: list[tuple[list, bytes, protocol.Header]]) -> None:
         """One batch: validate and encode every request, one append, then WRITTEN and
         LAST_STORE_TS in the table, the replies and APPENDED (in the order the module
-        says). A leading run of small requests takes the small path first."""
+        says). Leading one-record sends take the one-record lane first (``_serve_ones``:
+        ASYNC_FLUSH on an ASYNC_MASTER), then a leading run of small requests the small
+        path."""
         refusal = self._refusal() or self._page_cache_busy()
+        if refusal is None and self.one_lane:
+            frames = self._serve_ones(frames)
+            if not frames:
+                return
         if refusal is None and self.small_path:
             frames = self._serve_small(frames)
             if not frames:
@@ -489,6 +498,87 @@ class WriterService(Service):
                 self.reset_to_written()            # the torn bytes of the failure
         return frames[k:]
 
+    def _serve_ones(self, frames: list) -> list:
+        """The one-record lane, an ASYNC_FLUSH master's common send (``Producer.send``'s
+        frame: one record, no producer id, taken as it is by ``check_clean_record``):
+        the leading such frames are appended and answered with no per-request objects,
+        as plain tuples (``_OneStored``): WRITTEN once, the PUT_OK answers, one
+        APPENDED, then the drain's statistics. Nothing is ever parked on an
+        ASYNC_MASTER under ASYNC_FLUSH, so no client's window is held here. A frame it
+        does not take, and every frame after it, go back to ``_serve`` (the small path,
+        then the batch path), in order. An append that finds no file or raises is
+        answered as the small path answers it (CREATE_MAPEDFILE_FAILED; a raise cuts the
+        torn bytes back to WRITTEN), after the requests stored before it."""
+        now = max(now_ms(), self.last_store_ts)
+        stored: list[_OneStored] = []
+        topics: list[str] = []
+        sizes: list[int] = []
+        failed = None           # a request whose append stored nothing
+        raised = False
+        began = time.monotonic()
+        k = 0
+        for k, (envelope, frame, head) in enumerate(frames):
+            at = protocol.plain_one_record_at(frame) \
+                if head.kind is _SEND_RECORDS and head.count == 1 else 0
+            one = self._place_one(frame, at, now) if at else None
+            if one is None:
+                break
+            topic, queue_id, _, size, placed, raised = one
+            if placed is None:
+                failed = self._unstored(envelope, head.request_id, size, queue_id, now, raised)
+                k += 1
+                break
+            stored.append(_OneStored(envelope, head.request_id, queue_id, *placed))
+            topics.append(topic)
+            sizes.append(size)
+        else:
+            k = len(frames)
+        appending = time.monotonic() - began
+        if stored:
+            self._answer_ones(stored, now, stored[-1].offset + sizes[-1])
+        if failed is not None:
+            self.unanswered[failed.client] = self.unanswered.get(failed.client, 0) + 1
+            self._reply_drain([failed])
+            if raised:
+                self.reset_to_written()      # the torn bytes of the failure past WRITTEN
+        if stored:
+            self._note_append_time(appending)     # the bookkeeping after the answers
+            self.last_record = LastRecord(stored[-1].offset, now)
+            count_puts(self.stats, topics, sizes)
+        return frames[k:]
+
+    def _answer_ones(self, stored: list["_OneStored"], now: int, end: int) -> None:
+        """WRITTEN at ``end``, then each request's PUT_OK (or, when the store may no
+        longer be master, SERVICE_NOT_AVAILABLE: ``_reply_drain``'s rule), then the
+        wake-ups."""
+        before = self._publish_written_slot(end, now)
+        not_master = self.fence.reason()
+        host, send = self.commit_log.store_host_bytes, self._send
+        reply = protocol.encode_one_send_records_reply
+        for envelope, request_id, queue_id, offset, queue_offset in stored:
+            if not_master:
+                results = SmallResults([_PUT_OK_VALUE], [queue_id], [queue_offset], [offset],
+                                       [now], {})
+                results.time_out(not_master, PutMessageStatus.SERVICE_NOT_AVAILABLE)
+                count_refused(self.stats, results.status)
+                frame = results.reply(_SEND_RECORDS, request_id, host)
+            else:
+                frame = reply(request_id, host, _PUT_OK_VALUE, queue_id, queue_offset,
+                              offset, now)
+            send(envelope, frame)
+        self.stats.observe("put_latency_seconds", time.monotonic() - self.drained_at,
+                           len(stored))
+        self._after_append(before, end)
+
+    def _unstored(self, envelope: list, request_id: int, size: int, queue_id: int,
+                  now: int, raised: bool) -> _Request:
+        """The request of one record whose append stored nothing: no file could be
+        made or reserved, or the append raised (``append_failure`` says why)."""
+        return _Request(envelope, _SEND_RECORDS, request_id,
+                        SmallResults.stored(None if raised else Appended(0, [], []), [size],
+                                            [queue_id], now, self.commit_log.append_failure),
+                        self.drained_at)
+
     def _append_small(self, envelope: list, frame: bytes, head: protocol.Header,
                       now: int, drain: "_SmallDrain") -> "_Request | None":
         """Append one small request's records and return it with its results (what it
@@ -545,27 +635,12 @@ class WriterService(Service):
         """``_append_small`` of a frame of one record without a producer id, the record
         at ``at`` (``Producer.send``'s frame): judged and appended where it lies in the
         frame, with no lists of one."""
-        taken = check_clean_record(frame, at, len(frame), self.clean_limits, self.topic_verdicts)
-        if taken is None:
+        one = self._place_one(frame, at, now)
+        if one is None:
             return None
-        topic, queue_id, consumable, wait = taken
-        if queue_id < 0:
-            queue_id = self.queues.next_queue(topic)
-        size = len(frame) - at
-        raised = False
-        try:
-            placed = self.commit_log.append_one(frame, at, size, topic, queue_id, consumable,
-                                                now)
-        except Exception:  # noqa: BLE001 - whatever it was, the request is refused whole
-            log.exception("append of one record failed; cutting back to WRITTEN once the "
-                          "drain's earlier requests are answered")
-            placed, raised = None, True
-        if placed is None:                  # nothing stored: no file, or the append raised
-            done = None if raised else Appended(0, [], [])
-            req = _Request(envelope, _SEND_RECORDS, request_id,
-                           SmallResults.stored(done, [size], [queue_id], now,
-                                               self.commit_log.append_failure),
-                           self.drained_at)
+        topic, queue_id, wait, size, placed, raised = one
+        if placed is None:
+            req = self._unstored(envelope, request_id, size, queue_id, now, raised)
         else:
             phy, queue_offset = placed
             req = _Request(envelope, _SEND_RECORDS, request_id,
@@ -580,6 +655,27 @@ class WriterService(Service):
         client = envelope[0]
         self.unanswered[client] = self.unanswered.get(client, 0) + 1
         return req
+
+    def _place_one(self, frame: bytes, at: int, now: int) -> tuple | None:
+        """Judge the one record at ``at`` (``check_clean_record``) and append it where
+        it lies in ``frame``: ``(topic, queue id, wait, size, (CommitLog offset, queue
+        offset) or None when nothing was stored, whether the append raised)``; None,
+        with nothing done, for a record the small paths do not take as it is."""
+        taken = check_clean_record(frame, at, len(frame), self.clean_limits, self.topic_verdicts)
+        if taken is None:
+            return None
+        topic, queue_id, consumable, wait = taken
+        if queue_id < 0:
+            queue_id = self.queues.next_queue(topic)
+        size = len(frame) - at
+        try:
+            placed = self.commit_log.append_one(frame, at, size, topic, queue_id, consumable,
+                                                now)
+        except Exception:  # noqa: BLE001 - whatever it was, the request is refused whole
+            log.exception("append of one record failed; cutting back to WRITTEN once the "
+                          "drain's earlier requests are answered")
+            return topic, queue_id, wait, size, None, True
+        return topic, queue_id, wait, size, placed, False
 
     def _answer_drain(self, accepted: list[_Request], now: int, end: int) -> None:
         """WRITTEN (``end``: the end of the last record this drain appended, 0 for none)
@@ -986,6 +1082,17 @@ def _idempotent(send) -> bool:
     if type(send) is protocol.SendRecords:
         return send.producer_id != 0
     return any(send.producer_ids)
+
+
+class _OneStored(NamedTuple):
+    """A request of the one-record lane, stored: where its answer goes and what it
+    says."""
+
+    envelope: list
+    request_id: int
+    queue_id: int
+    offset: int              # the record's CommitLog offset
+    queue_offset: int
 
 
 class _SmallDrain:

@@ -981,6 +981,59 @@ def test_a_small_append_that_raises_keeps_the_drains_earlier_sends_and_cuts_back
     _verify_embedded(writer.config, first + [ok, third])
 
 
+def test_one_record_sends_take_the_lane_and_are_answered_in_order(writer, monkeypatch):
+    """A drain of one-record sends (``Producer.send``'s frame) is stored and answered
+    by the one-record lane alone, in order, WRITTEN at the end of the last; a frame of
+    two records after them goes on to the small path, and the one-record send after
+    that with it, so every producer's requests are stored in the order sent."""
+    handed_on = []
+    small = writer.service._serve_small
+    monkeypatch.setattr(writer.service, "_serve_small",
+                        lambda frames: handed_on.append(len(frames)) or small(frames))
+    writer.serve_frames([writer.records_frame([message(i, queue_id=0)]) for i in range(3)])
+    ones = [protocol.decode_one_send_result(f) for f in writer.replies]
+    writer.replies.clear()
+    assert handed_on == []
+    assert [r.status for r in ones] == [PutMessageStatus.PUT_OK] * 3
+    assert [r.queue_offset for r in ones] == [0, 1, 2]
+    cl = writer.service.commit_log
+    last = cl.look_message_by_offset(ones[2].commit_log_offset)
+    assert writer.table.read_written()[0] == ones[2].commit_log_offset + last.store_size
+    assert last.body == message(2).body
+    writer.serve_frames([writer.records_frame([message(3, queue_id=0)]),
+                         writer.records_frame([message(4, queue_id=0), message(5, queue_id=0)]),
+                         writer.records_frame([message(6, queue_id=0)])])
+    mixed = [protocol.decode_send_records_reply(f)[1] for f in writer.replies]
+    writer.replies.clear()
+    assert handed_on == [2]                  # the lane took the first; the rest went on
+    assert [[r.queue_offset for r in rs] for rs in mixed] == [[3], [4, 5], [6]]
+    assert cl.get_max_offset() == writer.table.read_written()[0]
+    monkeypatch.undo()
+    writer.close()
+    _verify_embedded(writer.config, ones + [r for rs in mixed for r in rs])
+
+
+def test_a_lease_that_ends_during_a_lane_drain_answers_no_put_ok(writer, monkeypatch):
+    """The lane's answers follow ``_reply_drain``'s rule: a store whose master lease
+    ended between the drain's refusal check and its answers acknowledges nothing
+    (SERVICE_NOT_AVAILABLE, naming why); the records stay stored below WRITTEN. The
+    lease's end is injected (``Fence.reason`` answers None once, then a reason): a
+    real lease cannot be made to end inside one drain."""
+    class EndingLease:
+        answers = iter([None])
+
+        def reason(self):
+            return next(self.answers, "NOT_MASTER: the lease ended")
+    monkeypatch.setattr(writer.service, "fence", EndingLease())
+    writer.serve_frames([writer.records_frame([message(i, queue_id=0)]) for i in range(2)])
+    got = [protocol.decode_send_records_reply(f)[1][0] for f in writer.replies]
+    assert [r.status for r in got] == [PutMessageStatus.SERVICE_NOT_AVAILABLE] * 2
+    assert all("the lease ended" in r.reason for r in got)
+    cl = writer.service.commit_log
+    assert cl.get_max_offset() == writer.table.read_written()[0] > 0
+    assert cl.topic_queue_table[("TopicA", 0)] == 2
+
+
 def test_refused_and_busy_requests_leave_the_window_count_alone(tmp_path):
     """Requests parked under SYNC_FLUSH (no flusher runs here) hold the client's window;
     refusals and busy answers neither take a slot nor free one."""
