@@ -214,6 +214,8 @@ class WriterService(Service):
         self.small_path = not self.commit_log.store_host_v6 and self.role != "SLAVE"
         # answers that wait for nobody (ASYNC_FLUSH on an ASYNC_MASTER): the one-record lane
         self.one_lane = self.small_path and not (self.sync_flush or self.sync_master)
+        self.put_counts: dict[str, list[int]] = {}   # the lane's: topic -> [messages, bytes]
+        self.stats.before_snapshot.append(self._add_put_counts)
         self.written, self.last_store_ts = self.table.read_written()   # this process's own
         self.drained_at = time.monotonic()   # when the last drain was taken
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
@@ -503,7 +505,8 @@ class WriterService(Service):
         frame: one record, no producer id, taken as it is by ``check_clean_record``):
         the leading such frames are appended and answered with no per-request objects,
         as plain tuples (``_OneStored``): WRITTEN once, the PUT_OK answers, one
-        APPENDED, then the drain's statistics. Nothing is ever parked on an
+        APPENDED; the puts are counted per topic aside (``put_counts``), into the
+        statistics when they are published. Nothing is ever parked on an
         ASYNC_MASTER under ASYNC_FLUSH, so no client's window is held here. A frame it
         does not take, and every frame after it, go back to ``_serve`` (the small path,
         then the batch path), in order. An append that finds no file or raises is
@@ -511,8 +514,8 @@ class WriterService(Service):
         torn bytes back to WRITTEN), after the requests stored before it."""
         now = max(now_ms(), self.last_store_ts)
         stored: list[_OneStored] = []
-        topics: list[str] = []
-        sizes: list[int] = []
+        put_counts = self.put_counts
+        end = 0
         failed = None           # a request whose append stored nothing
         raised = False
         began = time.monotonic()
@@ -529,13 +532,17 @@ class WriterService(Service):
                 k += 1
                 break
             stored.append(_OneStored(envelope, head.request_id, queue_id, *placed))
-            topics.append(topic)
-            sizes.append(size)
+            end = placed[0] + size
+            counts = put_counts.get(topic)
+            if counts is None:
+                counts = put_counts[topic] = [0, 0]
+            counts[0] += 1
+            counts[1] += size
         else:
             k = len(frames)
         appending = time.monotonic() - began
         if stored:
-            self._answer_ones(stored, now, stored[-1].offset + sizes[-1])
+            self._answer_ones(stored, now, end)
         if failed is not None:
             self.unanswered[failed.client] = self.unanswered.get(failed.client, 0) + 1
             self._reply_drain([failed])
@@ -544,8 +551,15 @@ class WriterService(Service):
         if stored:
             self._note_append_time(appending)     # the bookkeeping after the answers
             self.last_record = LastRecord(stored[-1].offset, now)
-            count_puts(self.stats, topics, sizes)
         return frames[k:]
+
+    def _add_put_counts(self) -> None:
+        """The lane's puts per topic into the statistics (``count_puts``' counters),
+        before each snapshot of them."""
+        for topic, (messages, size) in self.put_counts.items():
+            self.stats.add("put_messages_total", messages, topic=topic)
+            self.stats.add("put_bytes_total", size, topic=topic)
+        self.put_counts.clear()
 
     def _answer_ones(self, stored: list["_OneStored"], now: int, end: int) -> None:
         """WRITTEN at ``end``, then each request's PUT_OK (or, when the store may no

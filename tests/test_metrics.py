@@ -93,6 +93,9 @@ def test_puts_gets_and_positions_are_counted(exercised):
         == _value(m, "rocketstore_position_bytes", position="written"))
     assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Orders") == 30
     assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Billing") == 12
+    # a one-message send (the writer's one-record lane counts it aside until a snapshot)
+    assert _value(m, "rocketstore_put_messages_total", process="writer", topic="Lagging") == 1
+    assert _value(m, "rocketstore_put_bytes_total", process="writer", topic="Lagging") > 3
     assert _value(m, "rocketstore_put_bytes_total", process="writer", topic="Orders") > 30 * 64
     assert _value(m, "rocketstore_put_refused_total", process="writer",
                   status="MESSAGE_ILLEGAL") == 1

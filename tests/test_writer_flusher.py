@@ -1000,6 +1000,8 @@ def test_one_record_sends_take_the_lane_and_are_answered_in_order(writer, monkey
     last = cl.look_message_by_offset(ones[2].commit_log_offset)
     assert writer.table.read_written()[0] == ones[2].commit_log_offset + last.store_size
     assert last.body == message(2).body
+    counters = writer.service.stats.snapshot()["counters"]     # counted aside until now
+    assert counters["put_messages_total"]["values"] == [[["TopicA"], 3]]
     writer.serve_frames([writer.records_frame([message(3, queue_id=0)]),
                          writer.records_frame([message(4, queue_id=0), message(5, queue_id=0)]),
                          writer.records_frame([message(6, queue_id=0)])])
