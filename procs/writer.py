@@ -148,7 +148,11 @@ ROUTER_SNDHWM = 100_000          # replies queued per peer before they are dropp
 MAX_SOCKET_MESSAGE = protocol.MAX_FRAME_BYTES + (1 << 20)
 TEARDOWN_LINGER_MS = 2000        # time the last replies get to leave at close
 SLOW_APPEND_MS = 500             # RocketMQ warns of a put that holds the lock longer
-SMALL_FRAME = 8                  # SEND_RECORDS frames of fewer records take the small path
+# SEND_RECORDS frames of fewer records take the small path: record by record in Python
+# costs the writer less than numpy's bulk check below this (measured, the writer's main
+# thread a frame, back to back: 20 records 155 µs against 187, 48 271 against 310, 63 312
+# against 358; 96 501 against 418)
+SMALL_FRAME = 64
 
 _PUT_OK = PutMessageStatus.PUT_OK
 _PUT_OK_VALUE = _PUT_OK.value
