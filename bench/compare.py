@@ -93,6 +93,7 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                 out["one-at-a-time"], out["cpu_us_per_send"] = one_at_a_time_cpu(
                     store, args.seconds)
                 out["zeromq echo"] = zeromq_echo(root, args.seconds)
+                out["zeromq echo x8"] = zeromq_echo_many(root, args.seconds)
                 out["one-at-a-time x8"] = many_one_at_a_time(
                     lambda: _senders(store.store_dir, args.seconds))
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
@@ -272,6 +273,54 @@ def zeromq_echo(root: str, seconds: float) -> float:
         dealer.close(0)
         ctx.term()
     return rate
+
+
+def _echo_sender(endpoint: str, seconds: float, start, out) -> None:
+    """One of ``zeromq_echo_many``'s clients: round trips one at a time, as ``_sender``."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    frame = b"x" * 200
+    for _ in range(200):
+        dealer.send(frame)
+        dealer.recv()
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        dealer.send(frame)
+        dealer.recv()
+        n += 1
+    out.put((n, time.perf_counter() - t0))
+    dealer.close(0)
+    ctx.term()
+
+
+def zeromq_echo_many(root: str, seconds: float) -> float:
+    """Round trips a second of ``SENDERS`` client processes each echoing one at a time
+    through one ROUTER echo process (``zeromq_echo``'s): the floor of the eight-sender
+    row, store work aside."""
+    endpoint = f"ipc://{os.path.abspath(root)}/echo-many.sock"
+    proc = multiprocessing.get_context("spawn").Process(target=_echo, args=(endpoint,))
+    proc.start()
+
+    def make() -> list:
+        ctx = multiprocessing.get_context("spawn")
+        start, out = ctx.Event(), ctx.Queue()
+        return [ctx, start, out, [ctx.Process(target=_echo_sender,
+                                              args=(endpoint, seconds, start, out))
+                                  for _ in range(SENDERS)]]
+    try:
+        return many_one_at_a_time(make)
+    finally:
+        ctx = zmq.Context()
+        stopper = ctx.socket(zmq.DEALER)
+        stopper.connect(endpoint)
+        stopper.send(b"stop")
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        stopper.close(0)
+        ctx.term()
 
 
 # ============================================================================ Redis
@@ -494,12 +543,14 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
         theirs = [rd[name] for _, rd in rounds if name in rd]
         ratios = [rs[name] / rd[name] for rs, rd in rounds if name in rs and rd.get(name)]
         out[name] = {"rocketstore": mine, "redis": theirs, "ratio": ratios}
-    for key in ("zeromq echo", "consumer cpu_us_per_msg", "latency p99 ms", "latency p50 ms",
+    for key in ("zeromq echo", "zeromq echo x8", "consumer cpu_us_per_msg", "latency p99 ms", "latency p50 ms",
                 "latency p999 ms", "latency p99 ms, right after", "flush settle s",
                 "pool ingest ASYNC_FLUSH", "pool latency p99 ms"):
         out[key] = [rs[key] for rs, _ in rounds if key in rs]
     out["floor ratio"] = [rs["one-at-a-time"] / rs["zeromq echo"] for rs, _ in rounds
                           if rs.get("zeromq echo")]
+    out["floor ratio x8"] = [rs["one-at-a-time x8"] / rs["zeromq echo x8"]
+                             for rs, _ in rounds if rs.get("zeromq echo x8")]
     for key in ("cpu_us_per_msg", "pool cpu_us_per_msg", "cpu_us_per_send"):
         names = dict.fromkeys(n for rs, _ in rounds for n in rs.get(key, {}))
         out[key] = {n: [rs[key][n] for rs, _ in rounds if n in rs.get(key, {})] for n in names}
@@ -530,6 +581,10 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
             if cpu:
                 print("  (CPU per send of the store's main threads, us: " + ", ".join(
                     f"{n} {_spread(v, '.1f')}" for n, v in cpu.items()) + ")")
+    if s["zeromq echo x8"]:
+        print(f"  (the eight-sender row's floor, {SENDERS} DEALER clients echoing one at a "
+              f"time through one ROUTER: {_spread(s['zeromq echo x8'], ',.0f')} round "
+              f"trips/s; rocketstore is {_spread(s['floor ratio x8'], '.2f')}x of it)")
     print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
           f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms, "
           f"p999 {_spread(s['latency p999 ms'], '.2f')} ms)")
