@@ -254,17 +254,9 @@ def zeromq_echo(root: str, seconds: float) -> float:
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
-    frame = b"x" * 200
     try:
-        for _ in range(200):                # connected, both sides warm
-            dealer.send(frame)
-            dealer.recv()
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            dealer.send(frame)
-            dealer.recv()
-            n += 1
-        rate = n / (time.perf_counter() - t0)
+        n, secs = _round_trips(dealer, seconds)
+        rate = n / secs
         dealer.send(b"stop")
     finally:
         proc.join(10)
@@ -275,22 +267,30 @@ def zeromq_echo(root: str, seconds: float) -> float:
     return rate
 
 
-def _echo_sender(endpoint: str, seconds: float, start, out) -> None:
-    """One of ``zeromq_echo_many``'s clients: round trips one at a time, as ``_sender``."""
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(endpoint)
+def _round_trips(dealer: zmq.Socket, seconds: float, start=None) -> tuple[int, float]:
+    """Echo round trips of a 200-byte frame one at a time for ``seconds``, after 200
+    untimed ones (connected, both sides warm) and ``start``'s go when given: how many,
+    and the seconds they took."""
     frame = b"x" * 200
     for _ in range(200):
         dealer.send(frame)
         dealer.recv()
-    start.wait()
+    if start is not None:
+        start.wait()
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         dealer.send(frame)
         dealer.recv()
         n += 1
-    out.put((n, time.perf_counter() - t0))
+    return n, time.perf_counter() - t0
+
+
+def _echo_sender(endpoint: str, seconds: float, start, out) -> None:
+    """One of ``zeromq_echo_many``'s clients: round trips one at a time, as ``_sender``."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    out.put(_round_trips(dealer, seconds, start))
     dealer.close(0)
     ctx.term()
 
