@@ -548,8 +548,7 @@ class WriterService(Service):
         if stored:
             self._answer_ones(stored, now, end)
         if failed is not None:
-            self.unanswered[failed.client] = self.unanswered.get(failed.client, 0) + 1
-            self._reply_drain([failed])
+            self._reply(failed, counted=False)   # the lane holds no window
             if raised:
                 self.reset_to_written()      # the torn bytes of the failure past WRITTEN
         if stored:
