@@ -21,7 +21,9 @@ highest of those (CPU 0 often takes most interrupts). Other writers are found by
 names (``writers_kept``). With a single CPU to use nothing is pinned. Two stores started
 at the same instant may choose the same CPU; each still works, the second's sends a
 little slower. The threads the writer starts later (ZeroMQ's, the allocation thread)
-inherit its CPU, so ``keep_writer`` runs before it makes any.
+inherit its CPU, so ``keep_writer`` runs before it makes any. Its ZeroMQ I/O thread
+belongs there: moved off the writer's CPU alone, one producer made 5.8-7.4 k sends/s
+against 8.8-9.4 k (three rounds).
 """
 
 from __future__ import annotations
