@@ -125,7 +125,7 @@ from rocketstore.shm import bus
 from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import PUTS_STATES, Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
-from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, RCVMORE, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
@@ -235,6 +235,11 @@ class WriterService(Service):
         self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
         self.router.setsockopt(zmq.RCVTIMEO, MAX_TURN_MS)  # the wait of ``_drain(wait=True)``
+        # every request and reply goes to pyzmq's Cython socket, past the Python wrapper
+        # (recv_multipart's loop, send's DRAFT arguments): 1.9 against 1.0 us a request's
+        # two parts, 0.6 against 0.3 us a reply's part, warm
+        backend = super(zmq.Socket, self.router)
+        self._recv_part, self._send_part, self._option = backend.recv, backend.send, backend.get
         curve.bind_all(self.router, endpoints.bind_addresses(
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
@@ -372,16 +377,17 @@ class WriterService(Service):
         receive that fails)."""
         frames = []
         records = received = 0
-        router = self.router
-        recv = router.recv_multipart
+        recv, option = self._recv_part, self._option
         flags = 0 if wait else NOBLOCK
         while records < MAX_BATCH_RECORDS:
-            if received and not router.getsockopt(EVENTS) & POLLIN:
+            if received and not option(EVENTS) & POLLIN:
                 break
             try:
-                parts = recv(flags)
+                parts = [recv(flags)]
             except zmq.Again:
                 break
+            while option(RCVMORE):      # a message's parts arrive together
+                parts.append(recv(NOBLOCK))
             if not received:
                 self.drained_at = time.monotonic()
                 flags = NOBLOCK
@@ -1054,10 +1060,10 @@ class WriterService(Service):
 
     def _send(self, envelope: list, payload: bytes) -> None:
         """The reply's two parts (``send_multipart``'s two sends, without its checks)."""
-        router = self.router
+        send = self._send_part
         try:
-            router.send(envelope[0], SNDMORE_NOBLOCK)
-            router.send(payload, NOBLOCK)
+            send(envelope[0], SNDMORE_NOBLOCK)
+            send(payload, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 return  # the peer is gone; so is its interest in the answer
