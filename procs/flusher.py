@@ -19,8 +19,9 @@ so the flusher opens each CommitLog file it must flush by name
    FlushRealTimeService only sets it and FlushConsumeQueueService persists it (SPEC
    §4.11; the dispatcher's fdatasyncs of the file take it along too). An fdatasync of
    the checkpoint after every flush made every flush two fdatasyncs
-   (``docs/PERFORMANCE.md`` measures what that cost one-message sends). A power cut may leave the physic time that much older on disk: recovery then starts
-   from an earlier file, never a later one.
+   (``docs/PERFORMANCE.md`` measures what that cost one-message sends). A power cut may
+   leave the physic time that much older on disk: recovery then starts from an earlier
+   file, never a later one.
 
 Two services, chosen by ``flush_disk_type`` (SPEC §4.6):
 
@@ -31,6 +32,9 @@ Two services, chosen by ``flush_disk_type`` (SPEC §4.6):
   file is; everything every ``flush_commit_log_thorough_interval`` ms.
 * GroupCommitService (SYNC_FLUSH): whenever WRITTEN > FLUSHED, at once; one fdatasync
   covers every request the writer has parked, however many.
+
+The writer's wake-ups (PAGES, or APPENDED) come by the flusher's doorbell where the
+supervisor made one (``shm.doorbell``: no ZeroMQ hop), else by the bus.
 
 A failed fdatasync (or a file that cannot be opened) sets FLUSH_ERROR to the errno, is
 logged as critical, and FLUSHED never moves again in this run: the writer then refuses
@@ -67,6 +71,7 @@ import time
 
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
+from rocketstore.shm.doorbell import FLUSH, Doorbell
 from rocketstore.shm.positions import Slot, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool
 from rocketstore.storage.checkpoint import StoreCheckpoint
@@ -88,8 +93,7 @@ class FlusherService(Service):
         self.fds: dict[int, int] = {}
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.publisher = bus.Publisher(self.context, self.store_dir, "flusher")
-        self.appended = bus.Subscriber(self.context, self.store_dir, ["writer"],
-                                       [self._wake_topic()])
+        self.appended = self._wake_source()
         self.last_flush_ms = self.last_thorough_ms = now_ms()
         self.checkpoint_synced_ms = now_ms()       # the last fdatasync of the checkpoint
         self.checkpoint_synced_ts = self.checkpoint.physic_msg_timestamp   # its physic time
@@ -122,6 +126,15 @@ class FlusherService(Service):
         self.appended.close()
 
     # ================================================================== the loop
+    def _wake_source(self) -> "Doorbell | bus.Subscriber":
+        """What wakes the flusher: its doorbell (``shm.doorbell``), which the writer rings
+        where it announces ``_wake_topic``, when the supervisor made one; else that bus
+        announcement. Either only wakes: the position table is the truth."""
+        bell = Doorbell.open(self.store_dir, FLUSH)
+        if bell is not None:
+            return bell
+        return bus.Subscriber(self.context, self.store_dir, ["writer"], [self._wake_topic()])
+
     def _wake_topic(self) -> bytes:
         """GroupCommitService wakes on every append; FlushRealTimeService only when
         enough pages may be dirty for its least-pages rule (bus PAGES), so an append of

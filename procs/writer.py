@@ -122,7 +122,7 @@ from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
-from rocketstore.shm.doorbell import Doorbell
+from rocketstore.shm.doorbell import FLUSH, Doorbell
 from rocketstore.shm.positions import PUTS_STATES, Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, RCVMORE, SNDMORE_NOBLOCK
@@ -245,6 +245,9 @@ class WriterService(Service):
             self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
         self.doorbell = Doorbell.open(self.store_dir)   # the dispatcher's, when it has one
+        self.flush_bell = Doorbell.open(self.store_dir, FLUSH)   # the flusher's
+        # the flusher listens for every append (SYNC_FLUSH, or no least pages), else PAGES
+        self.flush_every_append = self.sync_flush or not self.pages_span
         waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
             ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])
         self.parked_wakeups = (bus.Subscriber(ctx, self.store_dir, [p for p, _ in waits_on],
@@ -308,6 +311,8 @@ class WriterService(Service):
         self.publisher.close()
         if self.doorbell is not None:
             self.doorbell.close()
+        if self.flush_bell is not None:
+            self.flush_bell.close()
         if self.parked_wakeups is not None:
             self.parked_wakeups.close()
         self.commit_log.close()
@@ -730,14 +735,19 @@ class WriterService(Service):
         return written
 
     def _after_append(self, before: int, end: int) -> None:
-        """The bus wake-ups of an append that moved WRITTEN from ``before`` to ``end``
-        (APPENDED; PAGES when it crossed the flusher's least pages), and the mappings
-        of full files dropped."""
+        """The wake-ups of an append that moved WRITTEN from ``before`` to ``end``: the
+        bus's APPENDED, and PAGES when it crossed the flusher's least pages; the
+        dispatcher's doorbell, and the flusher's where it listens for this append
+        (``shm.doorbell``). Then the mappings of full files dropped."""
         self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
         if self.doorbell is not None:
             self.doorbell.ring()
-        if self.pages_span and end // self.pages_span != before // self.pages_span:
+        crossed = bool(self.pages_span) and \
+            end // self.pages_span != before // self.pages_span
+        if crossed:
             self.publisher.publish(bus.PAGES, bus.encode_offset(end))
+        if self.flush_bell is not None and (crossed or self.flush_every_append):
+            self.flush_bell.ring()
         self.commit_log.unmap_all_but_last()
 
     def _note_append_time(self, seconds: float) -> None:
