@@ -12,8 +12,16 @@ so the flusher opens each CommitLog file it must flush by name
    tests use to inject EIO);
 3. publish FLUSHED = that WRITTEN, and the bus FLUSHED (the table refuses a FLUSHED or
    COMMITTED past the WRITTEN it holds then: ``SlotRelationError`` ends the process);
-4. write the checkpoint's physic time = that LAST_STORE_TS (``flush_one("physic")``),
-   so the checkpoint never runs ahead of durable data.
+4. write the checkpoint's physic time = that LAST_STORE_TS into its mapping, so the
+   checkpoint never runs ahead of durable data. It is made durable (fdatasync of the
+   checkpoint) at most once every ``flush_commit_log_thorough_interval`` ms, by the
+   first flush after that long, and at a clean stop (``teardown``), as RocketMQ's
+   FlushRealTimeService only sets it and FlushConsumeQueueService persists it (SPEC
+   §4.11; the dispatcher's fdatasyncs of the file take it along too). An fdatasync of
+   the checkpoint after every flush made every flush two fdatasyncs
+   (``docs/PERFORMANCE.md`` measures what that cost one-message sends). A power cut may
+   leave the physic time that much older on disk: recovery then starts from an earlier
+   file, never a later one.
 
 Two services, chosen by ``flush_disk_type`` (SPEC §4.6):
 
@@ -24,6 +32,9 @@ Two services, chosen by ``flush_disk_type`` (SPEC §4.6):
   file is; everything every ``flush_commit_log_thorough_interval`` ms.
 * GroupCommitService (SYNC_FLUSH): whenever WRITTEN > FLUSHED, at once; one fdatasync
   covers every request the writer has parked, however many.
+
+The writer's wake-ups (PAGES, or APPENDED) come by the flusher's doorbell where the
+supervisor made one (``shm.doorbell``: no ZeroMQ hop), else by the bus.
 
 A failed fdatasync (or a file that cannot be opened) sets FLUSH_ERROR to the errno, is
 logged as critical, and FLUSHED never moves again in this run: the writer then refuses
@@ -42,7 +53,8 @@ Restart decision table (``setup``):
                                                    store restart, which recovers from the
                                                    files, clears it
     file descriptors        reopened by name       on the first flush that needs them
-    checkpoint physic time  the file               rewritten by the next flush
+    checkpoint physic time  the file               rewritten by the next flush,
+                                                   synced one interval on
     interval timers         the clock              a thorough flush is due one interval on
 
 Descriptors of files wholly below max(FLUSHED, MIN_OFFSET) are closed: they are never
@@ -59,6 +71,7 @@ import time
 
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
+from rocketstore.shm.doorbell import FLUSH, Doorbell
 from rocketstore.shm.positions import Slot, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool
 from rocketstore.storage.checkpoint import StoreCheckpoint
@@ -80,9 +93,10 @@ class FlusherService(Service):
         self.fds: dict[int, int] = {}
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.publisher = bus.Publisher(self.context, self.store_dir, "flusher")
-        self.appended = bus.Subscriber(self.context, self.store_dir, ["writer"],
-                                       [self._wake_topic()])
+        self.appended = self._wake_source()
         self.last_flush_ms = self.last_thorough_ms = now_ms()
+        self.checkpoint_synced_ms = now_ms()       # the last fdatasync of the checkpoint
+        self.checkpoint_synced_ts = self.checkpoint.physic_msg_timestamp   # its physic time
         self.pool: TransientStorePool | None = None
         if self.table.get(Slot.TRANSIENT_POOL):
             self.pool = TransientStorePool(self.store_dir, self.table.get(Slot.TRANSIENT_POOL),
@@ -99,6 +113,9 @@ class FlusherService(Service):
             if self.pool is not None:
                 self.commit_pool(0)
             self.flush_commit_log()
+            if not self.failed and \
+                    self.checkpoint.physic_msg_timestamp != self.checkpoint_synced_ts:
+                self._sync_checkpoint(now_ms())
         if self.pool is not None:
             self.pool.close()
         for fd in self.fds.values():
@@ -109,6 +126,15 @@ class FlusherService(Service):
         self.appended.close()
 
     # ================================================================== the loop
+    def _wake_source(self) -> "Doorbell | bus.Subscriber":
+        """What wakes the flusher: its doorbell (``shm.doorbell``), which the writer rings
+        where it announces ``_wake_topic``, when the supervisor made one; else that bus
+        announcement. Either only wakes: the position table is the truth."""
+        bell = Doorbell.open(self.store_dir, FLUSH)
+        if bell is not None:
+            return bell
+        return bus.Subscriber(self.context, self.store_dir, ["writer"], [self._wake_topic()])
+
     def _wake_topic(self) -> bytes:
         """GroupCommitService wakes on every append; FlushRealTimeService only when
         enough pages may be dirty for its least-pages rule (bus PAGES), so an append of
@@ -253,13 +279,31 @@ class FlusherService(Service):
         table.set(Slot.FLUSHED, written)
         self.publisher.publish(bus.FLUSHED, bus.encode_offset(written))
         if store_ts > 0:
-            self.checkpoint.physic_msg_timestamp = store_ts
-            try:
-                self.checkpoint.flush_one("physic")
-            except OSError as e:
-                self._fail(e, "fdatasync of the checkpoint")
+            self._note_physic_time(store_ts)
         self._close_fds_below(max(written, table.get(Slot.MIN_OFFSET)))
         return True
+
+    def _note_physic_time(self, store_ts: int) -> None:
+        """The checkpoint's physic time after a flush: written into the mapping, and
+        synced when the last sync is ``flush_commit_log_thorough_interval`` ms old
+        (the module's step 4)."""
+        self.checkpoint.physic_msg_timestamp = store_ts
+        now = now_ms()
+        if now - self.checkpoint_synced_ms < self.config.flush_commit_log_thorough_interval:
+            self.checkpoint.write_one("physic")
+        else:
+            self._sync_checkpoint(now)
+
+    def _sync_checkpoint(self, now: int) -> None:
+        """Write the physic time and fdatasync the checkpoint; a failure is the
+        flusher's failure (FLUSH_ERROR)."""
+        try:
+            self.checkpoint.flush_one("physic")
+        except OSError as e:
+            self._fail(e, "fdatasync of the checkpoint")
+            return
+        self.checkpoint_synced_ms = now
+        self.checkpoint_synced_ts = self.checkpoint.physic_msg_timestamp
 
     def _fd(self, file_offset: int) -> int | None:
         """A descriptor of the CommitLog file starting at ``file_offset`` (read-only;

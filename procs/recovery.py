@@ -81,7 +81,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         store.close(remove_abort_file=False)
         physic_ts = store.checkpoint.physic_msg_timestamp
         table = PositionTable.create(root)  # unlinks whatever holds the name first
-        doorbell.create(root)               # the same: a dead run's is replaced
+        doorbell.create_all(root)           # the same: a dead run's are replaced
         arrival_bell.create(root)           # and the consumers' bells
         if config.transient_store_pool_enable:
             pool = TransientStorePool(root, config.transient_store_pool_size,
@@ -91,7 +91,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
         if table is not None:       # a table never filled in must not outlive the start
             table.close()
             table.unlink()
-            doorbell.unlink(root)
+            doorbell.unlink_all(root)
             arrival_bell.unlink(root)
         lock.release()
         raise

@@ -575,7 +575,7 @@ class Supervisor:
         self._release_pool()
         t.set(Slot.STATE, StoreState.STOPPED)
         t.unlink()
-        doorbell.unlink(self.store_dir)
+        doorbell.unlink_all(self.store_dir)
         arrival_bell.unlink(self.store_dir)
         t.close()
         self.table = None

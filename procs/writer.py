@@ -122,10 +122,10 @@ from rocketstore.procs.send_results import SendResults, SmallResults
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.procs.stats import count_puts, count_refused, count_reply
 from rocketstore.shm import bus
-from rocketstore.shm.doorbell import Doorbell
+from rocketstore.shm.doorbell import FLUSH, Doorbell
 from rocketstore.shm.positions import PUTS_STATES, Slot, StoreState, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
-from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, SNDMORE_NOBLOCK
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, RCVMORE, SNDMORE_NOBLOCK
 from rocketstore.storage import producer_state, record_batch, replication
 from rocketstore.storage.clock import monotonic_ms
 from rocketstore.storage.config import BROKER_ROLES
@@ -235,11 +235,19 @@ class WriterService(Service):
         self.router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
         self.router.setsockopt(zmq.RCVTIMEO, MAX_TURN_MS)  # the wait of ``_drain(wait=True)``
+        # every request and reply goes to pyzmq's Cython socket, past the Python wrapper
+        # (recv_multipart's loop, send's DRAFT arguments): 1.9 against 1.0 us a request's
+        # two parts, 0.6 against 0.3 us a reply's part, warm
+        backend = super(zmq.Socket, self.router)
+        self._recv_part, self._send_part, self._option = backend.recv, backend.send, backend.get
         curve.bind_all(self.router, endpoints.bind_addresses(
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
         self.doorbell = Doorbell.open(self.store_dir)   # the dispatcher's, when it has one
+        self.flush_bell = Doorbell.open(self.store_dir, FLUSH)   # the flusher's
+        # the flusher listens for every append (SYNC_FLUSH, or no least pages), else PAGES
+        self.flush_every_append = self.sync_flush or not self.pages_span
         waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
             ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])
         self.parked_wakeups = (bus.Subscriber(ctx, self.store_dir, [p for p, _ in waits_on],
@@ -303,6 +311,8 @@ class WriterService(Service):
         self.publisher.close()
         if self.doorbell is not None:
             self.doorbell.close()
+        if self.flush_bell is not None:
+            self.flush_bell.close()
         if self.parked_wakeups is not None:
             self.parked_wakeups.close()
         self.commit_log.close()
@@ -372,16 +382,17 @@ class WriterService(Service):
         receive that fails)."""
         frames = []
         records = received = 0
-        router = self.router
-        recv = router.recv_multipart
+        recv, option = self._recv_part, self._option
         flags = 0 if wait else NOBLOCK
         while records < MAX_BATCH_RECORDS:
-            if received and not router.getsockopt(EVENTS) & POLLIN:
+            if received and not option(EVENTS) & POLLIN:
                 break
             try:
-                parts = recv(flags)
+                parts = [recv(flags)]
             except zmq.Again:
                 break
+            while option(RCVMORE):      # a message's parts arrive together
+                parts.append(recv(NOBLOCK))
             if not received:
                 self.drained_at = time.monotonic()
                 flags = NOBLOCK
@@ -724,14 +735,19 @@ class WriterService(Service):
         return written
 
     def _after_append(self, before: int, end: int) -> None:
-        """The bus wake-ups of an append that moved WRITTEN from ``before`` to ``end``
-        (APPENDED; PAGES when it crossed the flusher's least pages), and the mappings
-        of full files dropped."""
+        """The wake-ups of an append that moved WRITTEN from ``before`` to ``end``: the
+        bus's APPENDED, and PAGES when it crossed the flusher's least pages; the
+        dispatcher's doorbell, and the flusher's where it listens for this append
+        (``shm.doorbell``). Then the mappings of full files dropped."""
         self.publisher.publish(bus.APPENDED, bus.encode_offset(end))
         if self.doorbell is not None:
             self.doorbell.ring()
-        if self.pages_span and end // self.pages_span != before // self.pages_span:
+        crossed = bool(self.pages_span) and \
+            end // self.pages_span != before // self.pages_span
+        if crossed:
             self.publisher.publish(bus.PAGES, bus.encode_offset(end))
+        if self.flush_bell is not None and (crossed or self.flush_every_append):
+            self.flush_bell.ring()
         self.commit_log.unmap_all_but_last()
 
     def _note_append_time(self, seconds: float) -> None:
@@ -1054,10 +1070,10 @@ class WriterService(Service):
 
     def _send(self, envelope: list, payload: bytes) -> None:
         """The reply's two parts (``send_multipart``'s two sends, without its checks)."""
-        router = self.router
+        send = self._send_part
         try:
-            router.send(envelope[0], SNDMORE_NOBLOCK)
-            router.send(payload, NOBLOCK)
+            send(envelope[0], SNDMORE_NOBLOCK)
+            send(payload, NOBLOCK)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 return  # the peer is gone; so is its interest in the answer

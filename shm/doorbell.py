@@ -1,4 +1,5 @@
-"""The dispatcher's doorbell: a POSIX named semaphore the writer rings after an append.
+"""The doorbells: POSIX named semaphores the writer rings after an append, to wake the
+dispatcher (``DISPATCH``) and the flusher (``FLUSH``).
 
 The bus (``shm.bus``) wakes a listener through ZeroMQ: a PUB send in the writer, then
 the writer's and the listener's ZeroMQ I/O threads, then the listener's poll. For the
@@ -20,11 +21,17 @@ table after, so it sees that WRITTEN or a later one, and one whose wait began af
 skipped post finds the count at 1 and returns at once. The doorbell only wakes: a
 dispatcher whose wait timed out reads the table as well.
 
-Life: the supervisor creates it with the position table (``create``, replacing a dead
-run's) and removes it with the table at a clean stop (``unlink``); the writer and the
-dispatcher open it (``Doorbell.open``: None where no supervisor made one, e.g. a process
-run alone in a test, which then uses the bus). A killed writer or dispatcher holds
-nothing: the count is a number of pending wakes, not a lock.
+The flusher's doorbell is rung where the writer announces what the flusher listens for
+(``procs.flusher``): every append under SYNC_FLUSH (a synchronous send's answer waits for
+that wake-up, the group commit's fdatasync and the flusher's FLUSHED: one ZeroMQ hop less
+on its path), an append that crossed ``flush_commit_log_least_pages`` pages under
+ASYNC_FLUSH.
+
+Life: the supervisor creates them with the position table (``create_all``, replacing a
+dead run's) and removes them with the table at a clean stop (``unlink_all``); the writer,
+the dispatcher and the flusher open theirs (``Doorbell.open``: None where no supervisor
+made one, e.g. a process run alone in a test, which then uses the bus). A killed process
+holds nothing: the count is a number of pending wakes, not a lock.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ import posix_ipc
 from rocketstore.shm.positions import segment_name
 from rocketstore.storage import file_modes
 
-DISPATCH = "dispatch"          # the one doorbell today: the writer rings the dispatcher
+DISPATCH = "dispatch"          # the writer rings the dispatcher
+FLUSH = "flush"                # the writer rings the flusher
+NAMES = (DISPATCH, FLUSH)
 
 
 def semaphore_name(store_dir: str, name: str = DISPATCH) -> str:
@@ -58,6 +67,18 @@ def unlink(store_dir: str, name: str = DISPATCH) -> None:
         posix_ipc.unlink_semaphore(semaphore_name(store_dir, name))
     except posix_ipc.ExistentialError:
         pass
+
+
+def create_all(store_dir: str) -> None:
+    """Supervisor only: every doorbell of the store (``create``)."""
+    for name in NAMES:
+        create(store_dir, name)
+
+
+def unlink_all(store_dir: str) -> None:
+    """Every doorbell of the store removed (``unlink``)."""
+    for name in NAMES:
+        unlink(store_dir, name)
 
 
 class Doorbell:

@@ -12,6 +12,7 @@ pyzmq's names.
     NOBLOCK           zmq.NOBLOCK (DONTWAIT)    a send or receive that must not wait
     SNDMORE_NOBLOCK   zmq.SNDMORE | NOBLOCK     a frame of a multipart reply, not the last
     EVENTS            zmq.EVENTS                ``getsockopt``: what the socket can do now
+    RCVMORE           zmq.RCVMORE               ``getsockopt``: more parts of a message wait
     POLLIN            zmq.POLLIN                EVENTS bit (and poll item): one is queued
 """
 
@@ -22,4 +23,5 @@ import zmq
 NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE) | NOBLOCK
 EVENTS = int(zmq.EVENTS)
+RCVMORE = int(zmq.RCVMORE)
 POLLIN = int(zmq.POLLIN)

@@ -14,6 +14,9 @@ included (``message_index_safe``).
 
 Crash story: the file is rewritten in place and flushed with fdatasync; a torn write can
 only leave timestamps that are too old, which makes recovery start earlier, never later.
+A timestamp is only ever written after what it promises is durable, so every state of
+the page is safe to find after a power cut, whenever the page was last written back: a
+writer may leave its field to a later fdatasync (``write_one``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ TIMESTAMPS = struct.Struct(">qqq")
 _LONG = struct.Struct(">q")
 assert TIMESTAMPS.size == INDEX_POS + 8
 RECOVERY_SLACK_MS = 3000
+_FIELD_POS = {"physic": PHYSIC_POS, "logics": LOGICS_POS, "index": INDEX_POS}
 
 
 def encode(physic: int, logics: int, index: int) -> bytes:
@@ -87,9 +91,15 @@ class StoreCheckpoint:
         physic, the dispatcher logics and index); writing only its own 8 bytes keeps
         them from overwriting each other. Raises ``OSError`` on failure.
         """
-        pos = {"physic": PHYSIC_POS, "logics": LOGICS_POS, "index": INDEX_POS}[field]
-        self.buf[pos:pos + _LONG.size] = _LONG.pack(getattr(self, f"{field}_msg_timestamp"))
+        self.write_one(field)
         FILE_OPS.fdatasync(self.fd)
+
+    def write_one(self, field: str) -> None:
+        """Write one timestamp into the mapping, without fdatasync: every process sees
+        it at once, and the next fdatasync of the file, whichever process makes it,
+        makes it durable (the page cache holds one copy of the page)."""
+        pos = _FIELD_POS[field]
+        self.buf[pos:pos + _LONG.size] = _LONG.pack(getattr(self, f"{field}_msg_timestamp"))
 
     def reload(self) -> None:
         """Re-read all three timestamps from the mapping (another process writes some)."""

@@ -1,5 +1,5 @@
-"""shm.doorbell: the writer's wake-up of the dispatcher, a POSIX semaphore, between real
-processes."""
+"""shm.doorbell: the writer's wake-ups of the dispatcher and the flusher, POSIX semaphores,
+between real processes."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import time
 
 import posix_ipc
 import pytest
-from store_processes import RunningStore
+from store_processes import RunningStore, wait_for
 
+from rocketstore.client import Producer
 from rocketstore.shm import doorbell
 from rocketstore.shm.doorbell import Doorbell
+from rocketstore.shm.positions import Slot
+from rocketstore.storage import Message
 
 
 @pytest.fixture
@@ -81,11 +84,27 @@ def test_there_is_no_doorbell_where_no_supervisor_made_one_and_create_replaces_a
     doorbell.unlink(store)               # unlinking what is not there is no error
 
 
-def test_a_running_store_has_its_doorbell_and_a_clean_stop_removes_it(tmp_path):
+def test_a_running_store_has_its_doorbells_and_a_clean_stop_removes_them(tmp_path):
     with RunningStore(tmp_path) as store:
-        b = Doorbell.open(store.store_dir)
-        assert b is not None and doorbell.semaphore_name(store.store_dir) != \
-            doorbell.semaphore_name(str(tmp_path / "another"))
-        b.close()
+        for name in doorbell.NAMES:
+            b = Doorbell.open(store.store_dir, name)
+            assert b is not None and doorbell.semaphore_name(store.store_dir, name) != \
+                doorbell.semaphore_name(str(tmp_path / "another"), name)
+            b.close()
+        assert len({doorbell.semaphore_name(store.store_dir, n) for n in doorbell.NAMES}) == 2
         assert store.stop() == 0
-        assert Doorbell.open(store.store_dir) is None
+        assert all(Doorbell.open(store.store_dir, n) is None for n in doorbell.NAMES)
+
+
+def test_the_writer_rings_the_flusher_when_enough_pages_are_dirty(tmp_path):
+    """ASYNC_FLUSH with a flush interval of ten minutes: what wakes the flusher for an
+    append that dirtied ``flush_commit_log_least_pages`` pages is its doorbell (the bus
+    is not listened to where the supervisor made one); FLUSHED then follows at once."""
+    with RunningStore(tmp_path, flush_interval_commit_log=600_000,
+                      flush_commit_log_thorough_interval=600_000) as store:
+        with Producer(store.store_dir) as p:
+            results = p.send_batch([Message("Pages", bytes(600)) for _ in range(40)])
+        assert all(r.ok for r in results)
+        end = max(r.commit_log_offset for r in results) + 600
+        wait_for(lambda: store.slot(Slot.FLUSHED) >= end, timeout=30,
+                 what="FLUSHED past 24 KB sent, long before the flush interval")

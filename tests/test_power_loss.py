@@ -183,7 +183,7 @@ def test_a_running_store_cut_off_keeps_what_was_fsynced(tmp_path, flush_type):
         posix_ipc.unlink_shared_memory(segment_name(store.store_dir))
     except posix_ipc.ExistentialError:
         pass
-    doorbell.unlink(store.store_dir)       # a reboot empties /dev/shm
+    doorbell.unlink_all(store.store_dir)   # a reboot empties /dev/shm
     arrival_bell.unlink(store.store_dir)
     _cut_power(store.store_dir, flushed, None, rng, 64 * 1024)
     durable = {b: a for b, a in acked.items() if a[3] <= flushed}

@@ -808,7 +808,12 @@ def flusher(tmp_path):
     f.close()
 
 
-def test_flush_syncs_data_before_publishing_flushed_and_the_checkpoint(flusher, monkeypatch):
+def test_flush_syncs_data_before_publishing_flushed_and_the_checkpoint_on_its_interval(
+        flusher, monkeypatch):
+    """A flush: every file's fdatasync before FLUSHED moves, then the physic time in the
+    checkpoint's mapping (what every process reads). The checkpoint itself is
+    fdatasync'ed by the first flush one ``flush_commit_log_thorough_interval`` after its
+    last sync, after FLUSHED, and at teardown when the time moved since."""
     calls = []
     real = FILE_OPS.fdatasync
     cp_before = flusher.physic_ts()
@@ -818,15 +823,36 @@ def test_flush_syncs_data_before_publishing_flushed_and_the_checkpoint(flusher, 
                       flusher.table.get(Slot.FLUSHED)))
         real(fd)
     monkeypatch.setattr(FILE_OPS, "fdatasync", recording)
-    assert flusher.service.flush_commit_log() is True
-    files = [offset_to_file_name(o) for o in range(0, flusher.written, FILE_SIZE)]
-    assert calls[:-1] == [(name, 0) for name in files]          # every file, before FLUSHED
-    assert calls[-1] == ("checkpoint", flusher.written)         # the checkpoint after it
+    svc = flusher.service
+    assert svc.flush_commit_log() is True
+    files = [(offset_to_file_name(o), 0) for o in range(0, flusher.written, FILE_SIZE)]
+    assert calls == files                                       # every file, before FLUSHED
     assert flusher.table.get(Slot.FLUSHED) == flusher.written
-    assert flusher.physic_ts() == flusher.store_ts >= cp_before
-    assert set(flusher.service.fds) == {flusher.written - flusher.written % FILE_SIZE}
-    assert flusher.service.flush_commit_log() is False          # nothing left
+    assert flusher.physic_ts() == flusher.store_ts >= cp_before  # written, not yet synced
+    assert set(svc.fds) == {flusher.written - flusher.written % FILE_SIZE}
+    assert svc.flush_commit_log() is False                      # nothing left
     assert flusher.table.get(Slot.FLUSH_ERROR) == 0
+
+    calls.clear()                       # one interval on: the next flush syncs it, last
+    flusher.table.reset({Slot.FLUSHED: 0})
+    svc.checkpoint_synced_ms -= flusher.config.flush_commit_log_thorough_interval
+    assert svc.flush_commit_log() is True
+    assert calls == files + [("checkpoint", flusher.written)]
+
+    calls.clear()                       # a teardown with nothing new syncs nothing more
+    svc.teardown()
+    assert calls == []
+    flusher.service = svc = flusher.make()
+    flusher.table.reset({Slot.FLUSHED: 0})
+    assert svc.flush_commit_log() is True and calls == files
+    calls.clear()                       # one whose flush moved the time syncs it
+    svc.checkpoint.physic_msg_timestamp -= 1     # standing in for an older synced time
+    svc.checkpoint_synced_ts = svc.checkpoint.physic_msg_timestamp
+    flusher.table.reset({Slot.FLUSHED: 0})
+    svc.teardown()
+    assert calls == files + [("checkpoint", flusher.written)]
+    assert flusher.physic_ts() == flusher.store_ts
+    flusher.service = flusher.make()
 
 
 def test_fdatasync_eio_sets_flush_error_and_flushed_stops(flusher, monkeypatch):
