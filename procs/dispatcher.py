@@ -14,11 +14,12 @@ its end. One pass:
 
 1. wait on the bus up to MAX_TURN_MS (the first pass of a turn; later ones only as long
    as the turn has left), unless work is already waiting. The dispatcher listens only
-   to what moves the confirm offset: the writer's appends under ASYNC_FLUSH (its
-   doorbell, ``shm.doorbell``: a semaphore the writer posts, which costs neither side
-   a ZeroMQ hop; its bus APPENDED where no supervisor made a doorbell), the flusher's
-   FLUSHED under SYNC_FLUSH, its COMMITTED with the transient pool. Wake-ups only
-   wake; the position table is the truth.
+   to what moves the confirm offset: the writer's appends under ASYNC_FLUSH, the
+   flusher's FLUSHED under SYNC_FLUSH, its COMMITTED with the transient pool. The one
+   that moves it rings the dispatcher's doorbell (``shm.doorbell``: a semaphore, which
+   costs neither side a ZeroMQ hop); where no supervisor made one, the dispatcher
+   listens to that process's bus announcement instead. Wake-ups only wake; the
+   position table is the truth.
    A pass woken less than ``REPUT_INTERVAL_S`` (1 ms) after the last one that
    dispatched, with less than ``PACE_MAX_BYTES`` (4 KiB: a few one-message sends)
    waiting, waits out the rest first, so a trickle of one-message sends is dispatched a few records a pass, not a
@@ -257,14 +258,13 @@ class Dispatcher(Service):
         self.flush_service.start()
 
     def _wake_source(self) -> "Doorbell | Subscriber":
-        """What wakes a pass: the writer's doorbell (``shm.doorbell``) when the writer's
-        appends move the confirm offset and the supervisor made one, else the bus
-        announcement of what moves it (``confirm_announcement``)."""
+        """What wakes a pass: the dispatcher's doorbell (``shm.doorbell``), which the
+        process that moves the confirm offset rings, when the supervisor made one; else
+        the bus announcement of what moves it (``confirm_announcement``)."""
+        bell = Doorbell.open(self.store_dir)
+        if bell is not None:
+            return bell
         processes, topics = confirm_announcement(self.table)
-        if topics == [APPENDED]:
-            bell = Doorbell.open(self.store_dir)
-            if bell is not None:
-                return bell
         return Subscriber(self.context, self.store_dir, processes, topics, conflate=True)
 
     def _open_files(self) -> None:

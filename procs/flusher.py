@@ -71,7 +71,7 @@ import time
 
 from rocketstore.procs.service import MAX_TURN_MS, Service
 from rocketstore.shm import bus
-from rocketstore.shm.doorbell import FLUSH, Doorbell
+from rocketstore.shm.doorbell import DISPATCH, FLUSH, Doorbell
 from rocketstore.shm.positions import Slot, now_ms
 from rocketstore.shm.transient_pool import TransientStorePool
 from rocketstore.storage.checkpoint import StoreCheckpoint
@@ -103,6 +103,10 @@ class FlusherService(Service):
                                            self.file_size)
         self.last_commit_ms = self.last_thorough_commit_ms = now_ms()
         self.committed_store_ts = 0     # LAST_STORE_TS as of the last commit
+        # the dispatcher's doorbell, when what this flusher publishes moves the confirm
+        # offset (FLUSHED under SYNC_FLUSH, COMMITTED with the pool) and there is one
+        self.dispatch_bell = Doorbell.open(self.store_dir, DISPATCH) \
+            if self.sync_flush or self.pool is not None else None
         self.failed = self.table.get(Slot.FLUSH_ERROR) != 0
         if self.failed:
             log.critical("FLUSH_ERROR is set (%s): this flusher will not flush; restart the "
@@ -124,6 +128,8 @@ class FlusherService(Service):
         self.checkpoint.close()
         self.publisher.close()
         self.appended.close()
+        if self.dispatch_bell is not None:
+            self.dispatch_bell.close()
 
     # ================================================================== the loop
     def _wake_source(self) -> "Doorbell | bus.Subscriber":
@@ -241,6 +247,8 @@ class FlusherService(Service):
         self.table.set(Slot.COMMITTED, written)
         self.committed_store_ts = store_ts
         self.publisher.publish(bus.COMMITTED, bus.encode_offset(written))
+        if self.dispatch_bell is not None and not self.sync_flush:
+            self.dispatch_bell.ring()
         elapsed = time.monotonic() - began
         self.stats.observe("commit_latency_seconds", elapsed)
         if elapsed > SLOW_MS / 1000:
@@ -278,6 +286,8 @@ class FlusherService(Service):
         self.stats.add("flushed_bytes_total", written - flushed)
         table.set(Slot.FLUSHED, written)
         self.publisher.publish(bus.FLUSHED, bus.encode_offset(written))
+        if self.dispatch_bell is not None and self.sync_flush:
+            self.dispatch_bell.ring()
         if store_ts > 0:
             self._note_physic_time(store_ts)
         self._close_fds_below(max(written, table.get(Slot.MIN_OFFSET)))

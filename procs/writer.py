@@ -244,7 +244,10 @@ class WriterService(Service):
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
-        self.doorbell = Doorbell.open(self.store_dir)   # the dispatcher's, when it has one
+        # the dispatcher's doorbell, when the confirm offset is WRITTEN (under
+        # SYNC_FLUSH, or with the pool, the flusher moves it and rings) and there is one
+        self.doorbell = None if self.sync_flush or self.table.get(Slot.TRANSIENT_POOL) \
+            else Doorbell.open(self.store_dir)
         self.flush_bell = Doorbell.open(self.store_dir, FLUSH)   # the flusher's
         # the flusher listens for every append (SYNC_FLUSH, or no least pages), else PAGES
         self.flush_every_append = self.sync_flush or not self.pages_span

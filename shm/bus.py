@@ -23,10 +23,11 @@ one receive for each listener (two frames cost the publisher several times one):
                                                                  dispatch step, however many
                                                                  of its queues grew
 
-The dispatcher, woken after every append, is not woken through the bus when the
-supervisor made the store's doorbell (``shm.doorbell``): a semaphore the writer posts
-costs neither side a ZeroMQ hop. APPENDED still goes out for the others (HA, a
-SYNC_FLUSH flusher); PUB sends nothing where no one subscribed.
+The dispatcher and the flusher are not woken through the bus when the supervisor made
+the store's doorbells (``shm.doorbell``): a semaphore the writer (or, for the
+dispatcher under SYNC_FLUSH or with the pool, the flusher) posts costs neither side a
+ZeroMQ hop. The announcements still go out for the others (HA, the writer's parked
+requests); PUB sends nothing where no one subscribed.
 
 ZeroMQ filters by prefix, so a listener wakes only for what it asked:
 ``b"arrival"`` is every arrival, ``arrival_topic("Orders")`` only Orders' (the NUL ends

@@ -1,5 +1,5 @@
-"""The doorbells: POSIX named semaphores the writer rings after an append, to wake the
-dispatcher (``DISPATCH``) and the flusher (``FLUSH``).
+"""The doorbells: POSIX named semaphores that wake the dispatcher (``DISPATCH``) and the
+flusher (``FLUSH``) when what they follow moves.
 
 The bus (``shm.bus``) wakes a listener through ZeroMQ: a PUB send in the writer, then
 the writer's and the listener's ZeroMQ I/O threads, then the listener's poll. For the
@@ -20,6 +20,11 @@ publishes WRITTEN before it reads the count; a dispatcher that took the post rea
 table after, so it sees that WRITTEN or a later one, and one whose wait began after a
 skipped post finds the count at 1 and returns at once. The doorbell only wakes: a
 dispatcher whose wait timed out reads the table as well.
+
+The dispatcher's doorbell is rung by the process that moves its confirm offset: the
+writer after an append under ASYNC_FLUSH (as drawn above), the flusher after FLUSHED
+under SYNC_FLUSH and after COMMITTED with the transient pool (the same rule: the table
+first, then the ring).
 
 The flusher's doorbell is rung where the writer announces what the flusher listens for
 (``procs.flusher``): every append under SYNC_FLUSH (a synchronous send's answer waits for

@@ -50,7 +50,8 @@ from rocketstore.procs.flusher import FlusherService
 from rocketstore.wire.protocol import ErrorCode, Kind
 from rocketstore.procs.service import run_service
 from rocketstore.procs.writer import WINDOW, WriterService
-from rocketstore.shm import bus
+from rocketstore.shm import bus, doorbell
+from rocketstore.shm.doorbell import Doorbell
 from rocketstore.shm.positions import HEARTBEAT_MS, PROC_STATE, PositionTable, ProcessState, Slot, StoreState
 from rocketstore.storage import Message, MessageStore, PutMessageStatus, record, record_batch
 from rocketstore.storage.checkpoint import StoreCheckpoint
@@ -785,8 +786,8 @@ class InProcessFlusher(InProcessService):
     """The flusher on a store whose position table says [0, WRITTEN) still needs
     flushing."""
 
-    def __init__(self, tmp_path):
-        config = small_config(tmp_path / "store")
+    def __init__(self, tmp_path, **settings):
+        config = small_config(tmp_path / "store", **settings)
         preload(config, preload_messages(120))
         super().__init__(config)
         self.written, self.store_ts = self.table.read_written()
@@ -853,6 +854,24 @@ def test_flush_syncs_data_before_publishing_flushed_and_the_checkpoint_on_its_in
     assert calls == files + [("checkpoint", flusher.written)]
     assert flusher.physic_ts() == flusher.store_ts
     flusher.service = flusher.make()
+
+
+@pytest.mark.parametrize("flush_disk_type", ["SYNC_FLUSH", "ASYNC_FLUSH"])
+def test_a_flush_rings_the_dispatcher_where_flushed_is_its_confirm_offset(
+        tmp_path, flush_disk_type):
+    """Under SYNC_FLUSH the dispatcher follows FLUSHED: the flusher rings its doorbell
+    once FLUSHED moved (the writer's appends do not). Under ASYNC_FLUSH it follows
+    WRITTEN, and the flusher leaves the doorbell alone."""
+    f = InProcessFlusher(tmp_path, flush_disk_type=flush_disk_type)
+    try:
+        bell = Doorbell.open(f.config.store_path_root_dir, doorbell.DISPATCH)
+        assert bell is not None and bell.wait(0) is False
+        assert f.service.flush_commit_log() is True
+        assert f.table.get(Slot.FLUSHED) == f.written
+        assert bell.wait(0) is (flush_disk_type == "SYNC_FLUSH")
+        bell.close()
+    finally:
+        f.close()
 
 
 def test_fdatasync_eio_sets_flush_error_and_flushed_stops(flusher, monkeypatch):
