@@ -10,7 +10,8 @@ so the flusher opens each CommitLog file it must flush by name
    byte below that WRITTEN was in the page cache before the sync started;
 2. fdatasync every file from FLUSHED's to WRITTEN's (``FILE_OPS.fdatasync``, the seam
    tests use to inject EIO);
-3. publish FLUSHED = that WRITTEN, and the bus FLUSHED (the table refuses a FLUSHED or
+3. publish FLUSHED = that WRITTEN, the bus FLUSHED and, under SYNC_FLUSH, where FLUSHED
+   is the dispatcher's confirm offset, its doorbell (the table refuses a FLUSHED or
    COMMITTED past the WRITTEN it holds then: ``SlotRelationError`` ends the process);
 4. write the checkpoint's physic time = that LAST_STORE_TS into its mapping, so the
    checkpoint never runs ahead of durable data. It is made durable (fdatasync of the
@@ -93,7 +94,7 @@ class FlusherService(Service):
         self.fds: dict[int, int] = {}
         self.checkpoint = StoreCheckpoint(os.path.join(cfg.store_path_root_dir, "checkpoint"))
         self.publisher = bus.Publisher(self.context, self.store_dir, "flusher")
-        self.appended = self._wake_source()
+        self.wakeups = self._wake_source()
         self.last_flush_ms = self.last_thorough_ms = now_ms()
         self.checkpoint_synced_ms = now_ms()       # the last fdatasync of the checkpoint
         self.checkpoint_synced_ts = self.checkpoint.physic_msg_timestamp   # its physic time
@@ -127,7 +128,7 @@ class FlusherService(Service):
         self.fds.clear()
         self.checkpoint.close()
         self.publisher.close()
-        self.appended.close()
+        self.wakeups.close()
         if self.dispatch_bell is not None:
             self.dispatch_bell.close()
 
@@ -152,7 +153,7 @@ class FlusherService(Service):
 
     def turn(self) -> None:
         if self.failed:
-            self.appended.wait(MAX_TURN_MS)
+            self.wakeups.wait(MAX_TURN_MS)
         elif self.sync_flush:
             self._group_commit_turn()
         else:
@@ -162,7 +163,7 @@ class FlusherService(Service):
         """GroupCommitService: flush whenever something is unflushed, else wait for
         the writer's APPENDED."""
         if self.table.get(Slot.WRITTEN) <= self.table.get(Slot.FLUSHED):
-            self.appended.wait(MAX_TURN_MS)
+            self.wakeups.wait(MAX_TURN_MS)
         self.flush_commit_log()
 
     def _real_time_turn(self) -> None:
@@ -178,7 +179,7 @@ class FlusherService(Service):
         if self.pool is not None:
             due_ms = min(due_ms, self.last_commit_ms + cfg.commit_interval_commit_log)
         if now < due_ms:
-            woken = bool(self.appended.wait(min(due_ms - now, MAX_TURN_MS)))
+            woken = bool(self.wakeups.wait(min(due_ms - now, MAX_TURN_MS)))
             if cfg.flush_commit_log_timed or not woken:
                 return
             now = now_ms()
@@ -187,7 +188,7 @@ class FlusherService(Service):
         if not self._flushable(least_pages):
             # nothing to do until the writer appends or the thorough flush falls due
             until = thorough_ms - now if least_pages else MAX_TURN_MS
-            self.appended.wait(max(1, min(until, MAX_TURN_MS)))
+            self.wakeups.wait(max(1, min(until, MAX_TURN_MS)))
             return
         self.last_flush_ms = now
         if least_pages == 0:
