@@ -214,6 +214,11 @@ def test_a_stop_while_dispatch_waits_for_space_keeps_what_it_dispatched(small_di
         with Producer(store.store_dir, timeout_ms=5000) as p:
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Before", body=b"b", queue_id=0) for _ in range(10)]))
+            # dispatched before the disk fills: else "Before"'s consume queue, still to be
+            # made, is what meets the full disk, and "Later" is refused (seen on a busy
+            # machine)
+            wait_for(lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN),
+                     what="dispatch")
             take_every_byte(filler)
             assert all(r.ok for r in p.send_batch(
                 [Message(topic="Later", body=b"l%d" % i, queue_id=0) for i in range(5)]))
