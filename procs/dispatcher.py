@@ -150,11 +150,11 @@ from typing import Callable
 
 from rocketstore.procs.service import MAX_TURN_MS, TURN_MS, Service
 from rocketstore.shm.bus import (
-    APPENDED, COMMITTED, DISPATCHED, FLUSHED, Publisher, Subscriber, arrival_topic, encode_arrival,
+    DISPATCHED, Publisher, Subscriber, arrival_topic, confirm_announcement, encode_arrival,
     encode_offset)
 from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.doorbell import Doorbell
-from rocketstore.shm.positions import PositionTable, Slot
+from rocketstore.shm.positions import Slot
 from rocketstore.storage.clock import now_ms
 from rocketstore.storage.checkpoint import StoreCheckpoint
 from rocketstore.storage.commit_log import CommitLog
@@ -175,18 +175,6 @@ PACE_MAX_BYTES = 4096             # ... when less than this is waiting (a trickl
 SPACE_RETRY_MS = 1000             # a full disk: dispatch is tried again this often
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 FLUSH_TICK_MIN_S = 0.005          # the flush thread's shortest wait (an interval of 0)
-
-
-def confirm_announcement(table: PositionTable) -> tuple[list[str], list[bytes]]:
-    """Who announces the confirm offset's moves, and with what (``Subscriber``'s
-    processes and topics): the flusher's FLUSHED under SYNC_FLUSH, its COMMITTED with
-    the transient pool, else the writer's APPENDED (the store's mode is fixed before its
-    processes start, as ``PositionTable.confirm_offset`` reads it)."""
-    if table.get(Slot.FLUSH_DISK_TYPE) == 1:
-        return ["flusher"], [FLUSHED]
-    if table.get(Slot.TRANSIENT_POOL):
-        return ["flusher"], [COMMITTED]
-    return ["writer"], [APPENDED]
 
 
 def flush_tick_s(interval_ms: int) -> float:

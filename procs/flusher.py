@@ -104,10 +104,12 @@ class FlusherService(Service):
                                            self.file_size)
         self.last_commit_ms = self.last_thorough_commit_ms = now_ms()
         self.committed_store_ts = 0     # LAST_STORE_TS as of the last commit
-        # the dispatcher's doorbell, when what this flusher publishes moves the confirm
-        # offset (FLUSHED under SYNC_FLUSH, COMMITTED with the pool) and there is one
+        # what of this flusher's announcements moves the dispatcher's confirm offset
+        # (FLUSHED under SYNC_FLUSH, COMMITTED with the pool), and its doorbell then
+        processes, topics = bus.confirm_announcement(self.table)
+        self.dispatch_topic = topics[0] if processes == ["flusher"] else None
         self.dispatch_bell = Doorbell.open(self.store_dir, DISPATCH) \
-            if self.sync_flush or self.pool is not None else None
+            if self.dispatch_topic else None
         self.failed = self.table.get(Slot.FLUSH_ERROR) != 0
         if self.failed:
             log.critical("FLUSH_ERROR is set (%s): this flusher will not flush; restart the "
@@ -135,21 +137,21 @@ class FlusherService(Service):
     # ================================================================== the loop
     def _wake_source(self) -> "Doorbell | bus.Subscriber":
         """What wakes the flusher: its doorbell (``shm.doorbell``), which the writer rings
-        where it announces ``_wake_topic``, when the supervisor made one; else that bus
-        announcement. Either only wakes: the position table is the truth."""
+        where it announces ``bus.flusher_wake_topic``, when the supervisor made one; else
+        that bus announcement. Either only wakes: the position table is the truth."""
         bell = Doorbell.open(self.store_dir, FLUSH)
         if bell is not None:
             return bell
-        return bus.Subscriber(self.context, self.store_dir, ["writer"], [self._wake_topic()])
-
-    def _wake_topic(self) -> bytes:
-        """GroupCommitService wakes on every append; FlushRealTimeService only when
-        enough pages may be dirty for its least-pages rule (bus PAGES), so an append of
-        a few bytes does not cost a wake-up that would find nothing to flush."""
         cfg = self.config
-        if cfg.sync_flush or not bus.pages_span(cfg.flush_commit_log_least_pages):
-            return bus.APPENDED
-        return bus.PAGES
+        return bus.Subscriber(self.context, self.store_dir, ["writer"], [
+            bus.flusher_wake_topic(cfg.sync_flush, cfg.flush_commit_log_least_pages)])
+
+    def _announce(self, topic: bytes, offset: int) -> None:
+        """The bus announcement of FLUSHED or COMMITTED at ``offset``, and the
+        dispatcher's doorbell when that is what moves its confirm offset."""
+        self.publisher.publish(topic, bus.encode_offset(offset))
+        if topic == self.dispatch_topic and self.dispatch_bell is not None:
+            self.dispatch_bell.ring()
 
     def turn(self) -> None:
         if self.failed:
@@ -247,9 +249,7 @@ class FlusherService(Service):
             return False
         self.table.set(Slot.COMMITTED, written)
         self.committed_store_ts = store_ts
-        self.publisher.publish(bus.COMMITTED, bus.encode_offset(written))
-        if self.dispatch_bell is not None and not self.sync_flush:
-            self.dispatch_bell.ring()
+        self._announce(bus.COMMITTED, written)
         elapsed = time.monotonic() - began
         self.stats.observe("commit_latency_seconds", elapsed)
         if elapsed > SLOW_MS / 1000:
@@ -286,9 +286,7 @@ class FlusherService(Service):
             log.warning("Flush data to disk costs %d ms", elapsed * 1000)
         self.stats.add("flushed_bytes_total", written - flushed)
         table.set(Slot.FLUSHED, written)
-        self.publisher.publish(bus.FLUSHED, bus.encode_offset(written))
-        if self.dispatch_bell is not None and self.sync_flush:
-            self.dispatch_bell.ring()
+        self._announce(bus.FLUSHED, written)
         if store_ts > 0:
             self._note_physic_time(store_ts)
         self._close_fds_below(max(written, table.get(Slot.MIN_OFFSET)))

@@ -244,13 +244,13 @@ class WriterService(Service):
             self.store_dir, "ingest", cfg.tcp_listen_address, cfg.listen_port),
             self.curve_guard())
         self.publisher = bus.Publisher(ctx, self.store_dir, "writer")
-        # the dispatcher's doorbell, when the confirm offset is WRITTEN (under
-        # SYNC_FLUSH, or with the pool, the flusher moves it and rings) and there is one
-        self.doorbell = None if self.sync_flush or self.table.get(Slot.TRANSIENT_POOL) \
-            else Doorbell.open(self.store_dir)
+        # the dispatcher's doorbell, when the writer's appends move its confirm offset
+        # (else the flusher's FLUSHED or COMMITTED do, and the flusher rings it)
+        self.doorbell = Doorbell.open(self.store_dir) \
+            if bus.confirm_announcement(self.table)[0] == ["writer"] else None
         self.flush_bell = Doorbell.open(self.store_dir, FLUSH)   # the flusher's
-        # the flusher listens for every append (SYNC_FLUSH, or no least pages), else PAGES
-        self.flush_every_append = self.sync_flush or not self.pages_span
+        self.flush_every_append = bus.flusher_wake_topic(
+            self.sync_flush, cfg.flush_commit_log_least_pages) == bus.APPENDED
         waits_on = ([("flusher", bus.FLUSHED)] if self.sync_flush else []) + \
             ([("ha", bus.SLAVE_ACKED)] if self.sync_master else [])
         self.parked_wakeups = (bus.Subscriber(ctx, self.store_dir, [p for p, _ in waits_on],

@@ -48,6 +48,7 @@ import struct
 
 import zmq
 
+from rocketstore.shm.positions import PositionTable, Slot
 from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN
 
 APPENDED = b"appended\0"
@@ -100,6 +101,27 @@ def pages_span(least_pages: int) -> int:
     """Bytes between two PAGES announcements: ``least_pages`` OS pages (0: every append,
     announced as APPENDED)."""
     return least_pages * 4096
+
+
+def flusher_wake_topic(sync_flush: bool, least_pages: int) -> bytes:
+    """What wakes the flusher: GroupCommitService (``sync_flush``) every append;
+    FlushRealTimeService only when enough pages may be dirty for its least-pages rule
+    (PAGES), so an append of a few bytes does not cost a wake-up that would find nothing
+    to flush. The writer rings the flusher's doorbell on the same rule."""
+    return APPENDED if sync_flush or not pages_span(least_pages) else PAGES
+
+
+def confirm_announcement(table: PositionTable) -> tuple[list[str], list[bytes]]:
+    """Who announces the dispatcher's confirm offset's moves, and with what
+    (``Subscriber``'s processes and topics): the flusher's FLUSHED under SYNC_FLUSH, its
+    COMMITTED with the transient pool, else the writer's APPENDED (the store's mode is
+    fixed before its processes start, as ``PositionTable.confirm_offset`` reads it). That
+    process also rings the dispatcher's doorbell."""
+    if table.get(Slot.FLUSH_DISK_TYPE) == 1:
+        return ["flusher"], [FLUSHED]
+    if table.get(Slot.TRANSIENT_POOL):
+        return ["flusher"], [COMMITTED]
+    return ["writer"], [APPENDED]
 
 
 def encode_arrival(topic: str, queues: dict[int, int]) -> bytes:
