@@ -34,7 +34,12 @@ the monitor's descriptor (one ``poll`` of it without waiting: events are read on
 when it shows some); the monitor is read again whenever a ``recv`` ends without a
 frame, so a connection lost while a wait is blocked is seen within WATCH_EVERY_MS.
 An answer's request id is read with one ``struct`` (``protocol.reply_request_id``);
-the answer awaited is handed back at once, others are kept. ZeroMQ's flags are passed
+the answer awaited is handed back at once, others are kept. ``request`` (a send and
+its wait, with nothing else in flight: ``Producer.send``) looks at the monitor before
+the send instead, at most every LOOK_EVERY_S: with no request in flight then, a loss
+it sees ends nothing, and the send goes to the process that took the place. Measured
+with eight producers sending one at a time on two cores: 1.6 us less of each
+producer's main thread a send (three pairs). ZeroMQ's flags are passed
 as ints (``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
 """
 
@@ -56,6 +61,7 @@ __all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_i
 
 _COPY_BELOW = 65536          # frames shorter than this are copied by ZeroMQ, not tracked
 WATCH_EVERY_MS = 50          # longest a settled wait blocks in recv before it reads the monitor
+LOOK_EVERY_S = 0.005         # ``request`` looks at the monitor before a send at most this often
 
 
 class _Resend:
@@ -94,6 +100,7 @@ class Dealer:
         self._fault: StoreUnreachableError | None = None
         self._settled = False                # the first handshake succeeded (no fault)
         self._rcvtimeo_ms = -1               # the data socket's RCVTIMEO, as last set
+        self._look_at = 0.0                  # when ``request`` next looks at the monitor
         self.context = zmq.Context()
         try:
             self.socket = self.context.socket(zmq.DEALER)
@@ -131,17 +138,50 @@ class Dealer:
         self._pending[request_id] = _Resend(
             frame, resends, time.monotonic() + self.timeout_ms / 1000) if resends else None
 
-    def receive(self, request_id: int) -> bytes:
+    def request(self, frame: bytes, request_id: int) -> bytes:
+        """``send`` then ``receive`` of request ``request_id`` (not resent), with the
+        same outcomes, for a caller that has nothing else in flight (``Producer.send``'s
+        one message). Once settled, with no other request pending and a timeout of at
+        least WATCH_EVERY_MS (the socket's RCVTIMEO): the monitor is looked at before the send, at most
+        every LOOK_EVERY_S (nothing is in flight then, so a loss seen ends nothing),
+        then one blocking ``recv``, no deadline reckoned unless it ends without the
+        answer. A loss not yet seen is seen when that ``recv`` ends without it: the
+        request was sent after the loss and before it was seen, and is ended (the
+        module's table), unless the process that took the place answers first."""
+        started = time.monotonic()
+        if not self._settled or self._pending or self.timeout_ms < WATCH_EVERY_MS:
+            self.send(frame, request_id)
+            return self.receive(request_id, started)
+        if self._rcvtimeo_ms != WATCH_EVERY_MS:
+            self.socket.setsockopt(zmq.RCVTIMEO, WATCH_EVERY_MS)
+            self._rcvtimeo_ms = WATCH_EVERY_MS
+        if started >= self._look_at and self._watch_fd.poll(0):
+            self._read_watch()
+        self._look_at = started + LOOK_EVERY_S
+        self._send_frame(frame, 0, len(frame) < _COPY_BELOW)
+        self._pending[request_id] = None
+        try:
+            answer = self._recv()
+        except zmq.Again:
+            return self.receive(request_id, started)
+        if protocol.reply_request_id(answer) == request_id:
+            del self._pending[request_id]
+            return answer
+        self._take_reply(answer)            # a late answer to an earlier request: dropped
+        return self.receive(request_id, started)
+
+    def receive(self, request_id: int, since: float | None = None) -> bytes:
         """The reply to ``request_id`` (others that arrive first are kept). Raises
         ``ConnectionLost`` when its connection was lost and it is not resent,
-        ``RequestTimeout`` when no answer came within ``timeout_ms``.
+        ``RequestTimeout`` when no answer came within ``timeout_ms`` (of ``since``, a
+        ``time.monotonic()``, when given; else of now).
 
         Once the first handshake succeeded: a blocking ``recv`` after a look at the
         monitor's descriptor (the module's Cost); before, ``_receive_first``."""
         if not self._settled:
-            return self._receive_first(request_id)
+            return self._receive_first(request_id, since)
         replies, pending, ended = self.replies, self._pending, self._ended
-        deadline = time.monotonic() + self.timeout_ms / 1000
+        deadline = (time.monotonic() if since is None else since) + self.timeout_ms / 1000
         wait_ms = self.timeout_ms if self.timeout_ms < WATCH_EVERY_MS else WATCH_EVERY_MS
         while request_id not in replies:
             if request_id in ended:
@@ -168,10 +208,10 @@ class Dealer:
                 replies[answers] = frame
         return replies.pop(request_id)
 
-    def _receive_first(self, request_id: int) -> bytes:
+    def _receive_first(self, request_id: int, since: float | None) -> bytes:
         """``receive`` until the first handshake succeeded: a poll of the data socket
         and the monitor together, whose events judge the first connection."""
-        deadline = time.monotonic() + self.timeout_ms / 1000
+        deadline = (time.monotonic() if since is None else since) + self.timeout_ms / 1000
         socket, replies = self.socket, self.replies
         while request_id not in replies:
             if request_id in self._ended:

@@ -131,6 +131,12 @@ class GroupDealer:
         except StoreUnreachableError:
             pass        # the next wait raises it again, and follows
 
+    def request(self, frame: bytes, request_id: int) -> bytes:
+        """``send`` then ``receive`` (``Dealer.request``'s caller: nothing else in
+        flight); what each does, as they do it."""
+        self.send(frame, request_id)
+        return self.receive(request_id)
+
     def receive(self, request_id: int) -> bytes:
         """The reply to ``request_id``, from whichever master answered it."""
         sent = self._sent[request_id]

@@ -184,10 +184,8 @@ class Producer:
         """Send a frame of one record and wait for its result: what ``_send_batch``
         does for it, without the window's bookkeeping (nothing else is in flight) nor
         sequences (the producer is not idempotent)."""
-        dealer = self._dealer
-        dealer.send(frame, request_id)
-        frame = dealer.receive(request_id)
-        return _decode_reply(frame)[0]
+        frame = self._dealer.request(frame, request_id)
+        return protocol.decode_one_send_result(frame) or _decode_reply(frame)[0]
 
     def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:

@@ -16,6 +16,7 @@ from rocketstore.client import ConnectionLost, Producer, RequestTimeout
 from rocketstore.storage import Message, record_batch
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.wire import protocol
+from store_processes import wait_for
 
 STORE_HOST = bytes([127, 0, 0, 1, 0, 0, 0x28, 0x9A])
 
@@ -170,3 +171,57 @@ def test_a_plain_send_blocked_in_its_wait_sees_the_connection_lost(router):
         finally:
             gone.join()
         assert time.monotonic() - started < 10     # seen at once, not at the timeout
+
+
+def answer_in_thread(router: zmq.Socket, offset: int) -> threading.Thread:
+    """``answer`` in a thread, to a request that comes within 10 s (the thread ends
+    by then: the socket is closed only after it)."""
+    t = threading.Thread(target=lambda: router.poll(10_000) and answer(router, offset))
+    t.start()
+    return t
+
+
+def test_a_plain_send_after_a_late_answer_takes_its_own(router):
+    """The answer to a send that timed out comes first: it is dropped, and the next
+    send's wait goes on to its own."""
+    sock, address = router
+    with Producer(address, timeout_ms=300) as p:
+        settled(p, sock)
+        with pytest.raises(RequestTimeout):
+            p.send("Orders", b"answered late", tags="TagA")
+        late = answer(sock, 5)
+        answering = answer_in_thread(sock, 6)
+        try:
+            result = p.send("Orders", b"next", tags="TagA")
+        finally:
+            answering.join()
+        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
+        assert late not in p._dealer.replies and not p._dealer._pending
+
+
+def test_a_plain_send_after_a_loss_goes_to_the_process_that_took_its_place(tmp_path):
+    """The store's process went away between two sends and another bound its socket:
+    the loss is seen before the next send (nothing in flight, nothing ended), and that
+    send is answered by the new process."""
+    address = f"ipc://{tmp_path}/ingest.sock"
+    ctx = zmq.Context()
+    first = ctx.socket(zmq.ROUTER)
+    first.bind(address)
+    try:
+        with Producer(address, timeout_ms=20_000) as p:
+            settled(p, first)
+            first.close(0)
+            wait_for(lambda: p._dealer._watch_fd.poll(0), 10, "the loss on the monitor")
+            second = ctx.socket(zmq.ROUTER)
+            second.bind(address)
+            answering = answer_in_thread(second, 7)
+            try:
+                result = p.send("Orders", b"after the loss", tags="TagA")
+            finally:
+                answering.join()
+                second.close(0)
+            assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 7)
+            assert p._dealer._lost_seen == 1
+    finally:
+        first.close(0)
+        ctx.term()

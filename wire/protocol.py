@@ -860,9 +860,11 @@ _V4_REPLY_KIND = MAGIC + bytes((VERSION, _SEND_RECORDS_REPLY))   # magic, versio
 _V4_REPLY_COUNT_HOST = struct.pack(">IB", 1, 8)                  # count, host length
 _V4_REPLY_HOST_AT = HEADER_SIZE + 1
 _V4_REPLY_RESULT_AT = _V4_REPLY_HOST_AT + 8
-_V4_REPLY_OFFSET_AT = _V4_REPLY_RESULT_AT + 1 + 4 + 8      # after status, queue id, offset
-_V4_REPLY_STAMP_AT = _V4_REPLY_OFFSET_AT + 8
 _V4_REPLY_SIZE = _V4_REPLY_RESULT_AT + _ONE_RESULT.size
+# all of it at once: kind bytes, (request id), count and host length, host, the columns
+_V4_REPLY = struct.Struct(">4s8x5s8s" + _ONE_RESULT.format[1:])
+assert _V4_REPLY.size == _V4_REPLY_SIZE
+_HOST_HEX: dict[bytes, str] = {}      # a store host's bytes -> their hex, for message ids
 assert HEADER.format == ">2sBBQI"        # kind at byte 3, count at bytes 12-15
 
 
@@ -883,18 +885,17 @@ def decode_one_send_result(frame) -> SendResult | None:
     send's answer), its header and body read once; None for any other frame (another
     kind, an ERROR, more records, a reason, bytes out of place), which the general
     decoders read and name what is wrong. An answer from an IPv4 store host (as bytes)
-    is read with one ``struct`` after two comparisons of its fixed bytes; its message id
-    is the hex of its host and offset bytes as they lie in the frame."""
+    is read with one ``struct``; its message id is the hex of its host (remembered)
+    and offset."""
     n = len(frame)
-    if n == _V4_REPLY_SIZE and type(frame) is bytes and frame[:4] == _V4_REPLY_KIND and \
-            frame[12:17] == _V4_REPLY_COUNT_HOST:
-        code, queue_id, queue_offset, offset, stamp, reasons = \
-            _ONE_RESULT.unpack_from(frame, _V4_REPLY_RESULT_AT)
+    if n == _V4_REPLY_SIZE and type(frame) is bytes:
+        kind, count_host, host, code, queue_id, queue_offset, offset, stamp, reasons = \
+            _V4_REPLY.unpack(frame)
         status = _PUT_STATUSES.get(code)
-        if status is not None and not reasons:
-            return SendResult(status, (frame[_V4_REPLY_HOST_AT:_V4_REPLY_RESULT_AT]
-                                       + frame[_V4_REPLY_OFFSET_AT:_V4_REPLY_STAMP_AT]
-                                       ).hex().upper() if offset >= 0 else "",
+        if kind == _V4_REPLY_KIND and count_host == _V4_REPLY_COUNT_HOST and \
+                status is not None and not reasons:
+            return SendResult(status, f"{_HOST_HEX.get(host) or _host_hex(host)}"
+                                      f"{offset:016X}" if offset >= 0 else "",
                               queue_id, queue_offset, offset, stamp, "")
     if n <= HEADER_SIZE:
         return None
@@ -903,6 +904,14 @@ def decode_one_send_result(frame) -> SendResult | None:
         return None
     buf = frame if type(frame) is bytes else bytes(frame)
     return _decode_one_send_records_reply(buf, request_id)
+
+
+def _host_hex(host: bytes) -> str:
+    """The upper-case hex of a store host's bytes (remembered: a client talks to few)."""
+    text = host.hex().upper()
+    if len(_HOST_HEX) < _PLAIN_REMEMBERED:
+        _HOST_HEX[host] = text
+    return text
 
 
 def _decode_one_send_records_reply(buf: bytes, request_id: int) -> SendResult | None:
