@@ -39,8 +39,8 @@ its wait, with nothing else in flight: ``Producer.send``) looks at the monitor b
 the send instead, at most every LOOK_EVERY_S: with no request in flight then, a loss
 it sees ends nothing, and the send goes to the process that took the place. Measured
 with eight producers sending one at a time on two cores: 1.6 us less of each
-producer's main thread a send (three pairs). ZeroMQ's flags are passed
-as ints (``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
+producer's main thread a send (three pairs). ZeroMQ's flags are passed as ints
+(``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in Python.
 """
 
 from __future__ import annotations
@@ -142,12 +142,12 @@ class Dealer:
         """``send`` then ``receive`` of request ``request_id`` (not resent), with the
         same outcomes, for a caller that has nothing else in flight (``Producer.send``'s
         one message). Once settled, with no other request pending and a timeout of at
-        least WATCH_EVERY_MS (the socket's RCVTIMEO): the monitor is looked at before the send, at most
-        every LOOK_EVERY_S (nothing is in flight then, so a loss seen ends nothing),
-        then one blocking ``recv``, no deadline reckoned unless it ends without the
-        answer. A loss not yet seen is seen when that ``recv`` ends without it: the
-        request was sent after the loss and before it was seen, and is ended (the
-        module's table), unless the process that took the place answers first."""
+        least WATCH_EVERY_MS (the socket's RCVTIMEO): the monitor is looked at before
+        the send, at most every LOOK_EVERY_S (nothing is in flight then, so a loss seen
+        ends nothing), then one blocking ``recv``, no deadline reckoned unless it ends
+        without the answer. A loss not yet seen is seen when that ``recv`` ends without
+        it: the request was sent after the loss and before it was seen, and is ended
+        (the module's table), unless the process that took the place answers first."""
         started = time.monotonic()
         if not self._settled or self._pending or self.timeout_ms < WATCH_EVERY_MS:
             self.send(frame, request_id)
