@@ -312,15 +312,21 @@ def zeromq_echo_many(root: str, seconds: float) -> float:
     try:
         return many_one_at_a_time(make)
     finally:
-        ctx = zmq.Context()
-        stopper = ctx.socket(zmq.DEALER)
-        stopper.connect(endpoint)
-        stopper.send(b"stop")
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-        stopper.close(0)
-        ctx.term()
+        stop_echo(endpoint, proc)
+
+
+def stop_echo(endpoint: str, proc) -> None:
+    """Tell the ``_echo`` process ``proc`` at ``endpoint`` to stop, and wait for it
+    (killed after 10 s)."""
+    ctx = zmq.Context()
+    stopper = ctx.socket(zmq.DEALER)
+    stopper.connect(endpoint)
+    stopper.send(b"stop")
+    proc.join(10)
+    if proc.is_alive():
+        proc.kill()
+    stopper.close(0)
+    ctx.term()
 
 
 # ============================================================================ Redis

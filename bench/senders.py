@@ -38,7 +38,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from compare import BODY, _echo, _round_trips  # noqa: E402
+from compare import BODY, _echo, _round_trips, stop_echo  # noqa: E402
 from store_pipeline import STORE_SETTINGS, RunningStore  # noqa: E402
 from rocketstore.client import Producer  # noqa: E402
 from rocketstore.shm.positions import PID  # noqa: E402
@@ -172,15 +172,7 @@ def echo_rows(root: str, senders: int, seconds: float) -> dict:
     try:
         return run_row("echo", endpoint, senders, seconds, {"echo server": [server.pid]})
     finally:
-        ctx = zmq.Context()
-        stopper = ctx.socket(zmq.DEALER)
-        stopper.connect(endpoint)
-        stopper.send(b"stop")
-        server.join(10)
-        if server.is_alive():
-            server.kill()
-        stopper.close(0)
-        ctx.term()
+        stop_echo(endpoint, server)
 
 
 def store_row(root: str, row: str, senders: int, seconds: float) -> dict:
