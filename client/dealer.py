@@ -54,7 +54,7 @@ import zmq
 from rocketstore.client import reach
 from rocketstore.client.errors import (
     ClientError, ConnectionLost, RequestTimeout, StoreUnreachableError)
-from rocketstore.shm.zmq_flags import EVENTS, POLLIN
+from rocketstore.shm.zmq_flags import EVENTS, POLLIN, backend
 from rocketstore.wire import curve, endpoints, protocol
 
 __all__ = ["ClientError", "ConnectionLost", "Dealer", "RequestTimeout", "raise_if_error"]
@@ -116,7 +116,7 @@ class Dealer:
             raise
         # what every wait polls: the data socket, and the monitor while it is watched
         self._poll_items = [(self.socket, POLLIN), (self._watch.monitor, POLLIN)]
-        self._send_frame = super(zmq.Socket, self.socket).send   # no DRAFT arguments
+        self._send_frame = backend(self.socket).send   # no DRAFT arguments
         self._recv = self.socket.recv
 
     def _connect(self) -> None:

@@ -49,7 +49,7 @@ import struct
 import zmq
 
 from rocketstore.shm.positions import PositionTable, Slot
-from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN
+from rocketstore.shm.zmq_flags import EVENTS, NOBLOCK, POLLIN, backend
 
 APPENDED = b"appended\0"
 PAGES = b"pages\0"
@@ -145,7 +145,7 @@ class Publisher:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 10_000)
         self.socket.bind(endpoint(store_dir, f"bus-{process}"))
-        self._send = super(zmq.Socket, self.socket).send   # past pyzmq's Python wrapper
+        self._send = backend(self.socket).send
 
     def publish(self, topic: bytes, payload: bytes = b"") -> None:
         """``topic`` is one of this module's (it ends with a NUL)."""
@@ -177,8 +177,8 @@ class Subscriber:
             self.socket.connect(endpoint(store_dir, f"bus-{process}"))
         self._poller = zmq.Poller()          # one for every wait
         self._poller.register(self.socket, zmq.POLLIN)
-        backend = super(zmq.Socket, self.socket)   # past pyzmq's Python wrapper
-        self._recv, self._option = backend.recv, backend.get
+        raw = backend(self.socket)
+        self._recv, self._option = raw.recv, raw.get
 
     def subscribe(self, topic: bytes) -> None:
         self.socket.setsockopt(zmq.SUBSCRIBE, topic)
