@@ -46,7 +46,7 @@ import posix_ipc
 from rocketstore.shm.positions import segment_name
 from rocketstore.storage import file_modes
 
-DISPATCH = "dispatch"          # the writer rings the dispatcher
+DISPATCH = "dispatch"          # whoever moves the dispatcher's confirm offset rings it
 FLUSH = "flush"                # the writer rings the flusher
 NAMES = (DISPATCH, FLUSH)
 
