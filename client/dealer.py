@@ -155,9 +155,10 @@ class Dealer:
         if self._rcvtimeo_ms != WATCH_EVERY_MS:
             self.socket.setsockopt(zmq.RCVTIMEO, WATCH_EVERY_MS)
             self._rcvtimeo_ms = WATCH_EVERY_MS
-        if started >= self._look_at and self._watch_fd.poll(0):
-            self._read_watch()
-        self._look_at = started + LOOK_EVERY_S
+        if started >= self._look_at:
+            self._look_at = started + LOOK_EVERY_S
+            if self._watch_fd.poll(0):
+                self._read_watch()
         self._send_frame(frame, 0, len(frame) < _COPY_BELOW)
         self._pending[request_id] = None
         try:
