@@ -85,7 +85,7 @@ from rocketstore.storage.bulk_read import SHORT_READ_UNITS
 from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message_view import MessageView
 from rocketstore.storage.read_path import (
-    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, bulk_result, offset_status)
+    BULK_READ_MIN, GetMessageResult, bulk_result, offset_status)
 from rocketstore.storage.status import GetMessageStatus
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
