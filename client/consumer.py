@@ -81,10 +81,11 @@ from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
 from rocketstore.storage.config import recorded_geometry
+from rocketstore.storage.bulk_read import SHORT_READ_UNITS
 from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message_view import MessageView
 from rocketstore.storage.read_path import (
-    BULK_READ_MIN, BULK_VIEWS_MIN, GetMessageResult, bulk_result, offset_status)
+    BULK_READ_MIN, GetMessageResult, bulk_result, offset_status)
 from rocketstore.storage.status import GetMessageStatus
 from rocketstore.storage.store_reader import StoreReader
 from rocketstore.storage.validation import TOPIC_PATTERN, check_topic
@@ -161,8 +162,10 @@ class Consumer:
     def _pull_once(self, max_msgs: int) -> list[MessageView]:
         """One read of each assigned queue, taking turns at which goes first. A queue
         read to its end is not read again until DISPATCHED moves: nothing new can be in
-        it (the pull right after a poll that returned messages costs nothing; once
-        DISPATCHED moves, for any topic, every queue is looked at again)."""
+        it (the pull right after a poll that returned messages costs nothing). Once
+        DISPATCHED moves, for any topic, such a queue is looked at by its next unit
+        alone (``StoreReader.nothing_new``), and read when that unit came: a trickle into
+        one queue of eight costs one read, not eight."""
         dispatched = self.table.get(Slot.DISPATCHED)
         self.reader.drop_expired(self.table.get(Slot.MIN_OFFSET))   # space comes back
         if not self._topic_exists():
@@ -177,9 +180,12 @@ class Consumer:
         for q in queues:
             if len(out) >= max_msgs or room <= 0:
                 break
-            if self._caught_up.get(q) == dispatched:
-                continue
             offset = self._offsets[q]
+            last = self._caught_up.get(q)
+            if last is not None and (last == dispatched or self.reader.nothing_new(
+                    self.topic, q, offset, dispatched)):
+                caught_up[q] = dispatched
+                continue
             r, nbytes = self._read(q, offset, max_msgs - len(out), dispatched, room)
             if r.status is GetMessageStatus.FOUND:
                 out.extend(r.messages)
@@ -219,6 +225,11 @@ class Consumer:
             return early, 0
         most = min(max_msgs, cfg.max_transfer_count_on_message_in_memory)
         take = min(bounds[1] - offset, most)
+        if self.tags is None and take < SHORT_READ_UNITS:
+            found = self.reader.read_few(self.topic, queue_id, offset, most, max_bytes,
+                                         dispatched, min_phy)
+            if found is not None:
+                return found
         if self.tags is None and take >= BULK_READ_MIN:
             got = self.reader.read_queue_records(
                 self.topic, queue_id, offset, most, max_bytes, dispatched,

@@ -548,6 +548,18 @@ class ConsumeQueueView(ConsumeQueue):
         self._bounded = (dispatched, min_phy, (lo, hi), files[i] if k else None, k - 1)
         return lo, hi
 
+    def nothing_at(self, offset: int, bound: int) -> bool:
+        """Whether unit ``offset`` is not there within ``bound``, told from that one
+        unit: True only when it lies in the last file mapped and is unwritten or points
+        past the bound (a unit is written before the DISPATCHED that covers it is
+        published). False when it is there or that cannot be told so."""
+        files = self.mapped_file_queue.mapped_files
+        if not files:
+            return False
+        mf = files[-1]
+        index = offset - mf.file_from_offset // CQ_STORE_UNIT_SIZE
+        return 0 <= index < self.units_per_file and not unit_within(mf.buf, index, bound)
+
     def _last_within(self, bound: int) -> tuple[int, int]:
         """(file index, units within the bound in it) of the last file holding any."""
         mfq, per_file = self.mapped_file_queue, self.units_per_file

@@ -89,7 +89,8 @@ import os
 from typing import Callable, Iterable
 
 from rocketstore.storage.bulk_read import (
-    QueueRecords, QueueUnits, gather_records, read_records)
+    SHORT_READ_UNITS, QueueRecords, QueueUnits, gather_records, plan_short, read_records,
+    unit_columns)
 from rocketstore.storage.commit_log import CommitLog
 from rocketstore.storage.config import StoreConfig
 from rocketstore.storage.consume_queue import (BLANK_UNIT_SIZE, CQ_STORE_UNIT_SIZE, CQ_UNIT,
@@ -100,7 +101,8 @@ from rocketstore.storage.logic_queues import queue_dirs
 from rocketstore.storage.mapped_file import MappedFile
 from rocketstore.storage.message import MessageExt
 from rocketstore.storage.read_path import (
-    NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_view, get_from_queue,
+    NOT_YET, GetMessageResult, GetRawMessagesResult, check_unit_raw, check_unit_view,
+    check_unit_views, get_from_queue,
     look_message_by_id, memory_limit_bytes, offset_status, query_messages, tags_of_message,
     tags_of_raw)
 from rocketstore.storage.status import GetMessageStatus
@@ -506,6 +508,57 @@ class StoreReader:
                             self.config.mapped_file_size_commit_log,
                             lambda phy, size: self._copy(phy, size, dispatched, min_phy),
                             joined=joined)
+
+    def nothing_new(self, topic: str, queue_id: int, offset: int, dispatched: int) -> bool:
+        """Whether a queue read to its end at ``offset`` still ends there within
+        ``dispatched``, told from its one unit at ``offset``
+        (``ConsumeQueueView.nothing_at``): True only when that is certain; False when
+        the queue may have grown, or is not mapped here yet."""
+        self._check_open()
+        qv = self._queues.get((topic, queue_id))
+        return qv is not None and qv.nothing_at(offset, dispatched)
+
+    def read_few(self, topic: str, queue_id: int, offset: int, max_units: int,
+                 max_bytes: int, dispatched: int, min_phy: int
+                 ) -> tuple[GetMessageResult, int] | None:
+        """A consumer's usual read, a few messages at the end of a queue it keeps up
+        with, in one step: what ``read_queue_records(joined=True)`` and
+        ``read_path.bulk_result`` make of it (FOUND with the messages' views and the
+        bytes of their records), with the same bounds and the same checks of every unit
+        and record, without their layers (about half the cost for one to a few
+        messages). None for any other read, which the caller makes the general way: an
+        offset outside the bounds, ``SHORT_READ_UNITS`` or more units, records that are
+        not one span of one CommitLog file within ``max_bytes``
+        (``bulk_read.plan_short``), a last unit being written, a file gone, a record
+        that is not its unit's. ``min_phy`` is the CommitLog min the caller gave
+        ``queue_bounds`` for this ``dispatched`` just before."""
+        self._check_open()
+        qv = self._queues.get((topic, queue_id))
+        if qv is None:
+            return None
+        lo, hi = qv.bounds(dispatched, min_phy)
+        if not lo <= offset < hi:
+            return None
+        units = qv.read_units(offset, min(max_units, SHORT_READ_UNITS - 1), hi)
+        n = len(units) // CQ_STORE_UNIT_SIZE
+        if not n or (offset + n == hi and _being_written(units, n, dispatched, min_phy)):
+            return None
+        columns = unit_columns(units)
+        plan = plan_short(units, max_bytes, self.config.mapped_file_size_commit_log,
+                          columns=columns)
+        if plan is None:
+            return None
+        begin = plan.begins[0]
+        data = self._copy(begin, plan.ends[0] - begin, dispatched, min_phy)
+        if data is None:
+            return None
+        try:
+            views = check_unit_views(units, [data], topic, queue_id, offset, plan.starts,
+                                     columns=columns)
+        except CorruptRecordError:
+            return None
+        return (GetMessageResult(GetMessageStatus.FOUND, views, offset + n, lo, hi),
+                sum(columns[1]))
 
     def first_offset_stored_since(self, topic: str, queue_id: int, timestamp_ms: int,
                                   dispatched: int, *,

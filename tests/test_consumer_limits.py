@@ -71,3 +71,30 @@ def test_the_reader_socket_keeps_the_brokers_pull_limits(store):
     with ReaderClient(store.store_dir) as reader:
         reply = reader.pull("OneQueue", 0, 0, 512)
     assert len(reply.messages) == 32             # max_transfer_count_on_message_in_memory
+
+
+def test_a_trickle_is_read_from_the_queue_it_came_to(store):
+    """One message at a time into one queue of eight or another, and messages of another
+    topic between them (DISPATCHED moves, nothing of this topic came): each poll returns
+    the one message that came, from its queue at its next offset, and nothing else. A
+    queue read to its end is looked at by its next unit alone, and read once it came."""
+    topic = "Trickle"
+    with Producer(store.store_dir) as p:
+        assert all(r.ok for r in p.send_batch([Message(topic, b"q%d" % q, queue_id=q)
+                                               for q in range(8)]))
+        dispatched = lambda: store.slot(Slot.DISPATCHED) == store.slot(Slot.WRITTEN)  # noqa: E731
+        wait_for(dispatched, what="dispatch")
+        with Consumer(store.store_dir, f"g{time.monotonic_ns()}", topic) as c:
+            got = c.poll(8, timeout_ms=5000)
+            assert sorted((m.queue_id, m.queue_offset) for m in got) == \
+                [(q, 0) for q in range(8)]
+            following = dict.fromkeys(range(8), 1)
+            for i, q in enumerate([3, 3, 0, 7, 3, 5, 0, 1, 1, 6, 3]):
+                assert p.send("TrickleOther", b"x").ok
+                wait_for(dispatched, what="dispatch")
+                assert c.poll(8, timeout_ms=0) == []
+                assert p.send(topic, b"t%d" % i, queue_id=q).ok
+                got = c.poll(8, timeout_ms=5000)
+                assert [(m.queue_id, m.queue_offset, m.body) for m in got] == \
+                    [(q, following[q], b"t%d" % i)]
+                following[q] += 1

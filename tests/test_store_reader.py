@@ -246,6 +246,8 @@ def test_a_unit_being_written_past_the_bound_is_never_read_past(store, reader):
             assert r.next_begin_offset <= 5 and r.count == 0, (r.status, r.next_begin_offset)
             g = reader.get_message(TOPIC, 0, 5, 32, bound, min_commit_log_offset=floor)
             assert g.next_begin_offset <= 5 and not g.messages, (g.status, g.next_begin_offset)
+            reader.queue_bounds(TOPIC, 0, bound, min_commit_log_offset=floor)
+            assert reader.read_few(TOPIC, 0, 5, 32, 1 << 20, bound, floor) is None
 
 
 def test_a_unit_read_torn_and_whole_since_counts_as_changing(store, reader):
@@ -260,6 +262,67 @@ def test_a_unit_read_torn_and_whole_since_counts_as_changing(store, reader):
     where = (path, 5 * CQ_STORE_UNIT_SIZE)
     assert qv.unit_changing(where, (0, rs[5].wrote_bytes))             # read torn
     assert not qv.unit_changing(where, (rs[5].wrote_offset, rs[5].wrote_bytes))
+
+
+def _fields(messages) -> list[tuple]:
+    return [(m.topic, m.queue_id, m.queue_offset, m.commit_log_offset, m.store_size, m.body,
+             m.tags, m.keys) for m in messages]
+
+
+def test_read_few_is_get_message_where_it_answers(store, reader, config):
+    """``read_few``, a consumer's read of a few messages in one step, at every offset
+    of both queues under many bounds (8 KiB CommitLog files: some reads cross one's end):
+    where it answers, the messages, next offset and bounds are ``get_message``'s; where
+    it does not (outside the bounds, records in two files), it says None."""
+    rs = fill(store, 120)
+    store.dispatch()
+    ends = sorted({r.wrote_offset + r.wrote_bytes for r in rs})
+    answered = declined = 0
+    for bound in ends[::7] + [ends[-1]]:
+        for q in (0, 1):
+            lo, hi = reader.queue_bounds(TOPIC, q, bound, min_commit_log_offset=0)
+            for offset in range(lo, hi + 2):
+                for most in (1, 3, 32):
+                    got = reader.read_few(TOPIC, q, offset, most, 1 << 20, bound, 0)
+                    if got is None:
+                        declined += 1
+                        continue
+                    answered += 1
+                    r, nbytes = got
+                    g = reader.get_message(TOPIC, q, offset, most, bound)
+                    assert (r.status, r.next_begin_offset, r.min_offset, r.max_offset) == \
+                        (g.status, g.next_begin_offset, g.min_offset, g.max_offset)
+                    assert _fields(r.messages) == _fields(g.messages)
+                    assert nbytes == sum(m.store_size for m in g.messages)
+    assert answered > 1000 and declined > 100
+    # a read past max_bytes is the general path's (it keeps at least one record)
+    lo, hi = reader.queue_bounds(TOPIC, 0, ends[-1], min_commit_log_offset=0)
+    assert reader.read_few(TOPIC, 0, hi - 3, 3, 10, ends[-1], 0) is None
+
+
+def test_nothing_new_is_told_from_the_next_unit(store, reader, config):
+    """A queue read to its end: ``nothing_new`` says True only while its next unit is
+    unwritten or points past the bound; False once it came, and for a queue not mapped
+    here or an end at a consume queue file's end (the next file may not be mapped)."""
+    fill(store, 4)
+    store.dispatch()
+    d = store.reput_from_offset
+    assert not reader.nothing_new(TOPIC, 0, 2, d)           # not mapped here yet
+    assert reader.queue_bounds(TOPIC, 0, d) == (0, 2)
+    assert reader.nothing_new(TOPIC, 0, 2, d)
+    store.put_batch([msg(9, queue_id=1)])
+    store.dispatch()
+    assert reader.nothing_new(TOPIC, 0, 2, store.reput_from_offset)   # another queue grew
+    store.put_batch([msg(10, queue_id=0)])
+    store.dispatch()
+    assert not reader.nothing_new(TOPIC, 0, 2, store.reput_from_offset)
+    assert reader.nothing_new(TOPIC, 0, 2, d)               # past that older bound
+    per_file = config.consume_queue_file_size // CQ_STORE_UNIT_SIZE
+    store.put_batch([msg(i, queue_id=0) for i in range(per_file - 3)])
+    store.dispatch()
+    d = store.reput_from_offset
+    assert reader.queue_bounds(TOPIC, 0, d) == (0, per_file)
+    assert not reader.nothing_new(TOPIC, 0, per_file, d)    # the next file's first unit
 
 
 # --------------------------------------------------------------------------- equal answers
