@@ -117,6 +117,7 @@ class Service:
             self.setup()
             if self.supervised:
                 gc.freeze()     # step 3 of the module's docstring
+                self.stats.frozen = gc.get_freeze_count()
             due_ns = 0
             while not self.stopping:
                 self.turn()
