@@ -80,8 +80,8 @@ from rocketstore.shm import bus
 from rocketstore.shm.arrival_bell import ArrivalBells
 from rocketstore.shm.positions import PositionTable, PositionTableError, Slot
 from rocketstore.storage import StoreConfig, json_file
-from rocketstore.storage.config import recorded_geometry
 from rocketstore.storage.bulk_read import SHORT_READ_UNITS
+from rocketstore.storage.config import recorded_geometry
 from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message_view import MessageView
 from rocketstore.storage.read_path import (
@@ -206,14 +206,17 @@ class Consumer:
     def _read(self, queue_id: int, offset: int, max_msgs: int, dispatched: int,
               max_bytes: int) -> tuple[GetMessageResult, int]:
         """Up to ``max_msgs`` messages of a queue, ``max_bytes`` of records at most (at
-        least one message when there is one), and the bytes of the records read. An offset with nothing to read is answered from the queue's
-        bounds alone. Without a tag filter, and with at least ``BULK_READ_MIN`` messages
-        to take, the units and their records are read in bulk (one copy per CommitLog
+        least one message when there is one), and the bytes of the records read. An
+        offset with nothing to read is answered from the queue's bounds alone. Without a
+        tag filter, a few messages (fewer than ``SHORT_READ_UNITS``: a consumer keeping
+        up) are read in one step when they are the usual case
+        (``StoreReader.read_few``); else, with at least ``BULK_READ_MIN`` messages to
+        take, the units and their records are read in bulk (one copy per CommitLog
         span, ``StoreReader.read_queue_records``; joined in one ``bytes`` and checked
         with numpy from ``read_path.BULK_VIEWS_MIN`` on) and each record is checked
-        against its unit; a few messages (a quiet queue), and anything unusual (a tag
-        filter, a record that is not its unit's: a unit being rewritten), take
-        ``get_message``, which reads unit by unit and knows every such case."""
+        against its unit. Anything unusual (a tag filter, a record that is not its
+        unit's: a unit being rewritten) takes ``get_message``, which reads unit by unit
+        and knows every such case."""
         min_phy = self.table.get(Slot.MIN_OFFSET)   # the cleaner's: no file system look
         cfg = self.config
         bounds = self.reader.queue_bounds(self.topic, queue_id, dispatched,
