@@ -79,9 +79,10 @@ class ProcessStats:
         self._next_publish = 0.0
         self._file: SnapshotFile | None = None
         self.extra: dict = {}        # a process's own state for status (the HA sessions)
-        # the objects procs.service froze after setup, counted once there: the count
-        # walks every frozen object (0.4-1 ms for a store process's ~35,000), too long
-        # for the loop's once-a-second snapshot, and never changes after the freeze
+        # how many objects procs.service froze after setup, counted once there: the
+        # count walks every frozen object (0.4-1 ms for a store process's ~35,000), too
+        # long for the loop's once-a-second snapshot (it only falls later, as frozen
+        # objects are freed)
         self.frozen = 0
         # counts a process keeps aside on a hot path, added to the counters by each
         # callback before every snapshot (the writer's one-record lane)
@@ -110,7 +111,7 @@ class ProcessStats:
                                 "values": [[list(k), v] for k, v in values.items()]}
                          for name, values in self.counters.items()},
             "histograms": {name: h.snapshot() for name, h in self.histograms.items()},
-            # the cyclic collector: objects frozen after setup (procs.service), and the
+            # the cyclic collector: objects frozen at setup (procs.service), and the
             # collections of each generation so far (a full one can pause a few ms)
             "gc": {"frozen": self.frozen,
                    "collections": [g["collections"] for g in gc.get_stats()]},

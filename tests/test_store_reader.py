@@ -323,6 +323,15 @@ def test_nothing_new_is_told_from_the_next_unit(store, reader, config):
     d = store.reput_from_offset
     assert reader.queue_bounds(TOPIC, 0, d) == (0, per_file)
     assert not reader.nothing_new(TOPIC, 0, per_file, d)    # the next file's first unit
+    store.put_batch([msg(i, queue_id=0) for i in range(3)])  # into the second file
+    store.dispatch()
+    d = store.reput_from_offset
+    assert reader.queue_bounds(TOPIC, 0, d) == (0, per_file + 3)
+    assert reader.nothing_new(TOPIC, 0, per_file + 3, d)
+    store.put_batch([msg(11, queue_id=0)])
+    store.dispatch()
+    assert not reader.nothing_new(TOPIC, 0, per_file + 3, store.reput_from_offset)
+    assert reader.nothing_new(TOPIC, 0, per_file + 3, d)
 
 
 # --------------------------------------------------------------------------- equal answers
