@@ -10,8 +10,10 @@ past the timeout, or exits with a non-zero code.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import pathlib
+import random
 import selectors
 import shutil
 import signal
@@ -56,22 +58,40 @@ def write_config(path: str, store_dir: str, processes: dict | None = None,
     return path
 
 
+# Ports for the stores of the tests: below the kernel's ephemeral range (32768 on), so
+# that no outgoing connection of another test takes one between the look and the
+# store's bind; a share of them for each xdist worker (gw0, gw1, ...), so that two
+# workers never hand out the same; blocks of PORT_BLOCK, one a call, so that one test's
+# ports never overlap (a block holds a store's reader, ingest and HA ports: p - 2, p,
+# p + 1). The free port a kernel's bind to 0 gives is in the ephemeral range: two tests
+# once got a port an outgoing connection or the other worker's store took meanwhile.
+PORT_BASE, PORT_SHARE, PORT_BLOCK = 20_000, 3_000, 8
+
+
+def _port_blocks():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    low = PORT_BASE + (int(worker) if worker.isdigit() else 0) % 4 * PORT_SHARE
+    blocks = PORT_SHARE // PORT_BLOCK - 2
+    first = random.randrange(blocks)   # two test runs at once start apart
+    for i in itertools.count():
+        yield low + (1 + (first + i) % blocks) * PORT_BLOCK + PORT_BLOCK // 2
+
+
+_PORT_BLOCKS = _port_blocks()
+
+
 def free_port() -> int:
     """A loopback TCP port nobody listens on now (for a store's TCP or HA socket)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(0)
 
 
 def free_ports(*offsets: int) -> int:
     """A loopback TCP port p such that p + o is free now for every o of ``offsets``
     (``free_ports(-2, 0, 1)``: a store's reader, ingest and HA ports, as RocketMQ lays
-    them out)."""
-    for _ in range(100):
-        port = free_port()
+    them out), each within ``PORT_BLOCK // 2`` of p, from this worker's share."""
+    for _ in range(PORT_SHARE // PORT_BLOCK):
+        port = next(_PORT_BLOCKS)
         wanted = [port + o for o in offsets]
-        if not all(0 < p < 65536 for p in wanted):
-            continue
         held = []
         try:
             for p in wanted:
