@@ -39,7 +39,7 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from compare import BODY, _echo, _round_trips, stop_echo  # noqa: E402
-from store_pipeline import STORE_SETTINGS, RunningStore  # noqa: E402
+from store_pipeline import STORE_SETTINGS, RunningStore, _proc_cpu_s  # noqa: E402
 from rocketstore.client import Producer  # noqa: E402
 from rocketstore.shm.positions import PID  # noqa: E402
 from rocketstore.wire import protocol  # noqa: E402
@@ -51,26 +51,11 @@ ROWS = ("echo", "bare", "send")
 
 # ============================================================================ CPU
 def thread_cpu_s(pid: int) -> tuple[float, float]:
-    """``(main thread, other threads)`` CPU seconds of process ``pid``; zeros once it is
-    gone."""
-    tick = os.sysconf("SC_CLK_TCK")
-    main = other = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0, 0.0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue            # a thread gone meanwhile
-        seconds = (int(fields[11]) + int(fields[12])) / tick
-        if int(tid) == pid:
-            main += seconds
-        else:
-            other += seconds
-    return main, other
+    """``(main thread, other threads)`` CPU seconds of process ``pid``
+    (``store_pipeline._proc_cpu_s`` of the process and of its main thread); zeros once
+    it is gone."""
+    main = _proc_cpu_s(pid, main_thread=True)
+    return main, max(0.0, _proc_cpu_s(pid) - main)
 
 
 class CpuMeter:
