@@ -130,9 +130,9 @@ def collector_frozen():
     (``gc.freeze``) while a latency is measured, as each store process does after its
     setup (``procs.service``). A bench process holds 30-100 thousand objects; a full
     collection of them took 10-25 ms here, every 10-20 s, and was measured as the
-    store's send -> visible time (the consumer's 5.6 s and the producer's 17.1 s into a
-    20 s run, 20 ms each: p999 19 ms, and a p99 over 2 ms in a 5 s run that held one).
-    PERFORMANCE.md gives users the same advice for their latency-sensitive processes."""
+    store's send -> visible time (the consumer's, 5.6 s into each 20 s run: 20 ms, a
+    p999 of 19 ms). PERFORMANCE.md gives users the same advice for their
+    latency-sensitive processes."""
     gc.freeze()
     try:
         yield
