@@ -29,8 +29,9 @@ The allocation thread does not (``free_thread``: it runs on the CPUs the writer 
 use but the writer's own). Its read-ahead brings the next 32 MiB of the CommitLog into
 the page cache at once (``storage.allocate``); a fresh page is slow to touch on a
 virtual machine, and one 1 MiB read took up to 18 ms of CPU here. On the writer's CPU
-that took the writer's turn: at 4,000 messages a second in frames of 20, every 20 s run
-stalled send -> visible 20-28 ms at the same point of the CommitLog (32 MiB in).
+that took the writer's turn: at 4,000 messages a second in frames of 20, five 20 s runs
+in seven stalled send -> visible 16-29 ms at the same point of the CommitLog (32 MiB
+in); moved off, at most 10 ms in eight runs, and none in four (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
