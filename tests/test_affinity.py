@@ -56,7 +56,7 @@ def test_writer_cpu_below_minus_one_is_refused():
 
 
 @needs_two_cpus
-def test_the_writer_and_its_threads_are_kept_on_one_cpu_but_the_allocation_thread_and_each_process_is_named(  # noqa: E501
+def test_the_writer_and_its_threads_but_the_allocator_keep_one_cpu_and_processes_are_named(
         tmp_path):
     """The writer's ZeroMQ threads inherit its CPU; the allocation thread, whose
     read-ahead takes up to 18 ms of CPU at once, runs on the others
