@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import contextlib
+import gc
 import multiprocessing as mp
 import os
 import pathlib
@@ -122,6 +124,22 @@ def _consumer_config(store_dir: str, raised_limits: bool) -> StoreConfig:
     return StoreConfig(store_path_root_dir=store_dir, **kw)
 
 
+@contextlib.contextmanager
+def collector_frozen():
+    """What this process holds once set up kept out of the garbage collector's passes
+    (``gc.freeze``) while a latency is measured, as each store process does after its
+    setup (``procs.service``). A bench process holds 30-100 thousand objects; a full
+    collection of them took 10-25 ms here, every 10-20 s, and was measured as the
+    store's send -> visible time (the consumer's, 5.6 s into each 20 s run: 20 ms, a
+    p999 of 19 ms). PERFORMANCE.md gives users the same advice for their
+    latency-sensitive processes."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _latency_consumer(store_dir: str, topic: str, expected, seconds: float, start,
                       out) -> None:
     """Receive until every message the producer had acknowledged (``expected``, set when
@@ -134,15 +152,16 @@ def _latency_consumer(store_dir: str, topic: str, expected, seconds: float, star
                       config=_consumer_config(store_dir, True),
                       wait_for_topic=True) as c:     # subscribed before the first send
             c.poll(1, 0)  # pins every queue's starting point before anything is sent
-            start.ready()
-            deadline = time.monotonic() + seconds + 10
-            while time.monotonic() < deadline:
-                msgs = c.poll(512, 50)
-                now = time.time_ns()
-                got += [(_STAMP.unpack_from(m.body)[0], m.commit_log_offset + m.store_size,
-                         now) for m in msgs]
-                if len(got) >= expected.value > 0:
-                    break  # the producer has finished and published how many it sent
+            with collector_frozen():
+                start.ready()
+                deadline = time.monotonic() + seconds + 10
+                while time.monotonic() < deadline:
+                    msgs = c.poll(512, 50)
+                    now = time.time_ns()
+                    got += [(_STAMP.unpack_from(m.body)[0],
+                             m.commit_log_offset + m.store_size, now) for m in msgs]
+                    if len(got) >= expected.value > 0:
+                        break  # the producer has finished and published how many it sent
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
     out.put(dict(got=got, error=error))
@@ -162,10 +181,11 @@ def _latency_tracer(store_dir: str, start, stop, out) -> None:
     ctx = zmq.Context()     # after: its I/O thread inherits the scheduling
     sub = bus.Subscriber(ctx, store_dir, ["writer", "dispatcher"], list(marks))
     try:
-        start.ready()
-        while not stop.is_set():
-            for topic, payload in sub.wait(50):
-                marks[topic].append((bus.decode_offset(payload), time.time_ns()))
+        with collector_frozen():
+            start.ready()
+            while not stop.is_set():
+                for topic, payload in sub.wait(50):
+                    marks[topic].append((bus.decode_offset(payload), time.time_ns()))
     finally:
         sub.close()
         ctx.destroy(0)
@@ -409,7 +429,9 @@ class Bench:
     def latency(self, store: RunningStore, flush: str, stages: bool = False) -> dict:
         """Send -> visible at ``latency_rate`` in frames of ``latency_batch``: p50, p99,
         p999 and max; with ``stages``, also each stage's (``latency_stages``), from a
-        tracer process listening to the bus (one more process woken twice a frame)."""
+        tracer process listening to the bus (one more process woken twice a frame). The
+        producer, the consumer and the tracer measure with the collector frozen
+        (``collector_frozen``): their own collections are not the store's time."""
         a = self.args
         topic = "Latency"
         out, traced = self.ctx.Queue(), self.ctx.Queue()
@@ -428,7 +450,7 @@ class Bench:
         interval = batch / a.latency_rate
         marks = None
         try:
-            with Producer(store.store_dir) as p:
+            with Producer(store.store_dir) as p, collector_frozen():
                 p.send_batch([Message(topic="LatencyWarmup", body=b"w")])
                 start.gather(procs)
                 t = time.monotonic()

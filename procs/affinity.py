@@ -24,6 +24,14 @@ little slower. The threads the writer starts later (ZeroMQ's, the allocation thr
 inherit its CPU, so ``keep_writer`` runs before it makes any. Its ZeroMQ I/O thread
 belongs there: moved off the writer's CPU alone, one producer made 5.8-7.4 k sends/s
 against 8.8-9.4 k (three rounds).
+
+The allocation thread does not (``free_thread``: it runs on the CPUs the writer could
+use but the writer's own). Its read-ahead brings the next 32 MiB of the CommitLog into
+the page cache at once (``storage.allocate``); a fresh page is slow to touch on a
+virtual machine, and one 1 MiB read took up to 18 ms of CPU here. On the writer's CPU
+that took the writer's turn: at 4,000 messages a second in frames of 20, five 20 s runs
+in seven stalled send -> visible 16-29 ms at the same point of the CommitLog (32 MiB
+in); moved off, at most 10 ms in eight runs, and none in four (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -104,3 +112,15 @@ def keep_writer(enabled: bool, wanted: int) -> int | None:
     log.info("the writer is kept on CPU %d (other stores' writers kept on each CPU: %s)",
              cpu, dict(sorted(kept.items())))
     return cpu
+
+
+def free_thread(native_id: int | None, cpus: set[int]) -> None:
+    """Let the writer's thread ``native_id`` run on ``cpus`` (those the writer could use
+    before ``keep_writer``, but its own); nothing when there are none (the writer runs
+    free, or had a single CPU). A refusal is logged: the thread stays where it was."""
+    if native_id is None or not cpus:
+        return
+    try:
+        os.sched_setaffinity(native_id, cpus)
+    except OSError as e:
+        log.warning("thread %d cannot be moved off the writer's CPU (%s)", native_id, e)

@@ -84,7 +84,7 @@ import multiprocess.connection
 from rocketstore.procs import metrics, promotion
 from rocketstore.procs.recovery import recover_and_publish
 from rocketstore.procs.service import EXIT_CANNOT_LISTEN, run_service
-from rocketstore.procs.stats import clear_published
+from rocketstore.procs.stats import clear_published, remove_published
 from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.positions import (
@@ -577,6 +577,7 @@ class Supervisor:
         t.unlink()
         doorbell.unlink_all(self.store_dir)
         arrival_bell.unlink(self.store_dir)
+        remove_published(self.store_dir)
         t.close()
         self.table = None
         self._lock.release()

@@ -107,6 +107,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
+import os
 import time
 from typing import NamedTuple
 
@@ -199,10 +200,13 @@ class WriterService(Service):
     replica: Replica | None = None                # a SLAVE's follower of its master
     page_cache_busy_ms = 0.0      # the last append's time when it was over the busy limit
     snapshot_written = -1         # the WRITTEN the last producer snapshot covers
+    other_cpus = frozenset()      # the CPUs the writer could use but its own (``place``)
 
     # ================================================================== life
     def place(self) -> None:
-        affinity.keep_writer(self.config.writer_cpu_affinity, self.config.writer_cpu)
+        allowed = os.sched_getaffinity(0)
+        cpu = affinity.keep_writer(self.config.writer_cpu_affinity, self.config.writer_cpu)
+        self.other_cpus = set() if cpu is None else allowed - {cpu}   # ``free_thread``'s
 
     def setup(self) -> None:
         cfg = self.config
@@ -291,6 +295,7 @@ class WriterService(Service):
             cl.write_through_pool(self.pool, lambda: self.table.get(Slot.COMMITTED),
                                   cfg.fast_fail_if_no_buffer_in_store_pool)
         cl.start_allocation()
+        affinity.free_thread(cl.allocation_thread_id(), self.other_cpus)
         log.info("writer ready at %d (dispatched %d), %d queues", written, dispatched,
                  len(cl.topic_queue_table))
         return cl

@@ -37,7 +37,10 @@ cost the appender 0.3-0.6 µs a record, 0.03 behind the read, and the ASYNC inge
 waits until this thread makes it (or the appender reaches it, having made it itself). A
 store that is not written reads nothing; the pages are page cache like any other,
 dropped under memory pressure. With the transient store pool the appender writes no
-file page (the commit step's ``pwrite`` does), so it asks for no read-ahead.
+file page (the commit step's ``pwrite`` does), so it asks for no read-ahead. The read
+comes in bursts (half of ``READ_AHEAD`` once the appender is half-way), and a fresh page
+is slow to touch on a virtual machine (one 1 MiB read took up to 18 ms of CPU here): the
+writer lets this thread run on its other CPUs (``procs.affinity.free_thread``).
 
 ``take(offset)`` hands the appender the file's path: at once when it is ready, after
 waiting up to ``wait_ms`` when it is being made, and None when it was never asked for or
@@ -105,6 +108,11 @@ class AllocateMappedFileService:
         self._thread = threading.Thread(target=self._run, name="allocate-mapped-file",
                                         daemon=True)
         self._thread.start()
+
+    @property
+    def native_id(self) -> int | None:
+        """The thread's id in the kernel (for ``os.sched_setaffinity``)."""
+        return self._thread.native_id
 
     def request(self, *offsets: int) -> None:
         """Ask for these files (ones already on disk, asked for or made are skipped)."""

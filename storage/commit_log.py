@@ -773,6 +773,11 @@ class CommitLog:
         start = 0 if last is None else last.file_from_offset + self.mapped_file_size
         self._allocator.request(start, start + self.mapped_file_size)
 
+    def allocation_thread_id(self) -> int | None:
+        """The kernel's id of the allocation thread (``start_allocation``), None when
+        there is none."""
+        return None if self._allocator is None else self._allocator.native_id
+
     def stop_allocation(self) -> None:
         """Stop making files ahead (a half-made one is removed); idempotent."""
         if self._allocator is not None:

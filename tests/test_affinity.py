@@ -56,18 +56,22 @@ def test_writer_cpu_below_minus_one_is_refused():
 
 
 @needs_two_cpus
-def test_the_writer_and_every_thread_it_starts_are_kept_on_one_cpu_and_each_process_is_named(
+def test_the_writer_and_its_threads_but_the_allocator_keep_one_cpu_and_processes_are_named(
         tmp_path):
+    """The writer's ZeroMQ threads inherit its CPU; the allocation thread, whose
+    read-ahead takes up to 18 ms of CPU at once, runs on the others
+    (``affinity.free_thread``)."""
     store = RunningStore(tmp_path).start()
     try:
         writer = store.child_pid("writer")
         assert comm(writer) == "rs-writer"
         assert comm(store.child_pid("dispatcher")) == "rs-dispatcher"
         threads = thread_cpus(writer)
-        assert len(threads) > 1                     # ZeroMQ's I/O thread at least
+        assert len(threads) > 2                     # ZeroMQ's I/O thread, the allocation's
         cpus = os.sched_getaffinity(writer)
         assert len(cpus) == 1 and cpus <= ALLOWED
-        assert all(c == cpus for c in threads.values()), threads
+        freed = [tid for tid, c in threads.items() if c != cpus]
+        assert len(freed) == 1 and threads[freed[0]] == ALLOWED - cpus, threads
         assert os.sched_getaffinity(store.child_pid("dispatcher")) == ALLOWED
         assert f"the writer is kept on CPU {next(iter(cpus))}" in store.log()
         status = json.loads(cli("status", "--store", store.store_dir, "--json").stdout)

@@ -197,7 +197,7 @@ def test_the_loop_only_encodes_the_snapshot_and_a_stop_writes_the_last_itself(
     that hangs (a discard waited for behind a write-back) holds up that thread, not the
     process's loop, and the newest snapshot handed over meanwhile is written once it
     ends. ``publish`` (a clean stop) waits for the thread, then writes the last one."""
-    from rocketstore.procs.stats import stats_path
+    from rocketstore.procs.stats import remove_published, stats_path
     store_dir = str(tmp_path)
     path = stats_path(store_dir, "writer")
     inside, release = threading.Event(), threading.Event()
@@ -228,17 +228,27 @@ def test_the_loop_only_encodes_the_snapshot_and_a_stop_writes_the_last_itself(
     stats.publish(store_dir)
     assert published() == 7
     assert not any(t.name == "stats-snapshot" for t in threading.enumerate())
+    remove_published(store_dir)
+    assert not os.path.exists(os.path.dirname(path))
 
 
-def test_statistics_of_an_earlier_run_are_not_shown(tmp_path):
-    """Each process publishes its statistics in run/; a store started again without a
-    process (a master without its HA socket) went on showing that process's last ones,
-    a slave's lag growing with every write. A start clears them."""
+def test_statistics_live_in_memory_and_an_earlier_run_s_are_not_shown(tmp_path):
+    """Each process publishes its statistics in memory (``stats_dir``: /dev/shm beside
+    the position table's segment, not the store's disk, whose journal commits held the
+    writer's page faults behind a rename a second); a clean stop removes them. A store
+    started again without a process (a master without its HA socket) went on showing
+    that process's last ones, a slave's lag growing with every write (an unclean stop
+    leaves them): a start clears them."""
     import json
-    from rocketstore.procs.stats import stats_path
+    from rocketstore.procs.stats import SHM_DIR, stats_path
     s = RunningStore(tmp_path).start()
+    wait_for(lambda: read_published(s.store_dir, "writer") is not None, 10,
+             "the writer's statistics")
+    published = os.path.dirname(stats_path(s.store_dir, "writer", create=False))
+    assert published.startswith(SHM_DIR + "/") and not published.startswith(s.store_dir)
     assert s.stop() == 0, s.log()
-    stale = stats_path(s.store_dir, "ha")
+    assert not os.path.exists(published)
+    stale = stats_path(s.store_dir, "ha")      # as an unclean stop leaves it
     with open(stale, "w") as f:
         json.dump({"pid": 1, "ha": {"listen": "tcp://127.0.0.1:1", "slaves": [
             {"address": "127.0.0.1", "acked": 0}]}}, f)
