@@ -44,7 +44,7 @@ from collections import defaultdict
 from typing import Callable
 
 from rocketstore.shm.bus import run_dir
-from rocketstore.shm.positions import segment_name
+from rocketstore.shm.positions import SHM_DIR, segment_name
 from rocketstore.storage.status import PutMessageStatus
 
 PUBLISH_INTERVAL_S = 1.0
@@ -52,9 +52,6 @@ _OK = PutMessageStatus.PUT_OK.value
 # seconds; RocketMQ's 0, 10, 50, 100, 200, 500 ms, 1-5 s, 10 s, with finer steps below 10 ms
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.2,
                      0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0)
-
-
-SHM_DIR = "/dev/shm"      # memory: where Linux keeps POSIX shared memory segments
 
 
 def stats_dir(store_dir: str, create: bool = True) -> str:
@@ -246,7 +243,7 @@ def remove_published(store_dir: str) -> None:
     clean stop: memory is not left holding a stopped store's statistics)."""
     clear_published(store_dir)
     where = stats_dir(store_dir, create=False)
-    if where != run_dir(store_dir, create=False):
+    if os.path.dirname(where) == SHM_DIR:
         try:
             os.rmdir(where)
         except OSError:

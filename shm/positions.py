@@ -222,6 +222,9 @@ assert (PROCESS_BASE + len(PROCESS_NAMES) * PROCESS_SLOTS) * 8 <= SEGMENT_SIZE
 assert max(Slot) < PROCESS_BASE and len(ProcessField) <= PROCESS_SLOTS
 
 
+SHM_DIR = "/dev/shm"          # where Linux keeps POSIX shared memory (a tmpfs)
+
+
 def segment_name(store_dir: str) -> str:
     """The segment's name: derived from the store's real path, so every process of one
     store finds the same segment and two stores never share one."""

@@ -43,11 +43,10 @@ import os
 
 import posix_ipc
 
-from rocketstore.shm.positions import segment_name
+from rocketstore.shm.positions import SHM_DIR, segment_name
 from rocketstore.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
-SHM_DIR = "/dev/shm"          # where Linux keeps POSIX shared memory (a tmpfs)
 
 
 class NoPoolBufferError(Exception):

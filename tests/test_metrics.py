@@ -240,7 +240,8 @@ def test_statistics_live_in_memory_and_an_earlier_run_s_are_not_shown(tmp_path):
     that process's last ones, a slave's lag growing with every write (an unclean stop
     leaves them): a start clears them."""
     import json
-    from rocketstore.procs.stats import SHM_DIR, stats_path
+    from rocketstore.procs.stats import stats_path
+    from rocketstore.shm.positions import SHM_DIR
     s = RunningStore(tmp_path).start()
     wait_for(lambda: read_published(s.store_dir, "writer") is not None, 10,
              "the writer's statistics")
