@@ -114,7 +114,7 @@ def keep_writer(enabled: bool, wanted: int) -> int | None:
     return cpu
 
 
-def free_thread(native_id: int | None, cpus: set[int]) -> None:
+def free_thread(native_id: int | None, cpus: frozenset[int]) -> None:
     """Let the writer's thread ``native_id`` run on ``cpus`` (those the writer could use
     before ``keep_writer``, but its own); nothing when there are none (the writer runs
     free, or had a single CPU). A refusal is logged: the thread stays where it was."""

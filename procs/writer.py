@@ -206,7 +206,7 @@ class WriterService(Service):
     def place(self) -> None:
         allowed = os.sched_getaffinity(0)
         cpu = affinity.keep_writer(self.config.writer_cpu_affinity, self.config.writer_cpu)
-        self.other_cpus = set() if cpu is None else allowed - {cpu}   # ``free_thread``'s
+        self.other_cpus = frozenset() if cpu is None else frozenset(allowed - {cpu})
 
     def setup(self) -> None:
         cfg = self.config
