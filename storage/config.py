@@ -219,6 +219,9 @@ class StoreConfig:
     # where the writer may use a single CPU
     writer_cpu_affinity: bool = True
     writer_cpu: int = -1
+    # rocketstore's: the writer's ZeroMQ I/O thread runs SCHED_BATCH while requests come
+    # in together (procs.io_thread)
+    writer_io_batching: bool = True
     # rocketstore's: the store's files are 0666 & ~data_umask, its directories
     # 0777 & ~data_umask (storage.file_modes): owner and group by default
     data_umask: int = 0o027
@@ -716,6 +719,8 @@ NOTES: dict[str, str] = {
     "writer_cpu_affinity": "rocketstore's: the writer is kept on one CPU (off: it runs "
                            "on any)",
     "writer_cpu": "rocketstore's: the writer's CPU; -1, the default: the store chooses",
+    "writer_io_batching": "rocketstore's: the writer's ZeroMQ I/O thread does not preempt "
+                          "the writer while requests come in together (SCHED_BATCH)",
     "metrics_address": "rocketstore's",
     "data_umask": "rocketstore's (default 0o027: files 0640, directories 0750)",
     "grpc_listen_port": "rocketstore's: RocketMQ 5's gRPC MessagingService (the proxy "
