@@ -62,12 +62,23 @@ def io_thread_ids(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def _usual(tid: int) -> bool:
+    """Whether thread ``tid`` runs under the usual policy (SCHED_OTHER): one an operator
+    gave another (``chrt``) is left as it is."""
+    try:
+        return os.sched_getscheduler(tid) == os.SCHED_OTHER
+    except OSError:
+        return False
+
+
 class IoThreadPolicy:
     """SCHED_BATCH for ``tids`` while drains of several requests come, SCHED_OTHER
-    otherwise (the module says why). ``batching`` is the policy now."""
+    otherwise (the module says why); threads not under SCHED_OTHER to begin with are
+    left alone. ``batching`` is the policy now."""
 
     def __init__(self, tids: list[int], enabled: bool = True):
-        self.tids = tids if enabled and _PARAM is not None else []
+        self.tids = [tid for tid in tids if _usual(tid)] \
+            if enabled and _PARAM is not None else []
         self.batching = False
         self.last_several = 0.0     # time.monotonic() of the last drain of several
 

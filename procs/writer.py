@@ -274,7 +274,7 @@ class WriterService(Service):
         # turn waits in the ingest socket's receive, not in a poll before it
         self.ingest_only = self.parked_wakeups is None and self.replica is None
         self.fence = Fence(cfg, self.table, self.role)     # controller mode: the lease
-        self.io_policy = IoThreadPolicy(self._io_threads(), cfg.writer_io_batching)
+        self.io_policy = IoThreadPolicy(self._io_threads() if cfg.writer_io_batching else [])
 
     def _io_threads(self) -> list[int]:
         """The context's I/O threads (``procs.io_thread``): started with the first

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import pytest
@@ -75,15 +76,44 @@ def test_turned_off_it_changes_nothing(io_threads):
     assert policies(io_threads) == {os.SCHED_OTHER} and not policy.batching
 
 
+def a_thread_until(done: threading.Event) -> tuple[threading.Thread, int]:
+    """A thread of this process that runs until ``done``; it and its native id."""
+    started = threading.Event()
+    thread = threading.Thread(target=lambda: (started.set(), done.wait()))
+    thread.start()
+    started.wait()
+    return thread, thread.native_id
+
+
 def test_a_thread_the_kernel_will_not_change_is_said_once_and_left(caplog):
-    with open("/proc/sys/kernel/pid_max") as f:
-        gone = int(f.read()) + 1                 # no thread has that id
-    policy = IoThreadPolicy([gone])
+    done = threading.Event()
+    thread, tid = a_thread_until(done)
+    policy = IoThreadPolicy([tid])
+    done.set()
+    thread.join()
+    deadline = time.monotonic() + 10             # the OS thread ends a moment after join
+    while os.path.exists(f"/proc/{os.getpid()}/task/{tid}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     with caplog.at_level(logging.WARNING, logger="rocketstore.procs.io_thread"):
         policy.drained(4, 4, 100.0)
         policy.drained(4, 4, 101.0)
     assert not policy.batching and policy.tids == []
     assert len([r for r in caplog.records if "keeps its scheduling policy" in r.message]) == 1
+
+
+def test_a_thread_an_operator_gave_another_policy_is_left_alone():
+    done = threading.Event()
+    thread, tid = a_thread_until(done)
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        policy = IoThreadPolicy([tid])
+        policy.drained(4, 4, 100.0)
+        policy.drained(1, 1, 101.0)
+        assert policy.tids == [] and os.sched_getscheduler(tid) == os.SCHED_IDLE
+    finally:
+        done.set()
+        thread.join()
 
 
 def writer_io_policies(store: RunningStore) -> set[int]:
