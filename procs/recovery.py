@@ -34,9 +34,11 @@ import os
 from typing import NamedTuple
 
 from rocketstore.client.consumer import GROUPS_DIR
+from rocketstore.procs.stats import remove_published
 from rocketstore.shm import arrival_bell, doorbell
 from rocketstore.shm.positions import (
-    PositionTable, Slot, StoreState, now_ms, process_start_ticks, segment_state)
+    PositionTable, Slot, StoreState, now_ms, process_start_ticks, segment_name, segment_state,
+    unlink_segment)
 from rocketstore.shm.transient_pool import TransientStorePool, commit_left_behind
 from rocketstore.storage import MessageStore, StoreConfig
 from rocketstore.storage.config import BROKER_ROLES
@@ -90,9 +92,7 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
     except BaseException:
         if table is not None:       # a table never filled in must not outlive the start
             table.close()
-            table.unlink()
-            doorbell.unlink_all(root)
-            arrival_bell.unlink(root)
+            unlink_shared(root)
         lock.release()
         raise
     table.reset({Slot.SUPERVISOR_PID: os.getpid(),
@@ -108,6 +108,17 @@ def recover_and_publish(config: StoreConfig) -> Recovered:
              "table made anew (found %s)", root, "clean" if last_exit_ok else "unclean",
              written, min_offset, start.label, start.action, found.value)
     return Recovered(table, lock, last_exit_ok, pool)
+
+
+def unlink_shared(root: str) -> None:
+    """What a start made in shared memory for the store at ``root`` removed: the
+    position table, the doorbells, the consumers' arrival bells, and the statistics its
+    processes published; each that is not there is passed over. A clean stop's last
+    step, and what a reboot does (a table left behind is only a killed run's)."""
+    unlink_segment(segment_name(root))
+    doorbell.unlink_all(root)
+    arrival_bell.unlink(root)
+    remove_published(root)
 
 
 def _before_the_files(config: StoreConfig) -> tuple[TableState, StartRow]:

@@ -82,10 +82,9 @@ import multiprocess
 import multiprocess.connection
 
 from rocketstore.procs import metrics, promotion
-from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.procs.recovery import recover_and_publish, unlink_shared
 from rocketstore.procs.service import EXIT_CANNOT_LISTEN, run_service
-from rocketstore.procs.stats import clear_published, remove_published
-from rocketstore.shm import arrival_bell, doorbell
+from rocketstore.procs.stats import clear_published
 from rocketstore.shm.transient_pool import TransientStorePool, copy_into_files
 from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROC_STATE, RESTARTS, STARTED_MS, WATCHDOG_KILLS, PositionTable,
@@ -574,10 +573,7 @@ class Supervisor:
                         t.get(Slot.DISPATCHED))
         self._release_pool()
         t.set(Slot.STATE, StoreState.STOPPED)
-        t.unlink()
-        doorbell.unlink_all(self.store_dir)
-        arrival_bell.unlink(self.store_dir)
-        remove_published(self.store_dir)
+        unlink_shared(self.store_dir)
         t.close()
         self.table = None
         self._lock.release()

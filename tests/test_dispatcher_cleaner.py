@@ -49,7 +49,7 @@ import refcodec
 from conftest import destroy_context, msg, small_config
 from rocketstore.procs.cleaner import Cleaner, clean_now_path
 from rocketstore.procs.dispatcher import Dispatcher
-from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.procs.recovery import recover_and_publish, unlink_shared
 from rocketstore.shm.bus import (
     APPENDED, ARRIVAL, DISPATCHED, Publisher, Subscriber, decode_arrival, encode_offset)
 from rocketstore.shm.doorbell import Doorbell
@@ -228,7 +228,7 @@ class Env:
         destroy_context(self.context)
         self.appender.close()
         self.table.close()
-        self.table.unlink()
+        unlink_shared(self.store_dir)
         self.recovered.lock.release()
 
     def reopen(self) -> MessageStore:

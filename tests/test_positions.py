@@ -14,7 +14,7 @@ import pytest
 from rocketstore.shm import positions
 from conftest import msg, small_config
 from store_processes import wait_for
-from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.procs.recovery import recover_and_publish, unlink_shared
 from rocketstore.shm.positions import (
     HEARTBEAT_MS, PID, PROCESS_BASE, PROCESS_NAMES, PROCESS_SLOTS, RESTARTS, PositionTable,
     ProcessField, ResetRefusedError, Slot, SlotRegressionError, SlotRelationError,
@@ -72,7 +72,7 @@ def store_dir(tmp_path, caplog):
     assert "start row S1 (none); position table made anew (found absent)" in caplog.text
     yield config.store_path_root_dir, recovered
     recovered.table.close()
-    recovered.table.unlink()
+    unlink_shared(config.store_path_root_dir)
     recovered.lock.release()
 
 
@@ -272,7 +272,7 @@ def test_recovery_refills_a_stale_table(tmp_path, caplog):
         assert second.table.get_process("writer", PID) == 0
     finally:
         second.table.close()
-        second.table.unlink()
+        unlink_shared(root)
         second.lock.release()
     assert positions.segment_state(root) is TableState.ABSENT
 
@@ -293,7 +293,7 @@ def test_a_foreign_segment_is_replaced(tmp_path, caplog):
         recovered.table.close()
         recovered.lock.release()
     finally:
-        posix_ipc.unlink_shared_memory(name)
+        unlink_shared(root)
 
 
 def _state(pid: int) -> str:

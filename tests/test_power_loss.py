@@ -24,13 +24,12 @@ import os
 import random
 import shutil
 
-import posix_ipc
 import pytest
 
 from conftest import crash, small_config
 from rocketstore.client import Consumer, Producer
-from rocketstore.shm import arrival_bell, doorbell
-from rocketstore.shm.positions import Slot, segment_name
+from rocketstore.procs.recovery import unlink_shared
+from rocketstore.shm.positions import Slot
 from rocketstore.storage import Message, MessageStore
 from store_processes import RunningStore, cli
 
@@ -179,12 +178,7 @@ def test_a_running_store_cut_off_keeps_what_was_fsynced(tmp_path, flush_type):
         flushed = store.slot(Slot.FLUSHED)
     finally:
         store.kill_all()
-    try:
-        posix_ipc.unlink_shared_memory(segment_name(store.store_dir))
-    except posix_ipc.ExistentialError:
-        pass
-    doorbell.unlink_all(store.store_dir)   # a reboot empties /dev/shm
-    arrival_bell.unlink(store.store_dir)
+    unlink_shared(store.store_dir)         # a reboot empties /dev/shm
     _cut_power(store.store_dir, flushed, None, rng, 64 * 1024)
     durable = {b: a for b, a in acked.items() if a[3] <= flushed}
     if flush_type == "SYNC_FLUSH":

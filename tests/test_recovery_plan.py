@@ -19,7 +19,7 @@ import re
 import pytest
 
 from conftest import msg, small_config
-from rocketstore.procs.recovery import recover_and_publish
+from rocketstore.procs.recovery import recover_and_publish, unlink_shared
 from rocketstore.shm.positions import PositionTable, Slot, segment_state
 from rocketstore.shm.transient_pool import TransientStorePool, buffer_name
 from rocketstore.storage import MessageStore, replication
@@ -224,7 +224,7 @@ def test_the_start_rows_on_real_files(tmp_path, caplog, line):
             assert replication.requested_cut(config.config_dir) is None
         finally:
             recovered.table.close()
-            recovered.table.unlink()
+            unlink_shared(root)
             recovered.lock.release()
         for i in range(POOL_SIZE):
             assert not os.path.exists(f"/dev/shm/{buffer_name(root, i).lstrip('/')}")

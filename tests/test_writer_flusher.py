@@ -252,7 +252,7 @@ class RunningStore:
         if self.recovered is not None:
             self.as_process.close()
             self.recovered.table.close()
-            self.recovered.table.unlink()
+            recovery.unlink_shared(self.root)
             self.recovered.lock.release()
             self.recovered = None
 
@@ -706,7 +706,7 @@ def test_writer_restart_decision_table(tmp_path, case):
             cl.close()
     finally:
         table.close()
-        table.unlink()
+        recovery.unlink_shared(config.store_path_root_dir)
         recovered.lock.release()
 
 
@@ -777,7 +777,7 @@ class InProcessService:
         destroy_context(self.context)
         self.as_process.close()
         self.table.close()
-        self.table.unlink()
+        recovery.unlink_shared(self.config.store_path_root_dir)
         self.recovered.lock.release()
 
 
