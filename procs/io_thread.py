@@ -76,9 +76,8 @@ class IoThreadPolicy:
     otherwise (the module says why); threads not under SCHED_OTHER to begin with are
     left alone. ``batching`` is the policy now."""
 
-    def __init__(self, tids: list[int], enabled: bool = True):
-        self.tids = [tid for tid in tids if _usual(tid)] \
-            if enabled and _PARAM is not None else []
+    def __init__(self, tids: list[int]):
+        self.tids = [tid for tid in tids if _usual(tid)] if _PARAM is not None else []
         self.batching = False
         self.last_several = 0.0     # time.monotonic() of the last drain of several
 

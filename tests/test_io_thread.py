@@ -70,12 +70,6 @@ def test_large_frames_together_leave_the_policy_as_it_is(io_threads):
     assert policies(io_threads) == {os.SCHED_BATCH}
 
 
-def test_turned_off_it_changes_nothing(io_threads):
-    policy = IoThreadPolicy(io_threads, enabled=False)
-    policy.drained(8, 8, 100.0)
-    assert policies(io_threads) == {os.SCHED_OTHER} and not policy.batching
-
-
 def a_thread_until(done: threading.Event) -> tuple[threading.Thread, int]:
     """A thread of this process that runs until ``done``; it and its native id."""
     started = threading.Event()
