@@ -229,7 +229,6 @@ class WriterService(Service):
         self.stats.before_snapshot.append(self._add_put_counts)
         self.written, self.last_store_ts = self.table.read_written()   # this process's own
         self.drained_at = time.monotonic()   # when the last drain was taken
-        self.drained_records = 0             # and the records it held
         self.queues = QueueSelector(cfg.default_topic_queue_nums)
         self.topic_verdicts: dict = {}   # a topic's bytes -> its name or refusal
         self.clean_limits = clean_limits(cfg)
@@ -345,7 +344,6 @@ class WriterService(Service):
         if self.ingest_only:
             frames = self._drain(wait=True)
             if frames:
-                self.io_policy.drained(len(frames), self.drained_records, self.drained_at)
                 self._serve(frames)
                 if self.page_cache_busy_ms:
                     self._serve_waited()
@@ -359,10 +357,7 @@ class WriterService(Service):
         if self.parked_wakeups is not None and self.parked_wakeups.socket in events:
             self.parked_wakeups.wait(0)  # wake-ups only: FLUSHED is read from the table
         if self.router in events:
-            frames = self._drain()
-            if frames:
-                self.io_policy.drained(len(frames), self.drained_records, self.drained_at)
-            self._serve(frames)
+            self._serve(self._drain())
             if self.page_cache_busy_ms:
                 self._serve_waited()
         if self.replica is not None:
@@ -406,7 +401,8 @@ class WriterService(Service):
         ``wait``, the first receive waits for a request up to the socket's RCVTIMEO
         (``MAX_TURN_MS``): one blocking receive costs less than a poll and a receive.
         After the first, the socket's EVENTS says whether another waits (cheaper than a
-        receive that fails)."""
+        receive that fails). The drain sets the I/O thread's policy (``procs.io_thread``)
+        before it is served."""
         frames = []
         records = received = 0
         recv, option = self._recv_part, self._option
@@ -439,7 +435,8 @@ class WriterService(Service):
                 self._send(envelope, _error_frame(e, frame))
                 continue
             frames.append((envelope, frame, head))
-        self.drained_records = records
+        if frames:      # its replies go out under the policy this sets
+            self.io_policy.drained(len(frames), records, self.drained_at)
         return frames
 
     # ================================================================== requests
