@@ -160,7 +160,7 @@ class Producer:
         A plain message (no properties nor delay, at most one key) from a producer
         that is not idempotent, with nothing else in flight, is encoded from the
         arguments (``protocol.encode_plain_send``) and sent without the window's
-        bookkeeping (``_send_one``); any other as a batch of one ``Message``. The
+        bookkeeping (``Dealer.request``); any other as a batch of one ``Message``. The
         frame is the same."""
         if not (properties or delay_level or self.producer_id or self._in_flight) and \
                 self.wire == "records":
@@ -171,7 +171,9 @@ class Producer:
                 frame = protocol.encode_plain_send(request_id, topic, body, tags, key,
                                                    queue_id, time.time_ns() // 1_000_000)
                 if frame is not None:
-                    return self._send_one(frame, request_id)
+                    answer = dealer.request(frame, request_id)
+                    return protocol.decode_one_send_result(answer) or \
+                        _decode_reply(answer)[0]
         if not isinstance(body, BODY_TYPES):
             raise TypeError(f"send(topic, body) takes the body as bytes, not "
                             f"{type(body).__name__} (a Message goes to send_batch([message]))")
@@ -179,13 +181,6 @@ class Producer:
                       properties=dict(properties) if properties else {}, queue_id=queue_id,
                       delay_level=delay_level)
         return self._send_batch([msg], None)[0]
-
-    def _send_one(self, frame: bytes, request_id: int) -> protocol.SendResult:
-        """Send a frame of one record and wait for its result: what ``_send_batch``
-        does for it, without the window's bookkeeping (nothing else is in flight) nor
-        sequences (the producer is not idempotent)."""
-        frame = self._dealer.request(frame, request_id)
-        return protocol.decode_one_send_result(frame) or _decode_reply(frame)[0]
 
     def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
