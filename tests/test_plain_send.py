@@ -5,6 +5,7 @@ gives what the general path gives, byte for byte and rule for rule."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -225,3 +226,36 @@ def test_a_plain_send_after_a_loss_goes_to_the_process_that_took_its_place(tmp_p
     finally:
         first.close(0)
         ctx.term()
+
+
+def test_a_plain_send_interrupted_in_its_wait_leaves_nothing_pending(router):
+    """A signal handler that raises while a plain send waits for its answer (as Ctrl-C's
+    KeyboardInterrupt does) leaves no request pending: the next send takes the short
+    path again, and the interrupted one's late answer is dropped."""
+    sock, address = router
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signo, frame):
+        raise Interrupted
+
+    with Producer(address, timeout_ms=20_000) as p:
+        settled(p, sock)
+        before = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.02)   # within the first recv's 50 ms
+            with pytest.raises(Interrupted):
+                p.send("Orders", b"interrupted", tags="TagA")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, before)
+        assert not p._dealer._pending
+        late = answer(sock, 5)
+        answering = answer_in_thread(sock, 6)
+        try:
+            result = p.send("Orders", b"next", tags="TagA")
+        finally:
+            answering.join()
+        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
+        assert late not in p._dealer.replies and not p._dealer._pending
