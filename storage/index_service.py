@@ -183,7 +183,18 @@ class IndexService:
     def build_index_raw(self, topic: str, commit_log_offset: int, store_timestamp: int,
                         sys_flag: int, uniq_key: bytes | None, keys: bytes | None) -> bool:
         """``build_index`` with UNIQ_KEY and KEYS as raw property bytes (as
-        ``dispatch_batch.parse_small`` finds them): the same entries."""
+        ``dispatch_batch.parse_small`` finds them): the same entries. Dispatch's common
+        message (one key, no UNIQ_KEY, not a ROLLBACK, past the last file's end) goes
+        straight into the last file while it has room."""
+        files = self._files
+        if uniq_key is None and keys is not None and files and \
+                sys_flag & TRANSACTION_ROLLBACK_TYPE != TRANSACTION_ROLLBACK_TYPE and \
+                _RAW_SEPARATOR not in keys:
+            last = files[-1]
+            if commit_log_offset > last.end_phy_offset and last.put_hash(
+                    index_key_hash_raw(_key_prefix(topic) + keys), commit_log_offset,
+                    store_timestamp):
+                return True
         index_file = self._file_to_index(commit_log_offset, sys_flag)
         if not isinstance(index_file, IndexFile):
             return index_file
