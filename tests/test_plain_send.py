@@ -182,6 +182,19 @@ def answer_in_thread(router: zmq.Socket, offset: int) -> threading.Thread:
     return t
 
 
+def the_next_send_takes_its_own(p: Producer, router: zmq.Socket) -> None:
+    """The answer to an earlier send comes first: it is dropped, and the next send's
+    wait goes on to its own; nothing stays pending."""
+    late = answer(router, 5)
+    answering = answer_in_thread(router, 6)
+    try:
+        result = p.send("Orders", b"next", tags="TagA")
+    finally:
+        answering.join()
+    assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
+    assert late not in p._dealer.replies and not p._dealer._pending
+
+
 def test_a_plain_send_after_a_late_answer_takes_its_own(router):
     """The answer to a send that timed out comes first: it is dropped, and the next
     send's wait goes on to its own."""
@@ -190,14 +203,7 @@ def test_a_plain_send_after_a_late_answer_takes_its_own(router):
         settled(p, sock)
         with pytest.raises(RequestTimeout):
             p.send("Orders", b"answered late", tags="TagA")
-        late = answer(sock, 5)
-        answering = answer_in_thread(sock, 6)
-        try:
-            result = p.send("Orders", b"next", tags="TagA")
-        finally:
-            answering.join()
-        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
-        assert late not in p._dealer.replies and not p._dealer._pending
+        the_next_send_takes_its_own(p, sock)
 
 
 def test_a_plain_send_after_a_loss_goes_to_the_process_that_took_its_place(tmp_path):
@@ -251,11 +257,4 @@ def test_a_plain_send_interrupted_in_its_wait_leaves_nothing_pending(router):
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, before)
         assert not p._dealer._pending
-        late = answer(sock, 5)
-        answering = answer_in_thread(sock, 6)
-        try:
-            result = p.send("Orders", b"next", tags="TagA")
-        finally:
-            answering.join()
-        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
-        assert late not in p._dealer.replies and not p._dealer._pending
+        the_next_send_takes_its_own(p, sock)
