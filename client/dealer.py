@@ -37,7 +37,8 @@ An answer's request id is read with one ``struct`` (``protocol.reply_request_id`
 the answer awaited is handed back at once, others are kept. ``request`` (a send and
 its wait, with nothing else in flight: ``Producer.send``) looks at the monitor before
 the send instead, at most every LOOK_EVERY_S: with no request in flight then, a loss
-it sees ends nothing, and the send goes to the process that took the place. That is
+it sees ends nothing, and the send goes to the process that took the place; it enters
+no dict entry unless its ``recv`` ends without the answer. That is
 one ``poll`` of the monitor's descriptor in 5 ms, not one a send (at eight producers
 sending one at a time on two cores, about one a dozen sends). ZeroMQ's flags are passed
 as ints (``shm.zmq_flags``): pyzmq's are enum flags, whose operators run in
