@@ -5,6 +5,7 @@ gives what the general path gives, byte for byte and rule for rule."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import zmq
 from hypothesis import given, settings, strategies as st
 
 from rocketstore.client import ConnectionLost, Producer, RequestTimeout
+from rocketstore.client import dealer as dealer_module
 from rocketstore.storage import Message, record_batch
 from rocketstore.storage.status import PutMessageStatus
 from rocketstore.wire import protocol
@@ -234,11 +236,14 @@ def test_a_plain_send_after_a_loss_goes_to_the_process_that_took_its_place(tmp_p
         ctx.term()
 
 
-def test_a_plain_send_interrupted_in_its_wait_leaves_nothing_pending(router):
+def test_a_plain_send_interrupted_in_its_wait_leaves_nothing_pending(router, monkeypatch):
     """A signal handler that raises while a plain send waits for its answer (as Ctrl-C's
     KeyboardInterrupt does) leaves no request pending: the next send takes the short
-    path again, and the interrupted one's late answer is dropped."""
+    path again, and the interrupted one's late answer is dropped. The signal comes once
+    the request is at the other end; the wait's RCVTIMEO is raised to 10 s, so the
+    signal finds the send in its first ``recv`` however slow the machine."""
     sock, address = router
+    monkeypatch.setattr(dealer_module, "WATCH_EVERY_MS", 10_000)
 
     class Interrupted(Exception):
         pass
@@ -246,15 +251,20 @@ def test_a_plain_send_interrupted_in_its_wait_leaves_nothing_pending(router):
     def interrupt(signo, frame):
         raise Interrupted
 
+    def signal_once_sent():
+        if sock.poll(10_000):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
     with Producer(address, timeout_ms=20_000) as p:
         settled(p, sock)
-        before = signal.signal(signal.SIGALRM, interrupt)
+        before = signal.signal(signal.SIGUSR1, interrupt)
+        signaller = threading.Thread(target=signal_once_sent)
+        signaller.start()
         try:
-            signal.setitimer(signal.ITIMER_REAL, 0.02)   # within the first recv's 50 ms
             with pytest.raises(Interrupted):
                 p.send("Orders", b"interrupted", tags="TagA")
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, before)
+            signaller.join()
+            signal.signal(signal.SIGUSR1, before)
         assert not p._dealer._pending
         the_next_send_takes_its_own(p, sock)
