@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tests"))
 
-from rocketstore.procs.recovery import recover_and_publish  # noqa: E402
+from rocketstore.procs.recovery import recover_and_publish, unlink_shared  # noqa: E402
 from rocketstore.shm.positions import PositionTable  # noqa: E402
 from rocketstore.storage import Message, MessageStore, StoreConfig  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> None:
     finally:
         writer.close()
         recovered.table.close()
-        recovered.table.unlink()
+        unlink_shared(root)
         recovered.lock.release()
 
 

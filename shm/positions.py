@@ -480,10 +480,6 @@ class PositionTable:
             self._slots = None
             self._map.close()
 
-    def unlink(self) -> None:
-        """Supervisor only, at a clean stop."""
-        unlink_segment(self.name)
-
     # ------------------------------------------------------------------ slots
     def get(self, slot: int) -> int:
         return self._slots[slot]
