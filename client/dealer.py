@@ -153,12 +153,16 @@ class Dealer:
         before it was seen, and is ended (the module's table), unless the process that
         took the place answers first."""
         started = time.monotonic()
-        if started >= self._look_at or self._pending or not self._settled or \
-                self.timeout_ms < WATCH_EVERY_MS or self._rcvtimeo_ms != WATCH_EVERY_MS:
-            if not self._settled or self._pending or self.timeout_ms < WATCH_EVERY_MS:
-                self.send(frame, request_id)
-                return self.receive(request_id, started)
-            self._look_before_request(started)
+        if not self._settled or self._pending or self.timeout_ms < WATCH_EVERY_MS:
+            self.send(frame, request_id)
+            return self.receive(request_id, started)
+        if self._rcvtimeo_ms != WATCH_EVERY_MS:
+            self.socket.setsockopt(zmq.RCVTIMEO, WATCH_EVERY_MS)
+            self._rcvtimeo_ms = WATCH_EVERY_MS
+        if started >= self._look_at:
+            self._look_at = started + LOOK_EVERY_S
+            if self._watch_fd.poll(0):
+                self._read_watch()
         self._send_frame(frame, 0, len(frame) < _COPY_BELOW)
         try:
             answer = self._recv()
@@ -170,17 +174,6 @@ class Dealer:
         if answer is not None:
             self._take_reply(answer)        # a late answer to an earlier request: dropped
         return self.receive(request_id, started)
-
-    def _look_before_request(self, now: float) -> None:
-        """``request``'s RCVTIMEO set to WATCH_EVERY_MS when it is not, and its look at
-        the monitor when LOOK_EVERY_S passed since the last."""
-        if self._rcvtimeo_ms != WATCH_EVERY_MS:
-            self.socket.setsockopt(zmq.RCVTIMEO, WATCH_EVERY_MS)
-            self._rcvtimeo_ms = WATCH_EVERY_MS
-        if now >= self._look_at:
-            self._look_at = now + LOOK_EVERY_S
-            if self._watch_fd.poll(0):
-                self._read_watch()
 
     def receive(self, request_id: int, since: float | None = None) -> bytes:
         """The reply to ``request_id`` (others that arrive first are kept). Raises
