@@ -20,6 +20,11 @@ same messages: 128-byte bodies, a tag and a key each.
                                           main threads, per message
     8 senders one at a time               8 producer processes, each      8 client processes, each
                                           Producer.send                   XADD, each waits
+      its floor                           8 bare DEALERs through one
+                                          ROUTER echo process
+      CPU per message                     the senders, writer,            the clients, redis-server
+                                          dispatcher, flusher (all
+                                          threads); the echo's too
     send -> visible p99, 4,000 msgs/s     frames of 20, a Consumer in     (not measured)
                                           another process; measured once
                                           right after the ingest and once
@@ -93,9 +98,10 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                 out["one-at-a-time"], out["cpu_us_per_send"] = one_at_a_time_cpu(
                     store, args.seconds)
                 out["zeromq echo"] = zeromq_echo(root, args.seconds)
-                out["zeromq echo x8"] = zeromq_echo_many(root, args.seconds)
-                out["one-at-a-time x8"] = many_one_at_a_time(
-                    lambda: _senders(store.store_dir, args.seconds))
+                out["zeromq echo x8"], out["echo cpu_us_per_msg x8"] = zeromq_echo_many(
+                    root, args.seconds)
+                out["one-at-a-time x8"], out["cpu_us_per_msg x8"] = many_one_at_a_time(
+                    lambda: _senders(store.store_dir, args.seconds), store_processes(store))
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
                 out["consume"], out["consumer cpu_us_per_msg"] = default_consume(
                     store.store_dir, "Consume", stored)
@@ -142,15 +148,21 @@ def flushed_everything(store: RunningStore, timeout: float = 120.0) -> float:
         table.close()
 
 
-def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]:
-    """``one_at_a_time``, and the CPU the writer's and the dispatcher's main threads
-    spent per send meanwhile (microseconds)."""
+def store_processes(store: RunningStore) -> dict[str, int]:
+    """The pids of the store processes on a send's way: writer, dispatcher, flusher."""
     from rocketstore.shm.positions import PID
     table = store.table()
     try:
-        pids = {name: table.get_process(name, PID) for name in ("writer", "dispatcher")}
+        return {name: table.get_process(name, PID)
+                for name in ("writer", "dispatcher", "flusher")}
     finally:
         table.close()
+
+
+def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]:
+    """``one_at_a_time``, and the CPU the writer's and the dispatcher's main threads
+    spent per send meanwhile (microseconds)."""
+    pids = {name: pid for name, pid in store_processes(store).items() if name != "flusher"}
     before = {name: _proc_cpu_s(pid, main_thread=True) for name, pid in pids.items()}
     rate, sent = one_at_a_time(store.store_dir, seconds, with_count=True)
     cpu = {name: (_proc_cpu_s(pid, main_thread=True) - before[name]) / sent * 1e6
@@ -192,11 +204,11 @@ def _sender(store_dir: str, seconds: float, start, out) -> None:
     with Producer(store_dir) as p:
         p.send("Senders", BODY, tags="TagA", keys=["warm"])
         start.wait()
-        n, t0 = 0, time.perf_counter()
+        n, t0, cpu0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             p.send("Senders", BODY, tags="TagA", keys=[f"k{n}"])
             n += 1
-        out.put((n, time.perf_counter() - t0))
+        out.put((n, time.perf_counter() - t0, time.process_time() - cpu0))
 
 
 def _senders(store_dir: str, seconds: float) -> list:
@@ -206,18 +218,28 @@ def _senders(store_dir: str, seconds: float) -> list:
                               for _ in range(SENDERS)]]
 
 
-def many_one_at_a_time(make) -> float:
+def many_one_at_a_time(make, servers: dict[str, int]) -> tuple[float, dict[str, float]]:
     """Messages a second of ``SENDERS`` processes each sending one at a time (each waits
-    for its answer), started together."""
+    for its answer), started together; and the CPU per message (us, all threads) of the
+    senders together and of each process of ``servers`` (name: pid) meanwhile, with
+    their ``total``: on two cores both sides of this row are bound by CPU, so where a
+    message's CPU goes is what sets the rate. Each sender puts ``(messages, seconds,
+    its CPU seconds)`` when done."""
     _, start, out, procs = make()
     for p in procs:
         p.start()
     time.sleep(2.0)                 # every process imported and connected
+    before = {name: _proc_cpu_s(pid) for name, pid in servers.items()}
     start.set()
     results = [out.get(timeout=600) for _ in procs]
+    cpu = {name: _proc_cpu_s(pid) - before[name] for name, pid in servers.items()}
     for p in procs:
         p.join(60)
-    return sum(n for n, _ in results) / max(secs for _, secs in results)
+    sent = sum(n for n, _, _ in results)
+    cpu = {"senders": sum(c for _, _, c in results), **cpu}
+    per_msg = {name: seconds / max(1, sent) * 1e6 for name, seconds in cpu.items()}
+    per_msg["total"] = sum(per_msg.values())
+    return sent / max(secs for _, secs, _ in results), per_msg
 
 
 def one_at_a_time(store_dir: str, seconds: float, with_count: bool = False):
@@ -255,7 +277,7 @@ def zeromq_echo(root: str, seconds: float) -> float:
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
     try:
-        n, secs = _round_trips(dealer, seconds)
+        n, secs, _ = _round_trips(dealer, seconds)
         rate = n / secs
         dealer.send(b"stop")
     finally:
@@ -267,22 +289,23 @@ def zeromq_echo(root: str, seconds: float) -> float:
     return rate
 
 
-def _round_trips(dealer: zmq.Socket, seconds: float, start=None) -> tuple[int, float]:
+def _round_trips(dealer: zmq.Socket, seconds: float,
+                 start=None) -> tuple[int, float, float]:
     """Echo round trips of a 200-byte frame one at a time for ``seconds``, after 200
     untimed ones (connected, both sides warm) and ``start``'s go when given: how many,
-    and the seconds they took."""
+    the seconds they took and this process's CPU seconds meanwhile."""
     frame = b"x" * 200
     for _ in range(200):
         dealer.send(frame)
         dealer.recv()
     if start is not None:
         start.wait()
-    n, t0 = 0, time.perf_counter()
+    n, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         dealer.send(frame)
         dealer.recv()
         n += 1
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def _echo_sender(endpoint: str, seconds: float, start, out) -> None:
@@ -295,10 +318,10 @@ def _echo_sender(endpoint: str, seconds: float, start, out) -> None:
     ctx.term()
 
 
-def zeromq_echo_many(root: str, seconds: float) -> float:
+def zeromq_echo_many(root: str, seconds: float) -> tuple[float, dict[str, float]]:
     """Round trips a second of ``SENDERS`` client processes each echoing one at a time
     through one ROUTER echo process (``zeromq_echo``'s): the floor of the eight-sender
-    row, store work aside."""
+    row, store work aside; and ``many_one_at_a_time``'s CPU per message."""
     endpoint = f"ipc://{os.path.abspath(root)}/echo-many.sock"
     proc = multiprocessing.get_context("spawn").Process(target=_echo, args=(endpoint,))
     proc.start()
@@ -310,7 +333,7 @@ def zeromq_echo_many(root: str, seconds: float) -> float:
                                               args=(endpoint, seconds, start, out))
                                   for _ in range(SENDERS)]]
     try:
-        return many_one_at_a_time(make)
+        return many_one_at_a_time(make, {"echo": proc.pid})
     finally:
         stop_echo(endpoint, proc)
 
@@ -382,11 +405,11 @@ def _xadd_client(port: int, seconds: float, start, out) -> None:
     r = redis.Redis(port=port)
     r.ping()
     start.wait()
-    n, t0 = 0, time.perf_counter()
+    n, t0, cpu0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         r.xadd("many", {"body": BODY, "tag": "TagA", "key": f"k{n}"})
         n += 1
-    out.put((n, time.perf_counter() - t0))
+    out.put((n, time.perf_counter() - t0, time.process_time() - cpu0))
     r.close()
 
 
@@ -419,8 +442,8 @@ def redis_rows(args: argparse.Namespace, root: str) -> dict:
         out["ingest ASYNC_FLUSH"] = xadd_pipelined(server.client, args.seconds)
         out["consume"] = xread_all(server.client)
         out["one-at-a-time"] = xadd_one_by_one(server.client, args.seconds)
-        out["one-at-a-time x8"] = many_one_at_a_time(
-            lambda: _xadd_clients(server.port, args.seconds))
+        out["one-at-a-time x8"], out["cpu_us_per_msg x8"] = many_one_at_a_time(
+            lambda: _xadd_clients(server.port, args.seconds), {"redis-server": server.proc.pid})
     finally:
         server.close()
     server = RedisServer(root, "always")
@@ -557,10 +580,18 @@ def summary(rounds: list[tuple[dict, dict]]) -> dict:
                           if rs.get("zeromq echo")]
     out["floor ratio x8"] = [rs["one-at-a-time x8"] / rs["zeromq echo x8"]
                              for rs, _ in rounds if rs.get("zeromq echo x8")]
-    for key in ("cpu_us_per_msg", "pool cpu_us_per_msg", "cpu_us_per_send"):
-        names = dict.fromkeys(n for rs, _ in rounds for n in rs.get(key, {}))
-        out[key] = {n: [rs[key][n] for rs, _ in rounds if n in rs.get(key, {})] for n in names}
+    for key in ("cpu_us_per_msg", "pool cpu_us_per_msg", "cpu_us_per_send",
+                "cpu_us_per_msg x8", "echo cpu_us_per_msg x8"):
+        out[key] = _by_name([rs.get(key, {}) for rs, _ in rounds])
+    out["redis cpu_us_per_msg x8"] = _by_name([rd.get("cpu_us_per_msg x8", {})
+                                               for _, rd in rounds])
     return out
+
+
+def _by_name(dicts: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Each name's values over rounds' dicts (a round without it adds none)."""
+    names = dict.fromkeys(n for d in dicts for n in d)
+    return {n: [d[n] for d in dicts if n in d] for n in names}
 
 
 def print_table(s: dict, rounds: int, missing: str) -> None:
@@ -591,6 +622,14 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
         print(f"  (the eight-sender row's floor, {SENDERS} DEALER clients echoing one at a "
               f"time through one ROUTER: {_spread(s['zeromq echo x8'], ',.0f')} round "
               f"trips/s; rocketstore is {_spread(s['floor ratio x8'], '.2f')}x of it)")
+    sides = [(label, s[key]) for label, key in (
+        ("rocketstore", "cpu_us_per_msg x8"), ("Redis", "redis cpu_us_per_msg x8"),
+        ("the echo", "echo cpu_us_per_msg x8")) if s[key]]
+    if sides:
+        print("  (CPU per message of the eight-sender row, all threads, us: " + "; ".join(
+            f"{label} {_spread(cpu['total'], '.1f')} = " + ", ".join(
+                f"{n} {_spread(v, '.1f')}" for n, v in cpu.items() if n != "total")
+            for label, cpu in sides) + ")")
     print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
           f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms, "
           f"p999 {_spread(s['latency p999 ms'], '.2f')} ms)")
