@@ -1,0 +1,262 @@
+"""A Producer shared by threads (client/producer.py, "Threads"): ``rocketstore up`` with
+every process, real sockets, real threads, real files.
+
+What is checked, against what was read back at the end (``storage.MessageStore`` on
+the stopped store, every queue of the topic, ``check() == []``): every send answered
+PUT_OK is stored once, with the body, tags, keys and properties it was sent with, at
+the queue and offset its result names; nothing is stored that was not sent; a send that
+raised (its outcome unknown) is stored at most once. That sends made together went in
+fewer frames than sends is read from the producer's request ids (each frame takes one).
+The writer is SIGKILLed (the supervisor restarts it) for the one fault test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from rocketstore.client import ClientError, Consumer, Producer
+from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig
+from rocketstore.storage.config import recorded_geometry
+from rocketstore.storage.message import PROPERTY_PRODUCER_SEQUENCE
+from conftest import read_queue
+from store_processes import RunningStore, wait_for
+
+TOPIC = "Shared"
+THREADS = 8
+
+
+@pytest.fixture
+def store(tmp_path):
+    rs = RunningStore(tmp_path, flush_disk_type="ASYNC_FLUSH").start()
+    yield rs
+    rs.kill_all()
+
+
+def read_topic(store_dir: str) -> dict[bytes, list]:
+    """Every message of TOPIC in the stopped store, by body (a list: a body stored twice
+    shows twice), each with the queue and offset it was read at."""
+    s = MessageStore(StoreConfig(store_path_root_dir=store_dir, **recorded_geometry(store_dir)))
+    s.load()
+    try:
+        assert s.check() == []
+        found: dict[bytes, list] = {}
+        for q in range(32):
+            for offset, m in enumerate(read_queue(s, TOPIC, q)):
+                found.setdefault(m.body, []).append((q, offset, m))
+        return found
+    finally:
+        s.close()
+
+
+def frames_used(p: Producer) -> int:
+    """Request ids the producer took so far: one a frame."""
+    return p._dealer.next_id() - 1
+
+
+def in_threads(work, count: int = THREADS) -> list:
+    """``work(i)`` in ``count`` threads started together; their returns, in order (an
+    exception a thread raised is raised here)."""
+    out: list = [None] * count
+    errors: list = []
+    start = threading.Barrier(count)
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            out[i] = work(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+        assert not t.is_alive(), "a sending thread hung"
+    if errors:
+        raise errors[0]
+    return out
+
+
+def assert_stored_as_answered(found: dict[bytes, list], answered: dict[bytes, object]) -> None:
+    """Each body answered PUT_OK is stored once, where its result says."""
+    for body, result in answered.items():
+        assert result.status is PutMessageStatus.PUT_OK, (body, result)
+        assert len(found.get(body, [])) == 1, (body, found.get(body))
+        q, offset, m = found[body][0]
+        assert (q, offset) == (result.queue_id, result.queue_offset)
+        assert m.commit_log_offset == result.commit_log_offset
+        assert m.msg_id == result.msg_id
+
+
+def test_threads_sending_one_at_a_time_each_get_their_own_record_stored(store):
+    per_thread = 150
+    with Producer(store.store_dir) as p:
+        def work(i: int) -> dict:
+            sent = {}
+            for n in range(per_thread):
+                body = f"t{i}-{n}".encode()
+                sent[body] = p.send(TOPIC, body, tags=f"tag{i}", keys=[f"k{i}-{n}"])
+            return sent
+        answered = {b: r for sent in in_threads(work) for b, r in sent.items()}
+        frames = frames_used(p)
+    assert len(answered) == THREADS * per_thread
+    assert frames < len(answered), "no two sends went in one frame"
+    assert store.stop() == 0, store.log()
+    found = read_topic(store.store_dir)
+    assert set(found) == set(answered)
+    assert_stored_as_answered(found, answered)
+    for body, [(_, _, m)] in found.items():
+        i, n = body.decode()[1:].split("-")
+        assert (m.tags, m.keys) == (f"tag{i}", [f"k{i}-{n}"])
+
+
+def test_every_kind_of_send_goes_from_threads_and_a_bad_one_fails_alone(store):
+    """Plain sends, sends with properties, several keys, a delay level, a chosen queue,
+    a bytearray body, and one whose body is a str (TypeError in its own thread only),
+    from threads at once."""
+    kinds = [
+        lambda body: dict(tags="plain"),
+        lambda body: dict(properties={"color": "red"}),
+        lambda body: dict(keys=["a", "b"]),
+        lambda body: dict(queue_id=3),
+        lambda body: dict(delay_level=1),
+        lambda body: dict(tags="none", keys=None),
+    ]
+    refused: list[str] = []
+    with Producer(store.store_dir) as p:
+        def work(i: int) -> dict:
+            sent = {}
+            for n in range(40):
+                body = f"k{i}-{n}".encode()
+                if i == len(kinds):            # the bad thread: every other send wrong
+                    if n % 2:
+                        with pytest.raises(TypeError):
+                            p.send(TOPIC, body.decode())
+                        refused.append(body.decode())
+                        continue
+                    sent[body] = p.send(TOPIC, bytearray(body))
+                    continue
+                sent[body] = p.send(TOPIC, body, **kinds[i](body))
+            return sent
+        answered = {b: r for sent in in_threads(work, len(kinds) + 1) for b, r in sent.items()}
+    assert len(refused) == 20
+    delayed = {b for b in answered if b.startswith(b"k4-")}
+    with Consumer(store.store_dir, "delivered", TOPIC) as c:     # at their delivery
+        seen: set[bytes] = set()
+
+        def all_delivered() -> bool:
+            seen.update(m.body for m in c.poll(64, 200))
+            return delayed <= seen
+        wait_for(all_delivered, 60, "the delayed sends' delivery")
+    assert store.stop() == 0, store.log()
+    found = read_topic(store.store_dir)
+    assert set(found) == set(answered)
+    for body, [(q, _, m)] in found.items():
+        i = int(body.decode()[1:].split("-")[0])
+        if i == 1:
+            assert m.properties["color"] == "red"
+        elif i == 2:
+            assert m.keys == ["a", "b"]
+        elif i == 3:
+            assert q == 3
+        elif i == 0:
+            assert m.tags == "plain"
+    assert_stored_as_answered(found, {b: r for b, r in answered.items() if b not in delayed})
+
+
+def test_other_calls_take_their_turn_among_the_sends(store):
+    """``send_batch``, ``send_async`` with ``result`` and ``flush`` from their own
+    threads while others send one at a time: every record stored once, each batch's
+    records in order."""
+    with Producer(store.store_dir) as p:
+        def work(i: int) -> dict:
+            sent = {}
+            for n in range(30):
+                if i == 0:
+                    batch = [Message(TOPIC, f"b{n}-{j}".encode(), queue_id=1) for j in range(5)]
+                    sent.update(zip((m.body for m in batch), p.send_batch(batch)))
+                elif i == 1:
+                    batch = [Message(TOPIC, f"a{n}-{j}".encode()) for j in range(3)]
+                    handle = p.send_async(batch)
+                    if n % 3 == 0:
+                        p.flush()
+                    sent.update(zip((m.body for m in batch), handle.result()))
+                else:
+                    body = f"s{i}-{n}".encode()
+                    sent[body] = p.send(TOPIC, body)
+            return sent
+        answered = {b: r for sent in in_threads(work, 6) for b, r in sent.items()}
+    assert store.stop() == 0, store.log()
+    found = read_topic(store.store_dir)
+    assert set(found) == set(answered)
+    assert_stored_as_answered(found, answered)
+    for n in range(30):
+        offsets = [found[f"b{n}-{j}".encode()][0][1] for j in range(5)]
+        assert offsets == list(range(offsets[0], offsets[0] + 5))
+
+
+def test_an_idempotent_producer_shared_by_threads_stores_each_sequence_once(store):
+    with Producer(store.store_dir, idempotent=True) as p:
+        def work(i: int) -> dict:
+            return {f"i{i}-{n}".encode(): p.send(TOPIC, f"i{i}-{n}".encode(), keys=[str(n)])
+                    for n in range(40)}
+        answered = {b: r for sent in in_threads(work, 4) for b, r in sent.items()}
+        assert all(r.reason == "" for r in answered.values())
+        assert p.next_sequence == 160
+    assert store.stop() == 0, store.log()
+    found = read_topic(store.store_dir)
+    assert_stored_as_answered(found, answered)
+    sequences = sorted(int(entries[0][2].properties[PROPERTY_PRODUCER_SEQUENCE])
+                       for entries in found.values())
+    assert sequences == list(range(160))
+
+
+def test_every_acknowledged_send_of_threads_survives_writer_kills(store):
+    """SIGKILL of the writer, three times at random moments, while eight threads send
+    one at a time through one producer: a send that raised is not sent again (its
+    outcome unknown: stored at most once); each answered PUT_OK is stored, once."""
+    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
+    stop = threading.Event()
+    answered: dict[bytes, object] = {}
+    unknown: list[bytes] = []
+    with Producer(store.store_dir, timeout_ms=5_000) as p:
+        def work(i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                body = f"w{i}-{n}".encode()
+                n += 1
+                try:
+                    answered[body] = p.send(TOPIC, body, keys=[body.decode()])
+                except ClientError:
+                    unknown.append(body)
+                    time.sleep(0.01)     # while the writer restarts
+        senders = threading.Thread(target=in_threads, args=(work,))
+        senders.start()
+        try:
+            for _ in range(3):
+                wait_for(lambda: len(answered) > 200, 60, "sends before the kill")
+                time.sleep(rng.uniform(0, 0.3))
+                writer = store.child_pid("writer")
+                os.kill(writer, signal.SIGKILL)
+                wait_for(lambda: store.child_pid("writer") not in (0, writer), 60,
+                         "the writer's restart")
+                before = len(answered)
+                wait_for(lambda: len(answered) > before + 200, 60, "sends after the restart")
+        finally:
+            stop.set()
+            senders.join(120)
+    assert not senders.is_alive()
+    assert store.stop() == 0, store.log()
+    found = read_topic(store.store_dir)
+    assert set(found) <= set(answered) | set(unknown)
+    assert all(len(entries) == 1 for entries in found.values())
+    assert_stored_as_answered(found, answered)
+    counts = Counter(b.split(b"-")[0] for b in answered)
+    assert len(counts) == THREADS
