@@ -254,21 +254,23 @@ class Producer:
 
     def _queue(self, turn: "_Turn") -> bool:
         """True when the socket came free and is this thread's; else wait in line until
-        ``turn`` is passed the socket (``leads``) or sent by another thread's group."""
-        with self._mutex:
-            if self._lock.acquire(False):
-                return True
-            self._waiting.append(turn)
+        ``turn`` is passed the socket (``leads``) or sent by another thread's group. A
+        wait interrupted (a signal handler that raises, as Ctrl-C's does) takes ``turn``
+        out of the line, and passes the socket on if it had been passed to it."""
         try:
+            with self._mutex:
+                if self._lock.acquire(False):
+                    return True
+                self._waiting.append(turn)
             turn.woken.acquire()         # released when passed the socket, or answered
-        except BaseException:            # interrupted (Ctrl-C): out of the line
+        except BaseException:
             with self._mutex:
                 queued = turn in self._waiting
                 if queued:
                     self._waiting.remove(turn)
                 passed = turn.leads and (queued or turn.record is None)
             if passed:
-                self._release()          # passed to it already: on to the next
+                self._release()
             raise
         return False
 

@@ -7,7 +7,9 @@ PUT_OK is stored once, with the body, tags, keys and properties it was sent with
 the queue and offset its result names; nothing is stored that was not sent; a send that
 raised (its outcome unknown) is stored at most once. That sends made together went in
 fewer frames than sends is read from the producer's request ids (each frame takes one).
-The writer is SIGKILLed (the supervisor restarts it) for the one fault test.
+The writer is SIGKILLed (the supervisor restarts it) for the one fault test. The
+tests of a wait interrupted in line answer from a bare ROUTER (test_plain_send's), so
+the socket stays in use for as long as they need.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rocketstore.storage.config import recorded_geometry
 from rocketstore.storage.message import PROPERTY_PRODUCER_SEQUENCE
 from conftest import read_queue
 from store_processes import RunningStore, wait_for
+from test_plain_send import answer, answer_in_thread, router, settled  # noqa: F401 (fixture)
 
 TOPIC = "Shared"
 THREADS = 8
@@ -260,3 +263,72 @@ def test_every_acknowledged_send_of_threads_survives_writer_kills(store):
     assert_stored_as_answered(found, answered)
     counts = Counter(b.split(b"-")[0] for b in answered)
     assert len(counts) == THREADS
+
+
+# ============================================================================ a bare ROUTER
+def blocked(tid: int) -> bool:
+    """Thread ``tid`` of this process sleeps (blocked in a wait)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.parametrize("call", ["send", "send_batch"])
+def test_a_call_interrupted_while_waiting_its_turn_leaves_the_line(router, call):
+    """A signal handler that raises (as Ctrl-C's does) in the main thread while it waits
+    for the socket another thread uses: its call raises, it is out of the line, the
+    socket goes back to nobody once the other thread's send is answered, and the next
+    call goes as before. The signal comes once the main thread sleeps in line."""
+    sock, address = router
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signo, frame):
+        raise Interrupted
+
+    p = Producer(address, timeout_ms=20_000)
+    holder = None
+    try:
+        settled(p, sock)
+        holder_result: list = []
+        holder = threading.Thread(target=lambda: holder_result.append(
+            p.send("Orders", b"holder", tags="TagA")))
+        holder.start()
+        assert sock.poll(10_000)             # the holder's send is out: the socket is its
+
+        def signal_once_in_line():
+            wait_for(lambda: p._waiting and blocked(os.getpid()), 10, "the main thread in line")
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        before = signal.signal(signal.SIGUSR1, interrupt)
+        signaller = threading.Thread(target=signal_once_in_line)
+        signaller.start()
+        try:
+            with pytest.raises(Interrupted):
+                if call == "send":
+                    p.send("Orders", b"waiting", tags="TagA")
+                else:
+                    p.send_batch([Message("Orders", b"waiting")])
+        finally:
+            signaller.join()
+            signal.signal(signal.SIGUSR1, before)
+        assert not p._waiting
+        answer(sock, 3)
+        holder.join(10)
+        assert holder_result[0].queue_offset == 3
+        assert not p._lock.locked()
+        answering = answer_in_thread(sock, 4)
+        try:
+            result = p.send("Orders", b"after", tags="TagA")
+        finally:
+            answering.join()
+        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 4)
+    finally:       # a line left wedged must fail this test, not hang its close
+        if holder is not None:
+            if holder.is_alive() and sock.poll(0):
+                answer(sock, 3)
+            holder.join(10)
+        if p._lock.locked():
+            p._waiting.clear()
+            p._lock.release()
+        p.close()
