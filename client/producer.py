@@ -33,35 +33,37 @@ to the writer that takes its place (``RESENDS`` times at most, within ``timeout_
         ...                                         # a timeout, or OUT_OF_ORDER_SEQUENCE:
         p.send_async(unacknowledged, first_sequence=first_unacknowledged)
 
-Threads. The socket is one thread's at a time (``_lock``); a thread that finds it in use
-waits its turn in ``_waiting``, in order, and a thread done with it passes it to the
-first waiting (``_release``), not to whoever asks next. A ``send`` that waits carries
-its record, encoded in its own thread (an argument that is wrong raises there, and
-harms nobody's send); the first such send whose turn comes sends every send then
-waiting in one SEND_RECORDS frame (up to GROUP_MAX_BYTES), and each thread gets its own
-record's result from the one answer, or the error the frame met (a timeout, a lost
-connection: each record's outcome is unknown, as for any frame). So N threads sending
-one at a time pay about one round trip a group, not one a message. The writer stores a
-frame's records in order, together: a message is acknowledged only once it is stored,
-as when sent alone. Not grouped, but sent alone in their turn: the sends of an
+Threads. The socket is one thread's at a time, in the order threads asked for it
+(``client.line``). A ``send`` that waits carries its record, encoded in its own thread
+(an argument that is wrong raises there, and harms nobody's send); the first such send
+whose turn comes sends the sends waiting right behind it with its own in one
+SEND_RECORDS frame (up to GROUP_MAX_BYTES), and each thread gets its own record's
+result from the one answer, or its own copy of the error the frame met (a timeout, a
+lost connection: each record's outcome is unknown, as for any frame). So N threads
+sending one at a time pay about one round trip a group, not one a message. The writer
+stores a frame's records in order, together: a message is acknowledged only once it is
+stored, as when sent alone. Not grouped, but sent alone in their turn: the sends of an
 idempotent producer (its records carry sequences, numbered when sent), of
 ``wire="messages"``, and messages that cannot be laid out as a record; and every other
-call (``send_batch``, ``send_async``, ``result``, ``flush``, ``close``).
+call (``send_batch``, ``send_async``, ``result``, ``flush``, ``close``). A call made
+after ``close`` (or waiting while it ran) raises ``StoreClosedError``. A signal handler
+must not call the producer its own thread is inside of: it would wait for itself.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import secrets
 import struct
-import threading
 import time
-from _thread import allocate_lock as _allocate_lock
 from typing import Iterable, Sequence
 
 from rocketstore.client import group_address
 from rocketstore.client.dealer import ClientError, raise_if_error
+from rocketstore.client.line import Line, Turn
 from rocketstore.storage import record_batch
+from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message import Message, now_ms
 from rocketstore.wire import protocol
 
@@ -141,9 +143,8 @@ class Producer:
         self._next_sequence = 0
         self._in_flight: dict[int, None] = {}    # request ids in the order sent
         self._done: dict[int, list[protocol.SendResult] | Exception] = {}
-        self._lock = threading.Lock()       # the socket and the state above: one thread's
-        self._mutex = threading.Lock()      # guards _waiting and the passing of _lock
-        self._waiting: list[_Turn] = []     # threads waiting for the socket, in order
+        self._line = Line()                 # the socket and the state above: one thread's
+        self._closed = False
 
     @property
     def idempotent(self) -> bool:
@@ -188,11 +189,13 @@ class Producer:
         bookkeeping (``Dealer.request``); any other as a batch of one ``Message``. The
         frame is the same. While another thread uses the socket, the send waits and
         goes with the others waiting then (the module's "Threads")."""
-        if not self._lock.acquire(False):
+        if not self._line.try_take():
             turn = self._join(topic, body, tags, keys, properties, queue_id, delay_level)
             if turn is not None:
                 return turn.outcome()
         try:
+            if self._closed:
+                raise self._closed_error()
             if not (properties or delay_level or self.producer_id or self._in_flight) and \
                     self.wire == "records":
                 key = _plain_key(keys)
@@ -208,18 +211,18 @@ class Producer:
             msg = _message(topic, body, tags, keys, properties, queue_id, delay_level)
             return self._send_batch([msg], None)[0]
         finally:
-            self._release()
+            self._line.release()
 
     # ============================================================ threads
     def _join(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str] | None,
               properties: dict[str, str] | None, queue_id: int | None,
-              delay_level: int) -> "_Turn | None":
+              delay_level: int) -> Turn | None:
         """Wait for the socket as a ``send`` (its record encoded first, here): the turn
         with its outcome once a group frame carried it, or None when the socket is
         this thread's to send alone (its message goes in no group, or the socket came
         free meanwhile)."""
-        turn = _Turn(self._record(topic, body, tags, keys, properties, queue_id, delay_level))
-        if self._queue(turn):
+        turn = Turn(self._record(topic, body, tags, keys, properties, queue_id, delay_level))
+        if self._line.wait(turn):
             return None
         if turn.leads and turn.record is not None:
             self._send_group(turn)
@@ -247,72 +250,36 @@ class Producer:
         except _UNENCODABLE:
             return None      # sent alone: the store answers it with the status it earns
 
-    def _acquire(self) -> None:
-        """The socket for this thread, in its turn."""
-        if not self._lock.acquire(False):
-            self._queue(_Turn(None))
+    def _take(self) -> None:
+        """The socket for this thread, in its turn; ``StoreClosedError`` (the socket
+        given back) once the producer is closed."""
+        self._line.take()
+        if self._closed:
+            self._line.release()
+            raise self._closed_error()
 
-    def _queue(self, turn: "_Turn") -> bool:
-        """True when the socket came free and is this thread's; else wait in line until
-        ``turn`` is passed the socket (``leads``) or sent by another thread's group. A
-        wait interrupted (a signal handler that raises, as Ctrl-C's does) takes ``turn``
-        out of the line, and passes the socket on if it had been passed to it."""
+    def _closed_error(self) -> StoreClosedError:
+        return StoreClosedError(f"the producer to {self._dealer.target.address} is closed")
+
+    def _send_group(self, own: Turn) -> None:
+        """``own`` was passed the socket: it and the sends right behind it in line go
+        in one frame (``Line.take_group``); each gets its result or its own copy of
+        the frame's error, is woken, and the socket passes on."""
+        group = [own]
         try:
-            with self._mutex:
-                if self._lock.acquire(False):
-                    return True
-                self._waiting.append(turn)
-            turn.woken.acquire()         # released when passed the socket, or answered
-        except BaseException:
-            with self._mutex:
-                queued = turn in self._waiting
-                if queued:
-                    self._waiting.remove(turn)
-                passed = turn.leads and (queued or turn.record is None)
-            if passed:
-                self._release()
-            raise
-        return False
-
-    def _release(self) -> None:
-        """Done with the socket: passed to the first thread waiting, else free. A
-        ``send`` passed it stays in line, and sends the group it heads."""
-        with self._mutex:
-            if not self._waiting:
-                self._lock.release()
-                return
-            first = self._waiting[0]
-            first.leads = True
-            if first.record is None:
-                del self._waiting[0]
-        first.woken.release()
-
-    def _send_group(self, own: "_Turn") -> None:
-        """``own`` heads the line: every ``send`` waiting (up to GROUP_MAX_BYTES of
-        records, ``own`` first) goes in one frame; each gets its result or the frame's
-        error, and the socket passes on."""
-        with self._mutex:
-            group, size = [], 0
-            for turn in self._waiting:
-                if turn.record is not None and (not group or
-                                                size + len(turn.record) <= GROUP_MAX_BYTES):
-                    group.append(turn)
-                    size += len(turn.record)
-            self._waiting = [t for t in self._waiting if t not in group]
-        try:
+            group = self._line.take_group(own, GROUP_MAX_BYTES)
+            if self._closed:
+                raise self._closed_error()
             results = self._send_records([t.record for t in group])
             for turn, result in zip(group, results):
                 turn.result = result
         except BaseException as e:       # each record's outcome is unknown alike
+            self._line.discard(own)      # still at the head if it took no group
             for turn in group:
-                turn.error = e if turn is own or isinstance(e, Exception) else ClientError(
-                    f"the frame carrying this send was interrupted in the thread that "
-                    f"sent it ({type(e).__name__}): its outcome is unknown")
+                turn.error = e if turn is own else _error_for_another(e)
         finally:
-            self._release()
-            for turn in group:
-                if turn is not own:
-                    turn.woken.release()
+            self._line.wake(group, own)
+            self._line.release()
 
     def _send_records(self, records: list[bytes]) -> list[protocol.SendResult]:
         """One SEND_RECORDS frame of ``records`` (without a producer id), waited for;
@@ -340,11 +307,11 @@ class Producer:
         message's ``queue_id`` is honoured; set it to None to let the store choose.
         Raises ``TypeError`` for anything but an iterable of ``Message``."""
         messages = message_list(messages, "send_batch")
-        self._acquire()
+        self._take()
         try:
             return self._send_batch(messages, first_sequence)
         finally:
-            self._release()
+            self._line.release()
 
     def _send_batch(self, messages: list[Message],
                     first_sequence: int | None) -> list[protocol.SendResult]:
@@ -377,11 +344,11 @@ class Producer:
         a message that does not fit the wire (nothing is sent, no sequence is taken).
         """
         messages = message_list(messages, "send_async")
-        self._acquire()
+        self._take()
         try:
             request_id, seq = self._send_frame(messages, first_sequence)
         finally:
-            self._release()
+            self._line.release()
         return PendingSend(self, request_id, seq if self.producer_id else None)
 
     def _send_frame(self, messages: list[Message], first_sequence: int | None
@@ -463,20 +430,24 @@ class Producer:
 
     def flush(self) -> None:
         """Wait for every batch in flight (their handles still give their results)."""
-        self._acquire()
+        self._take()
         try:
             for request_id in list(self._in_flight):
                 self._settle(request_id)
         finally:
-            self._release()
+            self._line.release()
 
     def close(self) -> None:
-        """Close the socket, once no other thread is using it."""
-        self._acquire()
+        """Close the socket, in its turn (once no other thread is using it); the calls
+        waiting then, and every later one, raise ``StoreClosedError``. Closing again
+        does nothing."""
+        self._line.take()
         try:
-            self._dealer.close()
+            if not self._closed:
+                self._closed = True
+                self._dealer.close()
         finally:
-            self._release()
+            self._line.release()
 
     def __enter__(self) -> "Producer":
         return self
@@ -493,41 +464,25 @@ class PendingSend:
                  first_sequence: int | None = None):
         self._producer, self.request_id = producer, request_id
         self.first_sequence = first_sequence
-        self._results: list[protocol.SendResult] | None = None
+        self._outcome: list[protocol.SendResult] | ClientError | None = None
 
     def result(self) -> list[protocol.SendResult]:
-        if self._results is None:
+        """The batch's results, waited for once (by the first thread that asks: others
+        asking meanwhile get the same, or the same error)."""
+        if self._outcome is None:
             producer = self._producer
-            producer._acquire()
+            producer._take()
             try:
-                self._results = producer._result(self.request_id)
+                if self._outcome is None:
+                    try:
+                        self._outcome = producer._result(self.request_id)
+                    except ClientError as e:
+                        self._outcome = e
             finally:
-                producer._release()
-        return self._results
-
-
-class _Turn:
-    """A thread waiting for a producer's socket: a ``send``'s, with its ``record`` (None
-    for a send that goes alone, and for any other call); ``leads`` once passed the
-    socket; a grouped send's ``result`` or ``error`` once its frame was answered.
-    ``woken``: a lock taken when made, which the thread waits to take again and another
-    releases to wake it (CPython's cheapest wake-up: ``threading.Event`` is a
-    ``Condition`` in Python, about ten times its cost)."""
-
-    __slots__ = ("record", "woken", "leads", "result", "error")
-
-    def __init__(self, record: bytes | None):
-        self.record = record
-        self.woken = _allocate_lock()
-        self.woken.acquire()
-        self.leads = False
-        self.result: protocol.SendResult | None = None
-        self.error: BaseException | None = None
-
-    def outcome(self) -> protocol.SendResult:
-        if self.error is not None:
-            raise self.error
-        return self.result
+                producer._line.release()
+        if isinstance(self._outcome, Exception):
+            raise self._outcome
+        return self._outcome
 
 
 def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
@@ -555,6 +510,22 @@ def _plain_key(keys: Sequence[str] | None):
     if type(keys) in _KEY_LISTS and len(keys) == 1 and keys[0] is not None:
         return keys[0]
     return _NOT_PLAIN
+
+
+def _error_for_another(e: BaseException) -> BaseException:
+    """What a group member whose frame met ``e`` in another thread raises: its own copy
+    of ``e`` (an exception raised in several threads would gather all their
+    tracebacks), or a ``ClientError`` saying its outcome is unknown when ``e`` was an
+    interruption of that thread (Ctrl-C) or cannot be copied."""
+    if isinstance(e, Exception):
+        try:
+            mine = copy.copy(e)
+            mine.__traceback__ = None
+            return mine
+        except Exception:  # noqa: BLE001 - an exception whose arguments do not rebuild it
+            pass
+    return ClientError(f"the frame carrying this send failed in the thread that sent it "
+                       f"({type(e).__name__}: {e}): its outcome is unknown")
 
 
 def _message(topic: str, body: bytes, tags: str | None, keys: Sequence[str] | None,

@@ -24,12 +24,17 @@ from collections import Counter
 import pytest
 
 from rocketstore.client import ClientError, Consumer, Producer
+from rocketstore.client import producer as producer_module
+from rocketstore.storage import record
+from rocketstore.storage.errors import StoreClosedError
+from rocketstore.wire import protocol
 from rocketstore.storage import Message, MessageStore, PutMessageStatus, StoreConfig
 from rocketstore.storage.config import recorded_geometry
 from rocketstore.storage.message import PROPERTY_PRODUCER_SEQUENCE
 from conftest import read_queue
 from store_processes import RunningStore, wait_for
-from test_plain_send import answer, answer_in_thread, router, settled  # noqa: F401 (fixture)
+from test_plain_send import (  # noqa: F401 (fixture)
+    STORE_HOST, answer, answer_in_thread, router, settled)
 
 TOPIC = "Shared"
 THREADS = 8
@@ -297,7 +302,7 @@ def test_a_call_interrupted_while_waiting_its_turn_leaves_the_line(router, call)
         assert sock.poll(10_000)             # the holder's send is out: the socket is its
 
         def signal_once_in_line():
-            wait_for(lambda: p._waiting and blocked(os.getpid()), 10, "the main thread in line")
+            wait_for(lambda: p._line.waiting and blocked(os.getpid()), 10, "the main thread in line")
             os.kill(os.getpid(), signal.SIGUSR1)
 
         before = signal.signal(signal.SIGUSR1, interrupt)
@@ -312,11 +317,11 @@ def test_a_call_interrupted_while_waiting_its_turn_leaves_the_line(router, call)
         finally:
             signaller.join()
             signal.signal(signal.SIGUSR1, before)
-        assert not p._waiting
+        assert not p._line.waiting
         answer(sock, 3)
         holder.join(10)
         assert holder_result[0].queue_offset == 3
-        assert not p._lock.locked()
+        assert not p._line.locked()
         answering = answer_in_thread(sock, 4)
         try:
             result = p.send("Orders", b"after", tags="TagA")
@@ -328,7 +333,164 @@ def test_a_call_interrupted_while_waiting_its_turn_leaves_the_line(router, call)
             if holder.is_alive() and sock.poll(0):
                 answer(sock, 3)
             holder.join(10)
-        if p._lock.locked():
-            p._waiting.clear()
-            p._lock.release()
+        if p._line.locked():
+            p._line.waiting.clear()
+            p._line._lock.release()
         p.close()
+
+
+def in_line(p: Producer, count: int) -> None:
+    wait_for(lambda: len(p._line.waiting) == count, 10, f"{count} in line")
+
+
+def hold_the_socket(p: Producer, sock) -> tuple[threading.Thread, list]:
+    """A send in a thread, at the ROUTER unanswered: the socket stays that thread's."""
+    out: list = []
+    holder = threading.Thread(target=lambda: out.append(p.send("Orders", b"holder")))
+    holder.start()
+    assert sock.poll(10_000)
+    return holder, out
+
+
+def sends_in_threads(p: Producer, bodies: list[bytes], outcomes: dict) -> list[threading.Thread]:
+    """One thread a body, each ``send``: its result or its error into ``outcomes``."""
+    def send(body: bytes) -> None:
+        try:
+            outcomes[body] = p.send("Orders", body, keys=[body.decode()])
+        except BaseException as e:  # noqa: BLE001 - looked at by the test
+            outcomes[body] = e
+    threads = [threading.Thread(target=send, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def answer_group(sock, offsets_of) -> list[bytes]:
+    """Read one SEND_RECORDS frame; answer each record PUT_OK at ``offsets_of(body)``;
+    the bodies, in the frame's order."""
+    peer, frame = sock.recv_multipart()
+    sent = protocol.decode_send_records(frame)
+    data = bytes(sent.records)
+    bodies = [record.decode_at(data, int(at)).body for at in sent.offsets]
+    offsets = [offsets_of(b) for b in bodies]
+    n = len(bodies)
+    sock.send_multipart([peer, protocol.encode_send_records_reply(
+        sent.request_id, STORE_HOST, {"status": [0] * n, "queue_id": [1] * n,
+                                      "queue_offset": offsets, "commit_log_offset": offsets,
+                                      "store_timestamp": [17] * n}, {})])
+    return bodies
+
+
+def test_the_sends_waiting_together_go_in_one_frame_each_its_own_result(router):
+    sock, address = router
+    bodies = [str(100 + i).encode() for i in range(5)]
+    outcomes: dict = {}
+    with Producer(address, timeout_ms=20_000) as p:
+        settled(p, sock)
+        holder, _ = hold_the_socket(p, sock)
+        threads = sends_in_threads(p, bodies, outcomes)
+        in_line(p, len(bodies))
+        answer(sock, 3)
+        holder.join(10)
+        assert sock.poll(10_000)
+        grouped = answer_group(sock, int)
+        for t in threads:
+            t.join(10)
+    assert sorted(grouped) == bodies           # all five in the one frame
+    for body in bodies:
+        result = outcomes[body]
+        assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, int(body))
+
+
+def test_a_group_over_its_byte_limit_goes_in_several_frames_in_order(router, monkeypatch):
+    sock, address = router
+    bodies = [str(200 + i).encode() for i in range(5)]
+    outcomes: dict = {}
+    with Producer(address, timeout_ms=20_000) as p:
+        settled(p, sock)
+        size = len(p._record("Orders", bodies[0], None, [bodies[0].decode()], None, None, 0))
+        monkeypatch.setattr(producer_module, "GROUP_MAX_BYTES", 2 * size)
+        holder, _ = hold_the_socket(p, sock)
+        threads = []
+        for i, body in enumerate(bodies):        # in line in this order
+            threads += sends_in_threads(p, [body], outcomes)
+            in_line(p, i + 1)
+        answer(sock, 3)
+        holder.join(10)
+        frames = []
+        while sum(map(len, frames)) < len(bodies):
+            assert sock.poll(10_000)
+            frames.append(answer_group(sock, int))
+        for t in threads:
+            t.join(10)
+    assert frames == [bodies[0:2], bodies[2:4], bodies[4:5]]
+    assert all(outcomes[b].queue_offset == int(b) for b in bodies)
+
+
+def test_an_error_answer_to_a_group_is_raised_in_each_of_its_threads(router):
+    sock, address = router
+    bodies = [str(300 + i).encode() for i in range(4)]
+    outcomes: dict = {}
+    with Producer(address, timeout_ms=20_000) as p:
+        settled(p, sock)
+        holder, _ = hold_the_socket(p, sock)
+        threads = sends_in_threads(p, bodies, outcomes)
+        in_line(p, len(bodies))
+        answer(sock, 3)
+        holder.join(10)
+        assert sock.poll(10_000)
+        peer, frame = sock.recv_multipart()
+        sock.send_multipart([peer, protocol.encode_error(
+            protocol.peek_header(frame).request_id, protocol.ErrorCode.INTERNAL, "broken")])
+        for t in threads:
+            t.join(10)
+    errors = [outcomes[b] for b in bodies]
+    assert all(isinstance(e, ClientError) and "broken" in str(e) for e in errors)
+    assert len({id(e) for e in errors}) == len(errors)      # each thread its own
+
+
+def test_close_in_line_ends_the_sends_behind_it(router):
+    sock, address = router
+    outcomes: dict = {}
+    p = Producer(address, timeout_ms=20_000)
+    settled(p, sock)
+    holder, held = hold_the_socket(p, sock)
+    closer = threading.Thread(target=p.close)
+    closer.start()
+    in_line(p, 1)
+    threads = sends_in_threads(p, [b"behind"], outcomes)
+    in_line(p, 2)
+    answer(sock, 3)
+    for t in [holder, closer, *threads]:
+        t.join(10)
+        assert not t.is_alive()
+    assert held[0].queue_offset == 3
+    assert isinstance(outcomes[b"behind"], StoreClosedError)
+    with pytest.raises(StoreClosedError):
+        p.send("Orders", b"after")
+    with pytest.raises(StoreClosedError):
+        p.send_batch([Message("Orders", b"after")])
+    p.close()                                   # again: nothing
+
+
+def test_a_pending_send_waited_for_by_two_threads_gives_both_its_results(router):
+    sock, address = router
+    with Producer(address, timeout_ms=3_000) as p:
+        settled(p, sock)
+        pending = p.send_async([Message("Orders", b"a"), Message("Orders", b"b")])
+        got: list = []
+
+        def wait_result() -> None:
+            try:
+                got.append(pending.result())
+            except BaseException as e:  # noqa: BLE001 - looked at below
+                got.append(e)
+        waiters = [threading.Thread(target=wait_result) for _ in range(2)]
+        for t in waiters:
+            t.start()
+        assert sock.poll(10_000)
+        answer_group(sock, lambda body: 40 if body == b"a" else 41)
+        for t in waiters:
+            t.join(10)
+    assert len(got) == 2 and got[0] == got[1], got
+    assert [r.queue_offset for r in got[0]] == [40, 41]
