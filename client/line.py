@@ -1,7 +1,7 @@
 """Threads taking turns at one socket (a ZeroMQ socket is not thread-safe), and the
 one-message sends that wait together going in one frame: ``Producer``'s "Threads".
 
-    Line          the socket is one thread's at a time: ``try_take`` (without waiting),
+    Line          the socket is one thread's at a time: ``try_take(False)`` (no wait),
                   ``take`` or ``wait(turn)`` (in line, in order), ``release`` (passed to
                   the first turn waiting, else free)
     Turn          a thread in line: a send's record, or None for a call that takes the
@@ -66,9 +66,11 @@ class Line:
         self._mutex = threading.Lock()
         self.waiting: list[Turn] = []
 
-    def try_take(self) -> bool:
-        """The socket for this thread if nobody has it."""
-        return self._lock.acquire(False)
+    @property
+    def try_take(self):
+        """``try_take(False)``: the socket for this thread if nobody has it. The lock's
+        own ``acquire`` (no Python frame: every send takes the socket)."""
+        return self._lock.acquire
 
     def locked(self) -> bool:
         return self._lock.locked()
@@ -87,6 +89,9 @@ class Line:
                 if self._lock.acquire(False):
                     return True
                 self.waiting.append(turn)
+                if self._lock.acquire(False):   # freed by a ``release`` that saw no line
+                    self.waiting.pop()
+                    return True
             turn.woken.acquire()         # released when passed the socket, or answered
         except BaseException:
             self.leave(turn)
@@ -114,7 +119,17 @@ class Line:
 
     def release(self) -> None:
         """Done with the socket: passed to the first turn waiting, else free. A send
-        turn passed it stays in line until it takes its group."""
+        turn passed it stays in line until it takes its group.
+
+        With nobody in line it is freed without ``_mutex`` (the common case, one
+        thread: a lock's release, not a lock's acquire and two releases), and the line
+        looked at again: a turn that joined meanwhile either took the freed socket
+        itself (``wait`` tries again once in line) or is passed it here, unless a
+        third thread took it first, whose release passes it on."""
+        if not self.waiting:
+            self._lock.release()
+            if not self.waiting or not self._lock.acquire(False):
+                return
         with self._mutex:
             if not self.waiting:
                 self._lock.release()

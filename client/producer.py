@@ -144,6 +144,7 @@ class Producer:
         self._in_flight: dict[int, None] = {}    # request ids in the order sent
         self._done: dict[int, list[protocol.SendResult] | Exception] = {}
         self._line = Line()                 # the socket and the state above: one thread's
+        self._try_take = self._line.try_take
         self._closed = False
 
     @property
@@ -189,7 +190,7 @@ class Producer:
         bookkeeping (``Dealer.request``); any other as a batch of one ``Message``. The
         frame is the same. While another thread uses the socket, the send waits and
         goes with the others waiting then (the module's "Threads")."""
-        if not self._line.try_take():
+        if not self._try_take(False):
             turn = self._join(topic, body, tags, keys, properties, queue_id, delay_level)
             if turn is not None:
                 return turn.outcome()
@@ -198,8 +199,9 @@ class Producer:
                 raise self._closed_error()
             if not (properties or delay_level or self.producer_id or self._in_flight) and \
                     self.wire == "records":
-                key = _plain_key(keys)
-                if key is not _NOT_PLAIN:
+                # _plain_key, inline: this is every plain send's path
+                key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
+                if key is not None or not keys:
                     dealer = self._dealer
                     request_id = dealer.next_id()
                     frame = protocol.encode_plain_send(request_id, topic, body, tags, key,
