@@ -381,18 +381,26 @@ def answer_group(sock, offsets_of) -> list[bytes]:
     return bodies
 
 
+def line_up_behind_a_holder(p: Producer, sock, bodies: list[bytes],
+                            outcomes: dict) -> list[threading.Thread]:
+    """A thread a body sending while another send holds the socket, all in line; then
+    the holder answered: the first of them has the socket, its frame at the ROUTER."""
+    settled(p, sock)
+    holder, _ = hold_the_socket(p, sock)
+    threads = sends_in_threads(p, bodies, outcomes)
+    in_line(p, len(bodies))
+    answer(sock, 3)
+    holder.join(10)
+    assert sock.poll(10_000)
+    return threads
+
+
 def test_the_sends_waiting_together_go_in_one_frame_each_its_own_result(router):
     sock, address = router
     bodies = [str(100 + i).encode() for i in range(5)]
     outcomes: dict = {}
     with Producer(address, timeout_ms=20_000) as p:
-        settled(p, sock)
-        holder, _ = hold_the_socket(p, sock)
-        threads = sends_in_threads(p, bodies, outcomes)
-        in_line(p, len(bodies))
-        answer(sock, 3)
-        holder.join(10)
-        assert sock.poll(10_000)
+        threads = line_up_behind_a_holder(p, sock, bodies, outcomes)
         grouped = answer_group(sock, int)
         for t in threads:
             t.join(10)
@@ -432,13 +440,7 @@ def test_an_error_answer_to_a_group_is_raised_in_each_of_its_threads(router):
     bodies = [str(300 + i).encode() for i in range(4)]
     outcomes: dict = {}
     with Producer(address, timeout_ms=20_000) as p:
-        settled(p, sock)
-        holder, _ = hold_the_socket(p, sock)
-        threads = sends_in_threads(p, bodies, outcomes)
-        in_line(p, len(bodies))
-        answer(sock, 3)
-        holder.join(10)
-        assert sock.poll(10_000)
+        threads = line_up_behind_a_holder(p, sock, bodies, outcomes)
         peer, frame = sock.recv_multipart()
         sock.send_multipart([peer, protocol.encode_error(
             protocol.peek_header(frame).request_id, protocol.ErrorCode.INTERNAL, "broken")])
