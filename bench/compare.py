@@ -20,6 +20,9 @@ same messages: 128-byte bodies, a tag and a key each.
                                           main threads, per message
     8 senders one at a time               8 producer processes, each      8 client processes, each
                                           Producer.send                   XADD, each waits
+    8 threads one at a time               8 threads sharing one           8 threads sharing one
+                                          Producer, each Producer.send    redis-py client, each
+                                                                          XADD
       its floor                           8 bare DEALERs through one
                                           ROUTER echo process
       CPU per message                     the senders, writer,            the clients, redis-server
@@ -58,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import zmq
@@ -73,6 +77,7 @@ BODY = os.urandom(128)
 GOALS = {"ingest ASYNC_FLUSH": 2.5, "ingest SYNC_FLUSH": 1.9, "consume": 2.5,
          "one-at-a-time": 0.8, "one-at-a-time x8": 1.0}   # one-at-a-time: of the echo floor
 SENDERS = 8
+THREADS = 8
 
 
 # ============================================================================ rocketstore
@@ -102,6 +107,11 @@ def rocketstore_rows(args: argparse.Namespace, root: str) -> dict:
                     root, args.seconds)
                 out["one-at-a-time x8"], out["cpu_us_per_msg x8"] = many_one_at_a_time(
                     lambda: _senders(store.store_dir, args.seconds), store_processes(store))
+                with Producer(store.store_dir) as p:
+                    p.send("Threads", BODY, tags="TagA", keys=["warm"])
+                    out["threads x8"] = threads_one_at_a_time(
+                        lambda n: p.send("Threads", BODY, tags="TagA", keys=[f"k{n}"]),
+                        args.seconds)
                 stored = bench.fill(store, "Consume", args.consume_count, 128)
                 out["consume"], out["consumer cpu_us_per_msg"] = default_consume(
                     store.store_dir, "Consume", stored)
@@ -240,6 +250,32 @@ def many_one_at_a_time(make, servers: dict[str, int]) -> tuple[float, dict[str, 
     per_msg = {name: seconds / max(1, sent) * 1e6 for name, seconds in cpu.items()}
     per_msg["total"] = sum(per_msg.values())
     return sent / max(secs for _, secs, _ in results), per_msg
+
+
+def threads_one_at_a_time(send, seconds: float) -> float:
+    """Messages a second of ``THREADS`` threads of this process each calling
+    ``send(n)`` one at a time (a client they share: rocketstore's ``Producer`` groups
+    what they send together, redis-py's client gives each its own connection)."""
+    stop, go = threading.Event(), threading.Barrier(THREADS + 1)
+    counts = [0] * THREADS
+
+    def work(i: int) -> None:
+        go.wait()
+        n = 0
+        while not stop.is_set():
+            send(n)
+            n += 1
+        counts[i] = n
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
 
 
 def one_at_a_time(store_dir: str, seconds: float, with_count: bool = False):
@@ -444,6 +480,9 @@ def redis_rows(args: argparse.Namespace, root: str) -> dict:
         out["one-at-a-time"] = xadd_one_by_one(server.client, args.seconds)
         out["one-at-a-time x8"], out["cpu_us_per_msg x8"] = many_one_at_a_time(
             lambda: _xadd_clients(server.port, args.seconds), {"redis-server": server.proc.pid})
+        out["threads x8"] = threads_one_at_a_time(
+            lambda n: server.client.xadd("threads", {"body": BODY, "tag": "TagA", "key": f"k{n}"}),
+            args.seconds)
     finally:
         server.close()
     server = RedisServer(root, "always")
@@ -552,7 +591,7 @@ def print_grpc_table(s: dict) -> None:
 
 # ============================================================================ table
 ROWS = ("ingest ASYNC_FLUSH", "ingest SYNC_FLUSH", "consume", "one-at-a-time",
-        "one-at-a-time x8")
+        "one-at-a-time x8", "threads x8")
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -594,30 +633,8 @@ def _by_name(dicts: list[dict[str, float]]) -> dict[str, list[float]]:
     return {n: [d[n] for d in dicts if n in d] for n in names}
 
 
-def print_table(s: dict, rounds: int, missing: str) -> None:
-    if rounds > 1:
-        print(f"{rounds} rounds, each side in turn: the median of each figure, its range in "
-              "brackets; each ratio is of one round's two figures")
-    print(f"{'figure':<28} {'rocketstore':>31} {'Redis':>27} {'ratio':>18} {'goal':>5}")
-    for name in ROWS:
-        row = s[name]
-        mine = _spread(row["rocketstore"], ",.0f") if row["rocketstore"] else "-"
-        theirs = _spread(row["redis"], ",.0f") if row["redis"] else "-"
-        ratio = _spread(row["ratio"], ".2f") + "x" if row["ratio"] else "-"
-        print(f"{name + ' (msgs/s)':<28} {mine:>31} {theirs:>27} {ratio:>18} "
-              f"{GOALS[name]:>4}x")
-        if name == "consume" and s["consumer cpu_us_per_msg"]:
-            print(f"  (the consumer's CPU per message: "
-                  f"{_spread(s['consumer cpu_us_per_msg'], '.2f')} us)")
-        if name == "one-at-a-time" and s["zeromq echo"]:
-            print(f"  (its floor, a bare ZeroMQ DEALER/ROUTER echo between two Python "
-                  f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s; "
-                  f"rocketstore is {_spread(s['floor ratio'], '.2f')}x of it, goal "
-                  f"{GOALS[name]}x; the goal column of this row is of the floor)")
-            cpu = s["cpu_us_per_send"]
-            if cpu:
-                print("  (CPU per send of the store's main threads, us: " + ", ".join(
-                    f"{n} {_spread(v, '.1f')}" for n, v in cpu.items()) + ")")
+def print_x8_notes(s: dict) -> None:
+    """The eight-sender row's floor, and each side's CPU per message."""
     if s["zeromq echo x8"]:
         print(f"  (the eight-sender row's floor, {SENDERS} DEALER clients echoing one at a "
               f"time through one ROUTER: {_spread(s['zeromq echo x8'], ',.0f')} round "
@@ -630,6 +647,34 @@ def print_table(s: dict, rounds: int, missing: str) -> None:
             f"{label} {_spread(cpu['total'], '.1f')} = " + ", ".join(
                 f"{n} {_spread(v, '.1f')}" for n, v in cpu.items() if n != "total")
             for label, cpu in sides) + ")")
+
+
+def print_table(s: dict, rounds: int, missing: str) -> None:
+    if rounds > 1:
+        print(f"{rounds} rounds, each side in turn: the median of each figure, its range in "
+              "brackets; each ratio is of one round's two figures")
+    print(f"{'figure':<28} {'rocketstore':>31} {'Redis':>27} {'ratio':>18} {'goal':>5}")
+    for name in ROWS:
+        row = s[name]
+        mine = _spread(row["rocketstore"], ",.0f") if row["rocketstore"] else "-"
+        theirs = _spread(row["redis"], ",.0f") if row["redis"] else "-"
+        ratio = _spread(row["ratio"], ".2f") + "x" if row["ratio"] else "-"
+        goal = f"{GOALS[name]}x" if name in GOALS else "-"
+        print(f"{name + ' (msgs/s)':<28} {mine:>31} {theirs:>27} {ratio:>18} {goal:>5}")
+        if name == "consume" and s["consumer cpu_us_per_msg"]:
+            print(f"  (the consumer's CPU per message: "
+                  f"{_spread(s['consumer cpu_us_per_msg'], '.2f')} us)")
+        if name == "one-at-a-time" and s["zeromq echo"]:
+            print(f"  (its floor, a bare ZeroMQ DEALER/ROUTER echo between two Python "
+                  f"processes: {_spread(s['zeromq echo'], ',.0f')} round trips/s; "
+                  f"rocketstore is {_spread(s['floor ratio'], '.2f')}x of it, goal "
+                  f"{GOALS[name]}x; the goal column of this row is of the floor)")
+            cpu = s["cpu_us_per_send"]
+            if cpu:
+                print("  (CPU per send of the store's main threads, us: " + ", ".join(
+                    f"{n} {_spread(v, '.1f')}" for n, v in cpu.items()) + ")")
+        if name == "one-at-a-time x8":
+            print_x8_notes(s)
     print(f"{'send->visible p99 (ms)':<28} {_spread(s['latency p99 ms'], '.2f'):>31} "
           f"{'-':>27} {'-':>18} {'< 2':>5}   (p50 {_spread(s['latency p50 ms'], '.2f')} ms, "
           f"p999 {_spread(s['latency p999 ms'], '.2f')} ms)")

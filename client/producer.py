@@ -16,7 +16,10 @@ Where: a store directory, or ``ipc://`` naming a store or its socket directory
 made there, and a place where no store can be reached is named at once
 (``client.reach``).
 
-A Producer owns its ZeroMQ context and socket and must be used from one thread. A
+A Producer may be shared by threads, as RocketMQ's and Kafka's are: one thread at a
+time uses its socket (ZeroMQ sockets are not thread-safe), and the one-message sends
+made while another thread is using it wait together and go in one frame, sent by the
+first of them whose turn comes (the module's "Threads"). A
 request that gets no answer within ``timeout_ms`` raises ``RequestTimeout``: its outcome
 is unknown (the store may have stored it); send it again only if duplicates are fine,
 or from an idempotent producer, whose resends the store stores once. A request in flight
@@ -29,10 +32,28 @@ to the writer that takes its place (``RESENDS`` times at most, within ``timeout_
         handle = p.send_async(batch)                # sequences first .. first+len-1
         ...                                         # a timeout, or OUT_OF_ORDER_SEQUENCE:
         p.send_async(unacknowledged, first_sequence=first_unacknowledged)
+
+Threads. The socket is one thread's at a time, in the order threads asked for it
+(``client.line``). A ``send`` that waits carries its record, encoded in its own thread
+(an argument that is wrong raises there, and harms nobody's send); the first such send
+whose turn comes sends the sends waiting right behind it with its own in one
+SEND_RECORDS frame (up to GROUP_MAX_BYTES), and each thread gets its own record's
+result from the one answer, or its own copy of the error the frame met (a timeout, a
+lost connection: each record's outcome is unknown, as for any frame). So N threads
+sending one at a time pay about one round trip a group, not one a message. The writer
+stores a frame's records in order, together: a message is acknowledged only once it is
+stored, as when sent alone. Not grouped, but sent alone in their turn: the sends of an
+idempotent producer (its records carry sequences, numbered when sent), of
+``wire="messages"``, and messages that cannot be laid out as a record; and every other
+call (``send_batch``, ``send_async``, ``result``, ``flush``, ``close``). A call made
+after ``close`` (or waiting while it ran) raises ``StoreClosedError``. A signal handler
+must not call the producer its own thread is inside of: it would wait for itself.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import secrets
 import struct
 import time
@@ -40,7 +61,9 @@ from typing import Iterable, Sequence
 
 from rocketstore.client import group_address
 from rocketstore.client.dealer import ClientError, raise_if_error
+from rocketstore.client.line import Line, Turn
 from rocketstore.storage import record_batch
+from rocketstore.storage.errors import StoreClosedError
 from rocketstore.storage.message import Message, now_ms
 from rocketstore.wire import protocol
 
@@ -60,6 +83,7 @@ WIRE_FORMATS = ("records", "messages")   # SEND_RECORDS, SEND
 # what a message that cannot be laid out as a record raises while being encoded
 _UNENCODABLE = (ValueError, TypeError, AttributeError, OverflowError, struct.error,
                 UnicodeError, KeyError)
+GROUP_MAX_BYTES = 1 << 20    # the records of one group frame, at most (one record at least)
 
 
 class Producer:
@@ -119,6 +143,9 @@ class Producer:
         self._next_sequence = 0
         self._in_flight: dict[int, None] = {}    # request ids in the order sent
         self._done: dict[int, list[protocol.SendResult] | Exception] = {}
+        self._line = Line()                 # the socket and the state above: one thread's
+        self._try_take = self._line.try_take
+        self._closed = False
 
     @property
     def idempotent(self) -> bool:
@@ -161,33 +188,132 @@ class Producer:
         that is not idempotent, with nothing else in flight, is encoded from the
         arguments (``protocol.encode_plain_send``) and sent without the window's
         bookkeeping (``Dealer.request``); any other as a batch of one ``Message``. The
-        frame is the same."""
-        if not (properties or delay_level or self.producer_id or self._in_flight) and \
-                self.wire == "records":
-            key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
-            if key is not None or not keys:
-                dealer = self._dealer
-                request_id = dealer.next_id()
-                frame = protocol.encode_plain_send(request_id, topic, body, tags, key,
-                                                   queue_id, time.time_ns() // 1_000_000)
+        frame is the same. While another thread uses the socket, the send waits and
+        goes with the others waiting then (the module's "Threads")."""
+        if not self._try_take(False):
+            turn = self._join(topic, body, tags, keys, properties, queue_id, delay_level)
+            if turn is not None:
+                return turn.outcome()
+        try:
+            if self._closed:
+                raise self._closed_error()
+            if not (properties or delay_level or self.producer_id or self._in_flight) and \
+                    self.wire == "records":
+                # _plain_key, inline: this is every plain send's path
+                key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
+                if key is not None or not keys:
+                    dealer = self._dealer
+                    request_id = dealer.next_id()
+                    frame = protocol.encode_plain_send(request_id, topic, body, tags, key,
+                                                       queue_id, time.time_ns() // 1_000_000)
+                    if frame is not None:
+                        answer = dealer.request(frame, request_id)
+                        return protocol.decode_one_send_result(answer) or \
+                            _decode_reply(answer)[0]
+            msg = _message(topic, body, tags, keys, properties, queue_id, delay_level)
+            return self._send_batch([msg], None)[0]
+        finally:
+            self._line.release()
+
+    # ============================================================ threads
+    def _join(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str] | None,
+              properties: dict[str, str] | None, queue_id: int | None,
+              delay_level: int) -> Turn | None:
+        """Wait for the socket as a ``send`` (its record encoded first, here): the turn
+        with its outcome once a group frame carried it, or None when the socket is
+        this thread's to send alone (its message goes in no group, or the socket came
+        free meanwhile)."""
+        turn = Turn(self._record(topic, body, tags, keys, properties, queue_id, delay_level))
+        if self._line.wait(turn):
+            return None
+        if turn.leads and turn.record is not None:
+            self._send_group(turn)
+        return turn if turn.record is not None else None
+
+    def _record(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str] | None,
+                properties: dict[str, str] | None, queue_id: int | None,
+                delay_level: int) -> bytes | None:
+        """The message as a record that can go in a group frame (``send``'s own bytes:
+        ``protocol.encode_plain_send``'s, else ``record_batch.encode_message``'s);
+        None for one sent alone (the module's "Threads"). Raises what ``send`` raises
+        for its arguments."""
+        if self.producer_id or self.wire != "records":
+            return None
+        born = time.time_ns() // 1_000_000
+        if not (properties or delay_level):
+            key = _plain_key(keys)
+            if key is not _NOT_PLAIN:
+                frame = protocol.encode_plain_send(0, topic, body, tags, key, queue_id, born)
                 if frame is not None:
-                    answer = dealer.request(frame, request_id)
-                    return protocol.decode_one_send_result(answer) or \
-                        _decode_reply(answer)[0]
-        if not isinstance(body, BODY_TYPES):
-            raise TypeError(f"send(topic, body) takes the body as bytes, not "
-                            f"{type(body).__name__} (a Message goes to send_batch([message]))")
-        msg = Message(topic=topic, body=body, tags=tags, keys=list(keys) if keys else None,
-                      properties=dict(properties) if properties else {}, queue_id=queue_id,
-                      delay_level=delay_level)
-        return self._send_batch([msg], None)[0]
+                    return frame[protocol.ONE_RECORD_AT:]
+        msg = _message(topic, body, tags, keys, properties, queue_id, delay_level)
+        try:
+            return record_batch.encode_message(msg, born)
+        except _UNENCODABLE:
+            return None      # sent alone: the store answers it with the status it earns
+
+    def _take(self) -> None:
+        """The socket for this thread, in its turn; ``StoreClosedError`` (the socket
+        given back) once the producer is closed."""
+        self._line.take()
+        if self._closed:
+            self._line.release()
+            raise self._closed_error()
+
+    def _closed_error(self) -> StoreClosedError:
+        return StoreClosedError(f"the producer to {self._dealer.target.address} is closed")
+
+    def _send_group(self, own: Turn) -> None:
+        """``own`` was passed the socket: it and the sends right behind it in line go
+        in one frame (``Line.take_group``); each gets its result or its own copy of
+        the frame's error, is woken, and the socket passes on."""
+        group = [own]
+        try:
+            group = self._line.take_group(own, GROUP_MAX_BYTES)
+            if self._closed:
+                raise self._closed_error()
+            results = self._send_records([t.record for t in group])
+            for turn, result in zip(group, results):
+                turn.result = result
+        except BaseException as e:       # each record's outcome is unknown alike
+            self._line.discard(own)      # still at the head if it took no group
+            for turn in group:
+                turn.error = e if turn is own else _error_for_another(e)
+        finally:
+            self._line.wake(group, own)
+            self._line.release()
+
+    def _send_records(self, records: list[bytes]) -> list[protocol.SendResult]:
+        """One SEND_RECORDS frame of ``records`` (without a producer id), waited for;
+        their results, in order."""
+        dealer = self._dealer
+        request_id = dealer.next_id()
+        if len(records) == 1:
+            frame = protocol.encode_one_send_record(request_id, records[0])
+        else:
+            starts = list(itertools.accumulate(map(len, records[:-1]), initial=0))
+            frame = protocol.encode_send_records(request_id, b"".join(records), starts)
+        if self._in_flight:
+            self._put_in_flight(frame, request_id)
+            results = self._result(request_id)
+        else:
+            results = _decode_reply(dealer.request(frame, request_id))
+        if len(results) != len(records):
+            raise ClientError(f"the store answered {len(results)} results for a frame of "
+                              f"{len(records)} records")
+        return results
 
     def send_batch(self, messages: Iterable[Message],
                    first_sequence: int | None = None) -> list[protocol.SendResult]:
         """Send a list of ``Message`` in one frame; one result each, in order. A
         message's ``queue_id`` is honoured; set it to None to let the store choose.
         Raises ``TypeError`` for anything but an iterable of ``Message``."""
-        return self._send_batch(message_list(messages, "send_batch"), first_sequence)
+        messages = message_list(messages, "send_batch")
+        self._take()
+        try:
+            return self._send_batch(messages, first_sequence)
+        finally:
+            self._line.release()
 
     def _send_batch(self, messages: list[Message],
                     first_sequence: int | None) -> list[protocol.SendResult]:
@@ -219,8 +345,12 @@ class Producer:
         ``Message``, ``ValueError`` for ``first_sequence`` without a producer id, or for
         a message that does not fit the wire (nothing is sent, no sequence is taken).
         """
-        request_id, seq = self._send_frame(message_list(messages, "send_async"),
-                                           first_sequence)
+        messages = message_list(messages, "send_async")
+        self._take()
+        try:
+            request_id, seq = self._send_frame(messages, first_sequence)
+        finally:
+            self._line.release()
         return PendingSend(self, request_id, seq if self.producer_id else None)
 
     def _send_frame(self, messages: list[Message], first_sequence: int | None
@@ -237,15 +367,18 @@ class Producer:
         elif first_sequence is not None:
             raise ValueError("first_sequence needs a producer id (idempotent=True)")
         request_id = self._dealer.next_id()
-        frame = self._encode(request_id, messages, seq)
+        self._put_in_flight(self._encode(request_id, messages, seq), request_id)
+        if self.producer_id:
+            self._next_sequence = max(self._next_sequence, seq + len(messages))
+        return request_id, seq
+
+    def _put_in_flight(self, frame: bytes, request_id: int) -> None:
+        """Send ``frame`` once fewer than ``window`` frames are unanswered."""
         in_flight = self._in_flight
         while len(in_flight) >= self.window:
             self._settle(next(iter(in_flight)))
         self._dealer.send(frame, request_id, RESENDS if self.producer_id else 0)
         in_flight[request_id] = None
-        if self.producer_id:
-            self._next_sequence = max(self._next_sequence, seq + len(messages))
-        return request_id, seq
 
     def _encode(self, request_id: int, messages: list[Message], seq: int) -> bytes:
         """A SEND_RECORDS frame: records in CommitLog layout, which the writer checks
@@ -299,11 +432,24 @@ class Producer:
 
     def flush(self) -> None:
         """Wait for every batch in flight (their handles still give their results)."""
-        for request_id in list(self._in_flight):
-            self._settle(request_id)
+        self._take()
+        try:
+            for request_id in list(self._in_flight):
+                self._settle(request_id)
+        finally:
+            self._line.release()
 
     def close(self) -> None:
-        self._dealer.close()
+        """Close the socket, in its turn (once no other thread is using it); the calls
+        waiting then, and every later one, raise ``StoreClosedError``. Closing again
+        does nothing."""
+        self._line.take()
+        try:
+            if not self._closed:
+                self._closed = True
+                self._dealer.close()
+        finally:
+            self._line.release()
 
     def __enter__(self) -> "Producer":
         return self
@@ -320,12 +466,25 @@ class PendingSend:
                  first_sequence: int | None = None):
         self._producer, self.request_id = producer, request_id
         self.first_sequence = first_sequence
-        self._results: list[protocol.SendResult] | None = None
+        self._outcome: list[protocol.SendResult] | ClientError | None = None
 
     def result(self) -> list[protocol.SendResult]:
-        if self._results is None:
-            self._results = self._producer._result(self.request_id)
-        return self._results
+        """The batch's results, waited for once (by the first thread that asks: others
+        asking meanwhile get the same, or the same error)."""
+        if self._outcome is None:
+            producer = self._producer
+            producer._take()
+            try:
+                if self._outcome is None:
+                    try:
+                        self._outcome = producer._result(self.request_id)
+                    except ClientError as e:
+                        self._outcome = e
+            finally:
+                producer._line.release()
+        if isinstance(self._outcome, Exception):
+            raise self._outcome
+        return self._outcome
 
 
 def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
@@ -343,6 +502,44 @@ def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
 
 BODY_TYPES = (bytes, bytearray, memoryview)
 _KEY_LISTS = (list, tuple)        # keys that ``send`` reads as one key when they hold one
+_NOT_PLAIN = object()             # ``_plain_key``: keys a plain message cannot carry
+
+
+def _plain_key(keys: Sequence[str] | None):
+    """The one key of a plain send (None for none), or _NOT_PLAIN for several."""
+    if not keys:
+        return None
+    if type(keys) in _KEY_LISTS and len(keys) == 1 and keys[0] is not None:
+        return keys[0]
+    return _NOT_PLAIN
+
+
+def _error_for_another(e: BaseException) -> BaseException:
+    """What a group member whose frame met ``e`` in another thread raises: its own copy
+    of ``e`` (an exception raised in several threads would gather all their
+    tracebacks), or a ``ClientError`` saying its outcome is unknown when ``e`` was an
+    interruption of that thread (Ctrl-C) or cannot be copied."""
+    if isinstance(e, Exception):
+        try:
+            mine = copy.copy(e)
+            mine.__traceback__ = None
+            return mine
+        except Exception:  # noqa: BLE001 - an exception whose arguments do not rebuild it
+            pass
+    return ClientError(f"the frame carrying this send failed in the thread that sent it "
+                       f"({type(e).__name__}: {e}): its outcome is unknown")
+
+
+def _message(topic: str, body: bytes, tags: str | None, keys: Sequence[str] | None,
+             properties: dict[str, str] | None, queue_id: int | None,
+             delay_level: int) -> Message:
+    """``send``'s arguments as a ``Message``; ``TypeError`` for a body that is not bytes."""
+    if not isinstance(body, BODY_TYPES):
+        raise TypeError(f"send(topic, body) takes the body as bytes, not "
+                        f"{type(body).__name__} (a Message goes to send_batch([message]))")
+    return Message(topic=topic, body=body, tags=tags, keys=list(keys) if keys else None,
+                   properties=dict(properties) if properties else {}, queue_id=queue_id,
+                   delay_level=delay_level)
 _NOT_A_BATCH = (Message, *BODY_TYPES, str)
 
 
