@@ -12,7 +12,7 @@ line (that turn ``leads``); only an empty line frees it, so no thread that comes
 overtakes one waiting. A send turn passed the socket heads a group (``take_group``):
 the send turns from the head of the line on, up to the first turn that is no send or
 the group's byte limit; the rest keep their places. The thread heading a group sends
-it, fills each member's outcome, ``wake``\\ s them and releases the socket.
+it, fills each member's outcome, wakes them (``wake``) and releases the socket.
 
 Interruptions: a signal handler that raises (Ctrl-C's KeyboardInterrupt, in the main
 thread) while a thread waits in line takes its turn out of the line, and passes the
