@@ -199,7 +199,6 @@ class Producer:
                 raise self._closed_error()
             if not (properties or delay_level or self.producer_id or self._in_flight) and \
                     self.wire == "records":
-                # _plain_key, inline: this is every plain send's path
                 key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
                 if key is not None or not keys:
                     dealer = self._dealer
@@ -241,8 +240,8 @@ class Producer:
             return None
         born = time.time_ns() // 1_000_000
         if not (properties or delay_level):
-            key = _plain_key(keys)
-            if key is not _NOT_PLAIN:
+            key = keys[0] if keys and type(keys) in _KEY_LISTS and len(keys) == 1 else None
+            if key is not None or not keys:      # at most one key: ``send``'s plain rule
                 frame = protocol.encode_plain_send(0, topic, body, tags, key, queue_id, born)
                 if frame is not None:
                     return frame[protocol.ONE_RECORD_AT:]
@@ -502,16 +501,7 @@ def _decode_reply(frame: bytes) -> list[protocol.SendResult]:
 
 BODY_TYPES = (bytes, bytearray, memoryview)
 _KEY_LISTS = (list, tuple)        # keys that ``send`` reads as one key when they hold one
-_NOT_PLAIN = object()             # ``_plain_key``: keys a plain message cannot carry
-
-
-def _plain_key(keys: Sequence[str] | None):
-    """The one key of a plain send (None for none), or _NOT_PLAIN for several."""
-    if not keys:
-        return None
-    if type(keys) in _KEY_LISTS and len(keys) == 1 and keys[0] is not None:
-        return keys[0]
-    return _NOT_PLAIN
+_NOT_A_BATCH = (Message, *BODY_TYPES, str)
 
 
 def _error_for_another(e: BaseException) -> BaseException:
@@ -540,7 +530,6 @@ def _message(topic: str, body: bytes, tags: str | None, keys: Sequence[str] | No
     return Message(topic=topic, body=body, tags=tags, keys=list(keys) if keys else None,
                    properties=dict(properties) if properties else {}, queue_id=queue_id,
                    delay_level=delay_level)
-_NOT_A_BATCH = (Message, *BODY_TYPES, str)
 
 
 def message_list(messages: Iterable[Message], call: str) -> list[Message]:
