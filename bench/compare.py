@@ -68,7 +68,8 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from store_pipeline import STORE_SETTINGS, Bench, RunningStore, _proc_cpu_s  # noqa: E402
+from store_pipeline import (  # noqa: E402
+    STORE_SETTINGS, Bench, RunningStore, _proc_cpu_s, _store_pids)
 from store_processes import free_port, wait_for  # noqa: E402
 from rocketstore.client import Consumer, Producer  # noqa: E402
 from rocketstore.shm.positions import Slot  # noqa: E402
@@ -160,13 +161,12 @@ def flushed_everything(store: RunningStore, timeout: float = 120.0) -> float:
 
 def store_processes(store: RunningStore) -> dict[str, int]:
     """The pids of the store processes on a send's way: writer, dispatcher, flusher."""
-    from rocketstore.shm.positions import PID
     table = store.table()
     try:
-        return {name: table.get_process(name, PID)
-                for name in ("writer", "dispatcher", "flusher")}
+        pids = _store_pids(store, table)
     finally:
         table.close()
+    return {name: pids[name] for name in ("writer", "dispatcher", "flusher")}
 
 
 def one_at_a_time_cpu(store: RunningStore, seconds: float) -> tuple[float, dict]:
