@@ -10,24 +10,7 @@ import threading
 
 from rocketstore.client.line import Line, Turn
 from store_processes import wait_for
-
-
-def run_threads(work, count: int) -> None:
-    errors: list = []
-
-    def guarded(i: int) -> None:
-        try:
-            work(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a thread was left waiting for the socket"
-    if errors:
-        raise errors[0]
+from test_producer_threads import in_threads
 
 
 def test_one_owner_at_a_time_and_nobody_left_waiting():
@@ -68,7 +51,7 @@ def run_many_owners() -> None:
             line.release()
             if rng.random() < 0.05:
                 threading.Event().wait(0.0001)
-    run_threads(work, 12)
+    in_threads(work, 12)
     assert taken[0] == 12 * 3000
     assert not line.locked() and not line.waiting
 

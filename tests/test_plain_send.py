@@ -184,15 +184,20 @@ def answer_in_thread(router: zmq.Socket, offset: int) -> threading.Thread:
     return t
 
 
+def a_send_answered_at(p: Producer, router: zmq.Socket, offset: int) -> protocol.SendResult:
+    """A plain send, its answer PUT_OK at ``offset`` from a thread."""
+    answering = answer_in_thread(router, offset)
+    try:
+        return p.send("Orders", b"next", tags="TagA")
+    finally:
+        answering.join()
+
+
 def the_next_send_takes_its_own(p: Producer, router: zmq.Socket) -> None:
     """The answer to an earlier send comes first: it is dropped, and the next send's
     wait goes on to its own; nothing stays pending."""
     late = answer(router, 5)
-    answering = answer_in_thread(router, 6)
-    try:
-        result = p.send("Orders", b"next", tags="TagA")
-    finally:
-        answering.join()
+    result = a_send_answered_at(p, router, 6)
     assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 6)
     assert late not in p._dealer.replies and not p._dealer._pending
 

@@ -34,7 +34,7 @@ from rocketstore.storage.message import PROPERTY_PRODUCER_SEQUENCE
 from conftest import read_queue
 from store_processes import RunningStore, wait_for
 from test_plain_send import (  # noqa: F401 (fixture)
-    STORE_HOST, answer, answer_in_thread, router, settled)
+    STORE_HOST, a_send_answered_at, answer, router, settled)
 
 TOPIC = "Shared"
 THREADS = 8
@@ -86,7 +86,7 @@ def in_threads(work, count: int = THREADS) -> list:
         t.start()
     for t in threads:
         t.join(300)
-        assert not t.is_alive(), "a sending thread hung"
+        assert not t.is_alive(), "a thread hung (left waiting for the socket?)"
     if errors:
         raise errors[0]
     return out
@@ -322,11 +322,7 @@ def test_a_call_interrupted_while_waiting_its_turn_leaves_the_line(router, call)
         holder.join(10)
         assert holder_result[0].queue_offset == 3
         assert not p._line.locked()
-        answering = answer_in_thread(sock, 4)
-        try:
-            result = p.send("Orders", b"after", tags="TagA")
-        finally:
-            answering.join()
+        result = a_send_answered_at(p, sock, 4)
         assert (result.status, result.queue_offset) == (PutMessageStatus.PUT_OK, 4)
     finally:       # a line left wedged must fail this test, not hang its close
         if holder is not None:
